@@ -1,0 +1,289 @@
+//! Routing knobs (DESIGN §1) with their defaults.
+//!
+//! `RouterConfig` is plain data: serde-deserialisable from the `[router]` table of the
+//! service's TOML file, overridable by flags and environment variables, and passed by
+//! reference to the pure scoring code. `validate` rejects values the cost function
+//! cannot use, so the engine never has to.
+
+use serde::{Deserialize, Serialize};
+
+/// How in-flight prefill work is counted (DESIGN §1 "Active load model").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PrefillLoadModel {
+    /// Each request's effective ISL counts in full until its first token.
+    #[default]
+    Full,
+    /// The oldest active prefill on each worker decays linearly over its predicted
+    /// duration (predictor fitted online, fixed linear model as fallback).
+    Predicted,
+}
+
+/// Routing mode of a request (DESIGN §1 "Selection").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Cost = prefill work not covered by cache + decode load.
+    #[default]
+    Kv,
+    Random,
+    RoundRobin,
+    /// The caller names the worker (`pin`).
+    Direct,
+    /// Fewest in-flight requests.
+    LeastLoaded,
+    /// CPU vs non-CPU groups weighted by throughput, then least-loaded inside.
+    DeviceAwareWeighted,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 6] = [
+        Mode::Kv,
+        Mode::Random,
+        Mode::RoundRobin,
+        Mode::Direct,
+        Mode::LeastLoaded,
+        Mode::DeviceAwareWeighted,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Kv => "kv",
+            Mode::Random => "random",
+            Mode::RoundRobin => "round-robin",
+            Mode::Direct => "direct",
+            Mode::LeastLoaded => "least-loaded",
+            Mode::DeviceAwareWeighted => "device-aware-weighted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Mode> {
+        Mode::ALL.iter().copied().find(|m| m.name() == s)
+    }
+
+    pub fn as_u8(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_u8(v: u8) -> Option<Mode> {
+        Mode::ALL.get(v as usize).copied()
+    }
+}
+
+/// How the decode stage of a disaggregated request treats the prefill worker's
+/// topology domain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TopologyPolicy {
+    /// Ignore topology.
+    #[default]
+    None,
+    /// Only decode workers in the prefill worker's domain are eligible.
+    Restrict,
+    /// Decode workers outside the domain pay `topology_penalty` extra cost (blocks).
+    Prefer,
+}
+
+/// Every routing knob. Field docs state the default and meaning; README repeats them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// Tokens per KV block. Default 128.
+    pub block_size: u32,
+    /// Default routing mode when a request names none. Default `kv`.
+    pub mode: Mode,
+    /// Credit per device-tier overlapping block, in [0,1]. Default 1.0.
+    pub overlap_score_credit: f64,
+    /// Credit per host-tier overlapping block. Default 0.75.
+    pub host_cache_hit_weight: f64,
+    /// Credit per disk-tier overlapping block. Default 0.25.
+    pub disk_cache_hit_weight: f64,
+    /// Credit per block loadable from the shared cache. Default 0.5.
+    pub shared_cache_multiplier: f64,
+    /// Weight of prompt-side work against decode blocks. Default 1.0.
+    pub prefill_load_scale: f64,
+    /// 0 = argmin with random tie-break; > 0 = softmax sampling. Default 0.0.
+    pub router_temperature: f64,
+    /// A worker whose active KV blocks / capacity is at or above this fraction is
+    /// skipped. Default none (disabled).
+    pub busy_threshold: Option<f64>,
+    /// Blocks already held by a worker's active requests are not counted twice.
+    /// Default true.
+    pub assume_kv_reuse: bool,
+    /// Count in-flight prompt tokens in the prefill term. Default true.
+    pub track_prefill_tokens: bool,
+    /// Count active KV blocks in the decode term. Default true.
+    pub track_active_blocks: bool,
+    /// Add placeholder blocks as generation crosses block boundaries. Default false.
+    pub track_output_blocks: bool,
+    /// `full` or `predicted`. Default `full`.
+    pub prefill_load_model: PrefillLoadModel,
+    /// Throughput of one non-CPU worker relative to one CPU worker, for
+    /// `device-aware-weighted`. Default 8.0.
+    pub cuda_to_cpu_ratio: f64,
+    /// Decode stage of disaggregated routing keeps `assume_kv_reuse` (backend dedups
+    /// transferred blocks). Default false.
+    pub disagg_decode_assume_kv_reuse: bool,
+    /// Decode-stage topology policy relative to the chosen prefill worker. Default none.
+    pub topology_policy: TopologyPolicy,
+    /// Extra cost (blocks) for a cross-domain decode worker under `prefer`. Default 32.
+    pub topology_penalty: f64,
+    /// Fixed prefill-duration model used until the online predictor has enough
+    /// samples: micros = a + b * effective_isl + c * cached_tokens.
+    pub prefill_fallback_us: [f64; 3],
+    /// Samples the online predictor needs before it is trusted. Default 32.
+    pub predictor_min_samples: u32,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            block_size: 128,
+            mode: Mode::Kv,
+            overlap_score_credit: 1.0,
+            host_cache_hit_weight: 0.75,
+            disk_cache_hit_weight: 0.25,
+            shared_cache_multiplier: 0.5,
+            prefill_load_scale: 1.0,
+            router_temperature: 0.0,
+            busy_threshold: None,
+            assume_kv_reuse: true,
+            track_prefill_tokens: true,
+            track_active_blocks: true,
+            track_output_blocks: false,
+            prefill_load_model: PrefillLoadModel::Full,
+            cuda_to_cpu_ratio: 8.0,
+            disagg_decode_assume_kv_reuse: false,
+            topology_policy: TopologyPolicy::None,
+            topology_penalty: 32.0,
+            prefill_fallback_us: [2_000.0, 50.0, 2.0],
+            predictor_min_samples: 32,
+        }
+    }
+}
+
+impl RouterConfig {
+    /// Rejects values the cost function cannot use.
+    pub fn validate(&self) -> Result<(), String> {
+        fn finite_nonneg(name: &str, v: f64) -> Result<(), String> {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{name} must be a finite number >= 0 (got {v})"))
+            }
+        }
+        if self.block_size == 0 || self.block_size as usize > crate::hash::MAX_BLOCK_SIZE {
+            return Err(format!(
+                "block_size must be 1..={}",
+                crate::hash::MAX_BLOCK_SIZE
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.overlap_score_credit) {
+            return Err("overlap_score_credit must be in [0, 1]".into());
+        }
+        finite_nonneg("host_cache_hit_weight", self.host_cache_hit_weight)?;
+        finite_nonneg("disk_cache_hit_weight", self.disk_cache_hit_weight)?;
+        finite_nonneg("shared_cache_multiplier", self.shared_cache_multiplier)?;
+        finite_nonneg("prefill_load_scale", self.prefill_load_scale)?;
+        finite_nonneg("router_temperature", self.router_temperature)?;
+        finite_nonneg("topology_penalty", self.topology_penalty)?;
+        if let Some(b) = self.busy_threshold {
+            if !(b.is_finite() && b > 0.0) {
+                return Err("busy_threshold must be > 0".into());
+            }
+        }
+        if !(self.cuda_to_cpu_ratio.is_finite() && self.cuda_to_cpu_ratio > 0.0) {
+            return Err("cuda_to_cpu_ratio must be > 0".into());
+        }
+        for v in self.prefill_fallback_us {
+            finite_nonneg("prefill_fallback_us", v)?;
+        }
+        Ok(())
+    }
+
+    /// Prefill stage of disaggregated routing: prefill workers do no decode.
+    pub fn prefill_stage(&self) -> RouterConfig {
+        RouterConfig {
+            track_active_blocks: false,
+            ..self.clone()
+        }
+    }
+
+    /// Decode stage of disaggregated routing: decode load reflects decode work only.
+    pub fn decode_stage(&self) -> RouterConfig {
+        RouterConfig {
+            overlap_score_credit: 0.0,
+            host_cache_hit_weight: 0.0,
+            disk_cache_hit_weight: 0.0,
+            shared_cache_multiplier: 0.0,
+            assume_kv_reuse: self.disagg_decode_assume_kv_reuse,
+            track_prefill_tokens: false,
+            ..self.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_roundtrip_toml() {
+        let c = RouterConfig::default();
+        c.validate().unwrap();
+        let s = toml::to_string(&c).unwrap();
+        let back: RouterConfig = toml::from_str(&s).unwrap();
+        assert_eq!(back, c);
+        let partial: RouterConfig = toml::from_str("overlap_score_credit = 0.5").unwrap();
+        assert_eq!(partial.overlap_score_credit, 0.5);
+        assert_eq!(partial.block_size, 128);
+        assert!(toml::from_str::<RouterConfig>("nonsense = 1").is_err());
+    }
+
+    #[test]
+    fn validate_rejects_bad_values() {
+        let bad = [
+            RouterConfig {
+                overlap_score_credit: 1.5,
+                ..Default::default()
+            },
+            RouterConfig {
+                block_size: 0,
+                ..Default::default()
+            },
+            RouterConfig {
+                router_temperature: -1.0,
+                ..Default::default()
+            },
+            RouterConfig {
+                busy_threshold: Some(0.0),
+                ..Default::default()
+            },
+            RouterConfig {
+                cuda_to_cpu_ratio: f64::NAN,
+                ..Default::default()
+            },
+        ];
+        for c in bad {
+            assert!(c.validate().is_err(), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn stage_configs_follow_design() {
+        let c = RouterConfig::default();
+        let p = c.prefill_stage();
+        assert!(!p.track_active_blocks);
+        assert_eq!(p.overlap_score_credit, 1.0);
+        let d = c.decode_stage();
+        assert_eq!(d.overlap_score_credit, 0.0);
+        assert!(!d.assume_kv_reuse);
+        assert!(!d.track_prefill_tokens);
+        let d2 = RouterConfig {
+            disagg_decode_assume_kv_reuse: true,
+            ..c
+        }
+        .decode_stage();
+        assert!(d2.assume_kv_reuse);
+    }
+}

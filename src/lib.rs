@@ -1,0 +1,25 @@
+//! kvroute: a KV-cache-aware router for fleets of LLM inference workers.
+//!
+//! The crate is split like quinn: everything that decides (hashing, the block index,
+//! overlap merge, load accounting, cost, filters, selection, the wire codec) is pure,
+//! synchronous and runtime-free; `service` (glommio, Linux only) only moves bytes and
+//! messages between those modules.
+//!
+//! - [`hash`]: token ids → block sequence hashes (Dynamo's XXH3 scheme).
+//! - [`index`]: the sharded block index and the merge of per-shard matches into
+//!   per-worker overlaps.
+//! - [`load`]: active load accounting and the request lifecycle.
+//! - [`select`]: cost, filters, routing modes, disaggregated two-stage decisions.
+//! - [`codec`]: the binary event and request protocols (docs/PROTOCOL.md).
+//! - [`registry`]: the worker registry (slots, specs, liveness).
+//! - [`engine`]: an in-process router that wires the pure modules together.
+
+pub mod codec;
+pub mod config;
+pub mod engine;
+pub mod hash;
+pub mod index;
+pub mod load;
+pub mod registry;
+pub mod select;
+pub mod types;
