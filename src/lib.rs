@@ -22,4 +22,5 @@ pub mod index;
 pub mod load;
 pub mod registry;
 pub mod select;
+pub mod sim;
 pub mod types;
