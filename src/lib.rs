@@ -14,6 +14,7 @@
 //! - [`registry`]: the worker registry (slots, specs, liveness).
 //! - [`engine`]: an in-process router that wires the pure modules together.
 
+pub mod cli;
 pub mod codec;
 pub mod config;
 pub mod engine;
@@ -22,5 +23,6 @@ pub mod index;
 pub mod load;
 pub mod registry;
 pub mod select;
+pub mod settings;
 pub mod sim;
 pub mod types;

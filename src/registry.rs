@@ -147,7 +147,10 @@ mod tests {
         let mut r = Registry::new(4);
         let a = r.upsert(WorkerSpec::new("a")).unwrap();
         assert_eq!(a, Upsert::New(0));
-        assert_eq!(r.upsert(WorkerSpec::new("a")).unwrap(), Upsert::SameEpoch(0));
+        assert_eq!(
+            r.upsert(WorkerSpec::new("a")).unwrap(),
+            Upsert::SameEpoch(0)
+        );
         let mut s = WorkerSpec::new("a");
         s.epoch = 7;
         assert_eq!(r.upsert(s).unwrap(), Upsert::NewEpoch(0));
@@ -173,8 +176,14 @@ mod tests {
     #[test]
     fn invalid_specs_are_refused() {
         let mut r = Registry::new(2);
-        assert!(matches!(r.upsert(WorkerSpec::new("")), Err(RegistryError::Invalid(_))));
-        assert!(matches!(r.upsert(WorkerSpec::new("a b")), Err(RegistryError::Invalid(_))));
+        assert!(matches!(
+            r.upsert(WorkerSpec::new("")),
+            Err(RegistryError::Invalid(_))
+        ));
+        assert!(matches!(
+            r.upsert(WorkerSpec::new("a b")),
+            Err(RegistryError::Invalid(_))
+        ));
         let mut s = WorkerSpec::new("x");
         s.capacity_blocks = 0;
         assert!(r.upsert(s).is_err());

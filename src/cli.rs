@@ -1,0 +1,253 @@
+//! Command line of the `kvroute` binary: `kvroute serve` and its flags.
+//!
+//! Every setting of [`Settings`] has a flag and an environment variable (`KVROUTE_*`);
+//! they override the optional TOML file, which overrides the embedded defaults.
+
+use crate::config::{Mode, PrefillLoadModel, TopologyPolicy};
+use crate::settings::Settings;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kvroute",
+    version,
+    about = "KV-cache-aware router for LLM inference fleets"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the router service.
+    Serve(ServeArgs),
+    /// Print the effective settings (defaults < file < env < flags) as TOML and exit.
+    PrintConfig(ServeArgs),
+}
+
+/// Flags of `kvroute serve`. Unset flags leave the file/default value in place.
+#[derive(Args, Debug, Default, Clone)]
+pub struct ServeArgs {
+    /// TOML settings file (all keys optional; see README "Settings").
+    #[arg(long, env = "KVROUTE_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[arg(long, env = "KVROUTE_EVENTS_ADDR")]
+    pub events_addr: Option<String>,
+    #[arg(long, env = "KVROUTE_API_ADDR")]
+    pub api_addr: Option<String>,
+    #[arg(long, env = "KVROUTE_HTTP_ADDR")]
+    pub http_addr: Option<String>,
+    /// Executors / index shards (default: all online cores).
+    #[arg(long, env = "KVROUTE_CORES")]
+    pub cores: Option<usize>,
+    #[arg(long, env = "KVROUTE_HEARTBEAT_TIMEOUT_MS")]
+    pub heartbeat_timeout_ms: Option<u64>,
+    #[arg(long, env = "KVROUTE_SPIN_BEFORE_PARK_US")]
+    pub spin_before_park_us: Option<u64>,
+    // Limits.
+    #[arg(long, env = "KVROUTE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    #[arg(long, env = "KVROUTE_MAX_FRAME_BYTES")]
+    pub max_frame_bytes: Option<usize>,
+    #[arg(long, env = "KVROUTE_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+    #[arg(long, env = "KVROUTE_MAX_WORKERS")]
+    pub max_workers: Option<usize>,
+    #[arg(long, env = "KVROUTE_MAX_BLOCKS_PER_WORKER")]
+    pub max_blocks_per_worker: Option<u64>,
+    #[arg(long, env = "KVROUTE_MAX_HASHES_PER_REQUEST")]
+    pub max_hashes_per_request: Option<usize>,
+    #[arg(long, env = "KVROUTE_MAX_ACTIVE_REQUESTS")]
+    pub max_active_requests: Option<usize>,
+    #[arg(long, env = "KVROUTE_QUEUE_DEPTH")]
+    pub queue_depth: Option<usize>,
+    // Routing knobs (DESIGN §1).
+    #[arg(long, env = "KVROUTE_BLOCK_SIZE")]
+    pub block_size: Option<u32>,
+    /// kv | random | round-robin | direct | least-loaded | device-aware-weighted
+    #[arg(long, env = "KVROUTE_MODE", value_parser = parse_mode)]
+    pub mode: Option<Mode>,
+    #[arg(long, env = "KVROUTE_OVERLAP_SCORE_CREDIT")]
+    pub overlap_score_credit: Option<f64>,
+    #[arg(long, env = "KVROUTE_HOST_CACHE_HIT_WEIGHT")]
+    pub host_cache_hit_weight: Option<f64>,
+    #[arg(long, env = "KVROUTE_DISK_CACHE_HIT_WEIGHT")]
+    pub disk_cache_hit_weight: Option<f64>,
+    #[arg(long, env = "KVROUTE_SHARED_CACHE_MULTIPLIER")]
+    pub shared_cache_multiplier: Option<f64>,
+    #[arg(long, env = "KVROUTE_PREFILL_LOAD_SCALE")]
+    pub prefill_load_scale: Option<f64>,
+    #[arg(long, env = "KVROUTE_ROUTER_TEMPERATURE")]
+    pub router_temperature: Option<f64>,
+    #[arg(long, env = "KVROUTE_BUSY_THRESHOLD")]
+    pub busy_threshold: Option<f64>,
+    #[arg(long, env = "KVROUTE_ASSUME_KV_REUSE")]
+    pub assume_kv_reuse: Option<bool>,
+    #[arg(long, env = "KVROUTE_TRACK_PREFILL_TOKENS")]
+    pub track_prefill_tokens: Option<bool>,
+    #[arg(long, env = "KVROUTE_TRACK_ACTIVE_BLOCKS")]
+    pub track_active_blocks: Option<bool>,
+    #[arg(long, env = "KVROUTE_TRACK_OUTPUT_BLOCKS")]
+    pub track_output_blocks: Option<bool>,
+    /// full | predicted
+    #[arg(long, env = "KVROUTE_PREFILL_LOAD_MODEL", value_parser = parse_prefill_model)]
+    pub prefill_load_model: Option<PrefillLoadModel>,
+    #[arg(long, env = "KVROUTE_CUDA_TO_CPU_RATIO")]
+    pub cuda_to_cpu_ratio: Option<f64>,
+    #[arg(long, env = "KVROUTE_DISAGG_DECODE_ASSUME_KV_REUSE")]
+    pub disagg_decode_assume_kv_reuse: Option<bool>,
+    /// none | restrict | prefer
+    #[arg(long, env = "KVROUTE_TOPOLOGY_POLICY", value_parser = parse_topology)]
+    pub topology_policy: Option<TopologyPolicy>,
+    #[arg(long, env = "KVROUTE_TOPOLOGY_PENALTY")]
+    pub topology_penalty: Option<f64>,
+    #[arg(long, env = "KVROUTE_PREDICTOR_MIN_SAMPLES")]
+    pub predictor_min_samples: Option<u32>,
+}
+
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    Mode::parse(s).ok_or_else(|| format!("unknown mode {s:?}"))
+}
+
+fn parse_prefill_model(s: &str) -> Result<PrefillLoadModel, String> {
+    match s {
+        "full" => Ok(PrefillLoadModel::Full),
+        "predicted" => Ok(PrefillLoadModel::Predicted),
+        _ => Err(format!(
+            "unknown prefill load model {s:?} (full | predicted)"
+        )),
+    }
+}
+
+fn parse_topology(s: &str) -> Result<TopologyPolicy, String> {
+    match s {
+        "none" => Ok(TopologyPolicy::None),
+        "restrict" => Ok(TopologyPolicy::Restrict),
+        "prefer" => Ok(TopologyPolicy::Prefer),
+        _ => Err(format!(
+            "unknown topology policy {s:?} (none | restrict | prefer)"
+        )),
+    }
+}
+
+macro_rules! overlay {
+    ($dst:expr, $src:expr, $($field:ident),* $(,)?) => {
+        $( if let Some(v) = $src.$field.clone() { $dst.$field = v; } )*
+    };
+}
+
+impl ServeArgs {
+    /// Effective settings: defaults < `--config` file < env < flags; validated.
+    pub fn settings(&self) -> Result<Settings, String> {
+        let mut s = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("reading {}: {e}", path.display()))?;
+                Settings::from_toml(&text)?
+            }
+            None => Settings::default(),
+        };
+        self.apply(&mut s);
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Overlays the flags that were given onto `s`.
+    pub fn apply(&self, s: &mut Settings) {
+        overlay!(
+            s,
+            self,
+            events_addr,
+            api_addr,
+            http_addr,
+            heartbeat_timeout_ms,
+            spin_before_park_us
+        );
+        if self.cores.is_some() {
+            s.cores = self.cores;
+        }
+        overlay!(
+            s.limits,
+            self,
+            max_connections,
+            max_frame_bytes,
+            max_body_bytes,
+            max_workers,
+            max_blocks_per_worker,
+            max_hashes_per_request,
+            max_active_requests,
+            queue_depth,
+        );
+        overlay!(
+            s.router,
+            self,
+            block_size,
+            mode,
+            overlap_score_credit,
+            host_cache_hit_weight,
+            disk_cache_hit_weight,
+            shared_cache_multiplier,
+            prefill_load_scale,
+            router_temperature,
+            assume_kv_reuse,
+            track_prefill_tokens,
+            track_active_blocks,
+            track_output_blocks,
+            prefill_load_model,
+            cuda_to_cpu_ratio,
+            disagg_decode_assume_kv_reuse,
+            topology_policy,
+            topology_penalty,
+            predictor_min_samples,
+        );
+        if self.busy_threshold.is_some() {
+            s.router.busy_threshold = self.busy_threshold;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_defaults() {
+        let cli = Cli::try_parse_from([
+            "kvroute",
+            "serve",
+            "--cores",
+            "1",
+            "--mode",
+            "round-robin",
+            "--overlap-score-credit",
+            "0.5",
+            "--busy-threshold",
+            "0.9",
+            "--assume-kv-reuse",
+            "false",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!()
+        };
+        let s = args.settings().unwrap();
+        assert_eq!(s.cores, Some(1));
+        assert_eq!(s.router.mode, Mode::RoundRobin);
+        assert_eq!(s.router.overlap_score_credit, 0.5);
+        assert_eq!(s.router.busy_threshold, Some(0.9));
+        assert!(!s.router.assume_kv_reuse);
+        assert_eq!(s.router.block_size, 128);
+    }
+
+    #[test]
+    fn invalid_flag_values_are_refused() {
+        assert!(Cli::try_parse_from(["kvroute", "serve", "--mode", "fastest"]).is_err());
+        let cli = Cli::try_parse_from(["kvroute", "serve", "--overlap-score-credit", "3"]).unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!()
+        };
+        assert!(args.settings().is_err());
+    }
+}
