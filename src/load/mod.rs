@@ -1,1 +1,3 @@
-//! (in progress)
+//! Active load accounting and the request lifecycle (DESIGN §1 "Active load model").
+pub mod agg;
+pub mod predictor;
