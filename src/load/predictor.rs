@@ -62,13 +62,15 @@ fn dot(a: &[f64; N], b: &[f64; N]) -> f64 {
 /// Solves `a·x = b` for a symmetric positive definite `a` by Cholesky; `None` if `a` is
 /// not numerically positive definite or the result is not finite.
 fn solve_spd(a: &[[f64; N]; N], b: &[f64; N]) -> Option<[f64; N]> {
+    // Partial dot product of two rows over their first `n` entries.
+    let dot_n = |u: &[f64; N], v: &[f64; N], n: usize| -> f64 {
+        u[..n].iter().zip(&v[..n]).map(|(p, q)| p * q).sum()
+    };
+    // a = L·Lᵀ, row by row.
     let mut l = [[0.0f64; N]; N];
     for i in 0..N {
         for j in 0..=i {
-            let mut s = a[i][j];
-            for k in 0..j {
-                s -= l[i][k] * l[j][k];
-            }
+            let s = a[i][j] - dot_n(&l[i], &l[j], j);
             if i == j {
                 if !(s > 0.0 && s.is_finite()) {
                     return None;
@@ -79,21 +81,15 @@ fn solve_spd(a: &[[f64; N]; N], b: &[f64; N]) -> Option<[f64; N]> {
             }
         }
     }
+    // L·y = b (forward), then Lᵀ·x = y (backward).
     let mut y = [0.0f64; N];
     for i in 0..N {
-        let mut s = b[i];
-        for k in 0..i {
-            s -= l[i][k] * y[k];
-        }
-        y[i] = s / l[i][i];
+        y[i] = (b[i] - dot_n(&l[i], &y, i)) / l[i][i];
     }
     let mut x = [0.0f64; N];
     for i in (0..N).rev() {
-        let mut s = y[i];
-        for k in i + 1..N {
-            s -= l[k][i] * x[k];
-        }
-        x[i] = s / l[i][i];
+        let s: f64 = (i + 1..N).map(|k| l[k][i] * x[k]).sum();
+        x[i] = (y[i] - s) / l[i][i];
     }
     x.iter().all(|v| v.is_finite()).then_some(x)
 }
@@ -246,7 +242,11 @@ mod tests {
         }
         for (e, k) in [(200, 0), (4000, 2000), (12_000, 8000), (15_000, 15_000)] {
             let got = p.predict(e, k);
-            assert!(close(got, law(e, k), 0.02), "({e},{k}): {got} vs {}", law(e, k));
+            assert!(
+                close(got, law(e, k), 0.02),
+                "({e},{k}): {got} vs {}",
+                law(e, k)
+            );
         }
         // The quadratic coefficient fitted ~0 on linear data (per 1024² tokens, µs).
         assert!(p.theta[3].abs() < 100.0, "{:?}", p.theta);
@@ -288,9 +288,19 @@ mod tests {
             p.observe(1000, 0, 30_000);
         }
         // At the observed point: the observed duration.
-        assert!(close(p.predict(1000, 0), 30_000, 0.01), "{}", p.predict(1000, 0));
+        assert!(
+            close(p.predict(1000, 0), 30_000, 0.01),
+            "{}",
+            p.predict(1000, 0)
+        );
         // Elsewhere: finite, >= 1, and bounded.
-        for (e, k) in [(0, 0), (1, 0), (100_000, 0), (1000, 50_000), (u32::MAX, u32::MAX)] {
+        for (e, k) in [
+            (0, 0),
+            (1, 0),
+            (100_000, 0),
+            (1000, 50_000),
+            (u32::MAX, u32::MAX),
+        ] {
             let v = p.predict(e, k);
             assert!((1..=MAX_PREDICTED_US).contains(&v), "({e},{k}) -> {v}");
         }

@@ -249,6 +249,8 @@ mod tests {
         assert_eq!(check_id(&"x".repeat(129)), Err(LifecycleError::InvalidId));
         assert_eq!(check_id(&"x".repeat(128)), Ok(()));
         assert_eq!(check_id("a"), Ok(()));
-        assert!(LifecycleError::Duplicate.to_string().contains("already active"));
+        assert!(LifecycleError::Duplicate
+            .to_string()
+            .contains("already active"));
     }
 }

@@ -94,7 +94,11 @@ fn first_token_once_and_duplicate_ignored() {
     let before = all_aggs(&t);
     assert!(!t.on_first_token("a", 1_500).unwrap());
     assert_eq!(all_aggs(&t), before);
-    assert_eq!(t.predictor().samples(), 1, "duplicate does not feed the predictor");
+    assert_eq!(
+        t.predictor().samples(),
+        1,
+        "duplicate does not feed the predictor"
+    );
     let info = t.get("a").unwrap();
     assert_eq!(info.phase, Phase::Decode);
     assert_eq!(info.first_token_us, Some(1_400));
@@ -164,7 +168,10 @@ fn double_finish_is_unknown() {
         t.on_prefill_failed("a", 3_001),
         Err(LifecycleError::UnknownRequest)
     );
-    assert_eq!(t.on_first_token("a", 3_002), Err(LifecycleError::UnknownRequest));
+    assert_eq!(
+        t.on_first_token("a", 3_002),
+        Err(LifecycleError::UnknownRequest)
+    );
     assert_all_zero(&t);
 }
 
@@ -190,7 +197,11 @@ fn progress_before_first_token_implies_it() {
     let mut t = tracker();
     t.on_route(req("a", 0, None, 100, 0)).unwrap();
     t.on_progress("a", 0, 1_100).unwrap();
-    assert_eq!(t.get("a").unwrap().phase, Phase::Prefill, "0 tokens: no info");
+    assert_eq!(
+        t.get("a").unwrap().phase,
+        Phase::Prefill,
+        "0 tokens: no info"
+    );
     t.on_progress("a", 3, 1_200).unwrap();
     assert_eq!(t.agg(0).prefill_tokens, 0);
     assert_eq!(t.agg(0).prefill_requests, 0);
@@ -198,7 +209,11 @@ fn progress_before_first_token_implies_it() {
     assert_eq!(info.phase, Phase::Decode);
     assert_eq!(info.first_token_us, Some(1_200));
     assert_eq!(info.output_tokens, 3);
-    assert_eq!(t.predictor().samples(), 0, "progress is only an upper bound");
+    assert_eq!(
+        t.predictor().samples(),
+        0,
+        "progress is only an upper bound"
+    );
     // The late first token is a duplicate now.
     assert!(!t.on_first_token("a", 1_300).unwrap());
     // Progress is monotone.
@@ -245,7 +260,10 @@ fn remove_worker_drops_its_requests_and_releases_its_prefills() {
     assert_eq!(p1.phase, Phase::Decode);
     assert_eq!(p1.first_token_us, None);
     assert_eq!(t.agg(3).active_requests, 2);
-    assert_eq!(t.on_finish("d1", 3_000), Err(LifecycleError::UnknownRequest));
+    assert_eq!(
+        t.on_finish("d1", 3_000),
+        Err(LifecycleError::UnknownRequest)
+    );
     assert!(!t.on_first_token("p1", 3_000).unwrap());
     t.on_prefill_failed("p1", 3_000).unwrap();
     t.on_finish("o", 3_000).unwrap();
@@ -329,7 +347,10 @@ fn predicted_model_decays_oldest_prefill() {
     assert_eq!(at(&t, 1_400), 200.0);
     assert_eq!(at(&t, 9_000), 200.0);
     // The full view of the same aggregate is unchanged.
-    assert_eq!(t.agg(0).load(PrefillLoadModel::Full, 1_200).prefill_tokens, 500.0);
+    assert_eq!(
+        t.agg(0).load(PrefillLoadModel::Full, 1_200).prefill_tokens,
+        500.0
+    );
     // a completes: b (predicted 300 µs from 1100) becomes the oldest.
     t.on_first_token("a", 1_300).unwrap();
     let o = t.agg(0).oldest_prefill.unwrap();
@@ -418,7 +439,13 @@ fn per_core_aggregates_sum_to_single_tracker() {
     let mut one = predicted_tracker();
     let mut cores = [predicted_tracker(), predicted_tracker()];
     for i in 0..10u32 {
-        let mut r = req(&format!("r{i}"), (i % 3) as WorkerSlot, None, 50 + i * 10, i);
+        let mut r = req(
+            &format!("r{i}"),
+            (i % 3) as WorkerSlot,
+            None,
+            50 + i * 10,
+            i,
+        );
         r.now_us = 1_000 + u64::from(i) * 7;
         one.on_route(r.clone()).unwrap();
         cores[(i % 2) as usize].on_route(r).unwrap();
@@ -429,6 +456,9 @@ fn per_core_aggregates_sum_to_single_tracker() {
             sum.add(&c.agg(w));
         }
         assert_eq!(sum, one.agg(w), "worker {w}");
-        assert_eq!(sum.load(PrefillLoadModel::Predicted, 1_050), one.load(w, 1_050));
+        assert_eq!(
+            sum.load(PrefillLoadModel::Predicted, 1_050),
+            one.load(w, 1_050)
+        );
     }
 }

@@ -52,11 +52,13 @@ impl WorkerState {
         self.agg.oldest_prefill =
             self.prefills
                 .first_key_value()
-                .map(|(&(started_us, _), &(tokens, predicted_us))| OldestPrefill {
-                    started_us,
-                    tokens,
-                    predicted_us,
-                });
+                .map(
+                    |(&(started_us, _), &(tokens, predicted_us))| OldestPrefill {
+                        started_us,
+                        tokens,
+                        predicted_us,
+                    },
+                );
     }
 }
 
@@ -118,7 +120,10 @@ impl Workers {
     fn add_decode(&mut self, r: &Req) {
         let s = self.touch(r.decode);
         s.agg.active_requests = s.agg.active_requests.saturating_add(1);
-        s.agg.blocks_total = s.agg.blocks_total.saturating_add(u64::from(r.prompt_blocks));
+        s.agg.blocks_total = s
+            .agg
+            .blocks_total
+            .saturating_add(u64::from(r.prompt_blocks));
         s.agg.output_blocks_milli = s.agg.output_blocks_milli.saturating_add(r.output_milli);
     }
 
@@ -278,11 +283,7 @@ impl LoadTracker {
 
     /// Prefill failed (disaggregated): accounted like a finish, so the frontend can
     /// route the same id again for its aggregated fallback.
-    pub fn on_prefill_failed(
-        &mut self,
-        id: &str,
-        now_us: u64,
-    ) -> Result<Finished, LifecycleError> {
+    pub fn on_prefill_failed(&mut self, id: &str, now_us: u64) -> Result<Finished, LifecycleError> {
         let _ = now_us;
         self.take(id, FinishReason::PrefillFailed)
     }
@@ -312,10 +313,7 @@ impl LoadTracker {
     /// zero. O(active requests).
     pub fn remove_worker(&mut self, w: WorkerSlot) -> Vec<Finished> {
         let predicted = self.predicted();
-        let gone: Vec<(String, Req)> = self
-            .requests
-            .extract_if(|_, r| r.decode == w)
-            .collect();
+        let gone: Vec<(String, Req)> = self.requests.extract_if(|_, r| r.decode == w).collect();
         let mut out = Vec::with_capacity(gone.len());
         for (id, r) in gone {
             self.release(&r);
