@@ -29,6 +29,8 @@ pub mod worker;
 
 pub use bound::{hit_rate_bound, Bound};
 pub use cache::{CacheEvent, KvCache};
+pub use timing::TimingModel;
+pub use worker::{Outcome, SimWorker, Stage, WorkerStats};
 
 pub use trace::{parse_mooncake, read_mooncake, TraceError, TraceOptions};
 
