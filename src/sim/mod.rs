@@ -29,6 +29,7 @@ pub mod worker;
 
 pub use bound::{hit_rate_bound, Bound};
 pub use cache::{CacheEvent, KvCache};
+pub use report::{svg_chart, table, Percentiles, Recorder, Report};
 pub use timing::TimingModel;
 pub use worker::{Outcome, SimWorker, Stage, WorkerStats};
 
