@@ -29,11 +29,14 @@ pub mod worker;
 
 pub use bound::{hit_rate_bound, Bound};
 pub use cache::{CacheEvent, KvCache};
+pub use driver::{
+    run_offline, FleetSpec, RouteQuery, Routed, RouterApi, SimWorkerSpec, TimedRouter,
+};
 pub use report::{svg_chart, table, Percentiles, Recorder, Report};
+pub use synth::{generate, LenRange, SynthSpec};
 pub use timing::TimingModel;
+pub use trace::{mooncake_hashes, parse_mooncake, read_mooncake, TraceError, TraceOptions};
 pub use worker::{Outcome, SimWorker, Stage, WorkerStats};
-
-pub use trace::{parse_mooncake, read_mooncake, TraceError, TraceOptions};
 
 /// One request of a workload, as the simulator and the load tools see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
