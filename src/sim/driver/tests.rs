@@ -306,3 +306,32 @@ fn timed_router_measures_route_calls_with_the_given_clock() {
     assert_eq!(rep.decision_us.map(|d| d.p99), Some(1.5));
     assert!(timed.inner.life.values().all(|l| l.finished));
 }
+
+/// Whole conversation trace on 16 workers, round-robin vs prefix affinity. Ignored by
+/// default (the trace is not in the repository; `KVROUTE_MOONCAKE_TRACE` points at it).
+#[test]
+#[ignore]
+fn full_trace_offline() {
+    let path = std::env::var("KVROUTE_MOONCAKE_TRACE").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/traces/mooncake_conversation_trace.jsonl"
+        )
+        .to_string()
+    });
+    let reqs = read_mooncake(Path::new(&path), &TraceOptions::default()).unwrap();
+    let fleet = FleetSpec::uniform(16, 20_000);
+    let mut rr = RoundRobinRouter::default();
+    let base = run_offline(&mut rr, &fleet, &reqs, Mode::RoundRobin, 1).unwrap();
+    let mut aff = RoundRobinRouter {
+        prefix_affinity: true,
+        ..Default::default()
+    };
+    let kv = run_offline(&mut aff, &fleet, &reqs, Mode::Kv, 1).unwrap();
+    eprintln!("bound {:?}", hit_rate_bound(&reqs, 128));
+    eprintln!("{}", crate::sim::report::table(&[base.clone(), kv.clone()]));
+    for r in [&base, &kv] {
+        assert_eq!((r.errors, r.finished), (0, reqs.len() as u64));
+    }
+    assert!(kv.hit_rate > base.hit_rate);
+}
