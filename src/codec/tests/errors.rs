@@ -315,6 +315,23 @@ fn oversized_frame_is_rejected_before_its_body_arrives() {
 }
 
 #[test]
+fn documented_hash_capacity_of_a_default_frame_is_exact() {
+    let fits = |n: usize, parent: Option<u64>| {
+        let mut out = BytesMut::new();
+        EventMsg::encode_stored(&mut out, 0, Tier::Device, parent, &vec![0; n]);
+        FrameDecoder::default().decode(&mut out).is_ok()
+    };
+    assert!(fits(131_070, None) && !fits(131_071, None));
+    assert!(fits(131_069, Some(1)) && !fits(131_070, Some(1)));
+    let removed = |n: usize| {
+        let mut out = BytesMut::new();
+        EventMsg::encode_removed(&mut out, 0, Tier::Device, &vec![0; n]);
+        out.len() - 4 <= DEFAULT_MAX_FRAME
+    };
+    assert!(removed(131_070) && !removed(131_071));
+}
+
+#[test]
 fn too_large_fields_fail_to_encode_and_leave_the_buffer_alone() {
     let mut out = BytesMut::from(&b"prior"[..]);
     let long = "x".repeat(MAX_STRING_LEN + 1);
