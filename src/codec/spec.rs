@@ -1,0 +1,44 @@
+//! Wire layout of [`WorkerSpec`], shared by the event `Hello` and the request
+//! `Register` messages.
+//!
+//! The codec checks only what the bytes can say (lengths, UTF-8, enum discriminants);
+//! semantic rules (id charset, `dp_ranks.lo <= hi`, capacity > 0) stay with
+//! `WorkerSpec::validate`, which the registry runs on every spec whatever its source.
+
+use crate::types::{DeviceClass, DpRanks, Role, WorkerSpec};
+
+use super::wire::{Reader, Writer};
+use super::CodecError;
+
+/// Reads the fields in the order of docs/PROTOCOL.md §WorkerSpec.
+pub(crate) fn read_spec(r: &mut Reader<'_>) -> Result<WorkerSpec, CodecError> {
+    Ok(WorkerSpec {
+        id: r.string("spec.id")?,
+        role: r.enum_u8("spec.role", Role::from_u8)?,
+        device: r.enum_u8("spec.device", DeviceClass::from_u8)?,
+        model: r.string("spec.model")?,
+        dp_ranks: DpRanks {
+            lo: r.u32("spec.dp_lo")?,
+            hi: r.u32("spec.dp_hi")?,
+        },
+        taints: r.string_list("spec.taints")?,
+        topology: r.string("spec.topology")?,
+        capacity_blocks: r.u64("spec.capacity_blocks")?,
+        epoch: r.u64("spec.epoch")?,
+    })
+}
+
+/// Writes the fields in the order [`read_spec`] reads them.
+pub(crate) fn write_spec(w: &mut Writer<'_>, s: &WorkerSpec) -> Result<(), CodecError> {
+    w.string("spec.id", &s.id)?;
+    w.u8(s.role as u8);
+    w.u8(s.device as u8);
+    w.string("spec.model", &s.model)?;
+    w.u32(s.dp_ranks.lo);
+    w.u32(s.dp_ranks.hi);
+    w.string_list("spec.taints", &s.taints)?;
+    w.string("spec.topology", &s.topology)?;
+    w.u64(s.capacity_blocks);
+    w.u64(s.epoch);
+    Ok(())
+}
