@@ -8,9 +8,10 @@
 //! - clears are O(1): each (worker, tier) has a generation; clearing bumps it and every
 //!   entry carrying an older generation becomes *stale*. Stale entries are invisible to
 //!   queries, dropped when their block is touched, and reclaimed by a full compaction
-//!   when `stale > live + floor` (checked before each store, so the number of entries
-//!   never exceeds `2 * live + floor` plus one batch). The cost of a compaction is paid
-//!   for by the stale entries it drops, so it is O(1) amortised per stored entry;
+//!   when `stale > live + floor`, checked before each store. Only stores add entries
+//!   and clears never do, so entries never exceed `2 * peak live + floor + one batch`,
+//!   and live entries are bounded by the caps. A compaction's cost is paid for by the
+//!   stale entries it drops, so it is O(1) amortised per stored entry;
 //! - generations are 14 bits: when one would wrap, the shard first drops every entry of
 //!   that (worker, tier), so a stale entry can never become live again.
 
