@@ -123,7 +123,7 @@ fn reuse_after_clear_matches_a_fresh_result() {
     let mut reused = MergeResult::new();
     merge(2, &[first], |_| false, &mut reused);
     assert_eq!(reused.workers(), &[7, 8]);
-    merge(2, &[second.clone()], |_| false, &mut reused);
+    merge(2, std::slice::from_ref(&second), |_| false, &mut reused);
     let mut fresh = MergeResult::new();
     merge(2, &[second], |_| false, &mut fresh);
     for w in 0..10 {
