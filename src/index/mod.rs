@@ -1,1 +1,60 @@
-//! (in progress)
+//! The sharded block index and the merge of per-shard matches into per-worker overlaps.
+//!
+//! Each [`IndexShard`] maps a block's sequence hash to the small set of (worker, tier)
+//! entries holding it (DESIGN §2 "Index shards"). The service runs one shard per core; a
+//! routing query scatters the request's positions to the shards owning them
+//! ([`shard_of`]), each shard answers with per-position matches ([`ShardAnswer`]), and
+//! [`merge`] turns those partial answers into per-worker [`Overlap`](crate::types::Overlap)s
+//! following DESIGN §1 "Cache tiers and overlap". [`ShardedIndex`] wires the three
+//! together in one process (tests, the in-process engine, benches).
+//!
+//! Guarantees:
+//! - memory is bounded: every worker has a per-shard cap (default
+//!   [`DEFAULT_WORKER_CAP`]), and entries invalidated by O(1) clears are reclaimed by an
+//!   amortised compaction;
+//! - clearing a worker or one of its tiers is O(1) (a generation bump), except once per
+//!   `2^14` clears of the same (worker, tier), when the generation wraps and a full
+//!   compaction guarantees that no stale entry can ever become live again;
+//! - queries never allocate once their output buffers have grown to size.
+
+mod holders;
+mod merge;
+mod shard;
+mod sharded;
+
+#[cfg(test)]
+mod tests_merge;
+#[cfg(test)]
+mod tests_prop;
+#[cfg(test)]
+mod tests_shard;
+
+pub use merge::{merge, Match, MergeResult, ShardAnswer};
+pub use shard::{IndexShard, ShardStats, StoreOutcome, DEFAULT_WORKER_CAP};
+pub use sharded::{ShardedIndex, MAX_SHARD_BITS};
+
+/// Fixed bijective 64-bit mixer (the SplitMix64 finaliser).
+///
+/// Client-supplied precomputed hashes may be small integers (e.g. Mooncake `hash_ids`);
+/// mixing spreads them uniformly over shards and hash-table buckets. Being a bijection,
+/// the mixed value can itself serve as the table key: two different hashes never share
+/// a key, so the index stores `mix(h)` and never `h`.
+#[inline]
+pub fn mix(h: u64) -> u64 {
+    let mut z = h.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Shard owning hash `h` among `1 << shard_bits` shards: the top `shard_bits` bits of
+/// `mix(h)` (0 when `shard_bits == 0`). `shard_bits` is clamped to [`MAX_SHARD_BITS`].
+#[inline]
+pub fn shard_of(h: u64, shard_bits: u32) -> usize {
+    let bits = shard_bits.min(MAX_SHARD_BITS);
+    if bits == 0 {
+        0
+    } else {
+        (mix(h) >> (64 - bits)) as usize
+    }
+}

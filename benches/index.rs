@@ -1,0 +1,157 @@
+//! Benchmarks of the block index: event ingest, query + merge, and memory per entry.
+//!
+//! - `ingest/{1,2}_shards`: steady-state stored/removed events (64-block batches, 16
+//!   workers, ~64K live entries), shards run sequentially in process; throughput is in
+//!   block events.
+//! - `query/{64,512}_blocks/{16,1024}_workers`: scatter + per-shard query + merge over
+//!   2 shards holding ~1M entries (workers cache random prefixes of 2048 documents of
+//!   512 blocks sharing an 8-block system prompt, some continuations on host).
+//! - `memory`: builds 10M-entry indexes once (1, 2 and 4 holders per block) and prints
+//!   heap bytes per entry; nothing is timed.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use kvroute::index::{MergeResult, ShardedIndex};
+use kvroute::types::Tier;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::hint::black_box;
+use std::time::Duration;
+
+const BATCH: u64 = 64;
+
+/// Batch `k` of the ingest stream: 64 distinct hashes.
+fn fill(k: u64, batch: &mut [u64; BATCH as usize]) {
+    for (j, h) in batch.iter_mut().enumerate() {
+        *h = k * BATCH + j as u64;
+    }
+}
+
+fn ingest(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ingest");
+    g.measurement_time(Duration::from_secs(3));
+    g.warm_up_time(Duration::from_secs(1));
+    g.throughput(Throughput::Elements(2 * BATCH));
+    for bits in [0u32, 1] {
+        let mut idx = ShardedIndex::new(bits);
+        let window = 1024u64; // batches alive at once
+        let mut i = 0u64;
+        let mut batch = [0u64; BATCH as usize];
+        for k in 0..window {
+            fill(k, &mut batch);
+            idx.stored((k % 16) as u16, Tier::Device, &batch);
+        }
+        i += window;
+        g.bench_function(BenchmarkId::new("shards", 1u32 << bits), |b| {
+            b.iter(|| {
+                fill(i, &mut batch);
+                let a = idx.stored((i % 16) as u16, Tier::Device, &batch);
+                let old = i - window;
+                fill(old, &mut batch);
+                let r = idx.removed((old % 16) as u16, Tier::Device, &batch);
+                i += 1;
+                black_box((a, r))
+            })
+        });
+    }
+    g.finish();
+}
+
+/// Hash of block `i` of document `d`; blocks 0..8 are a system prompt shared by all.
+fn doc_hash(d: u64, i: u64) -> u64 {
+    if i < 8 {
+        i
+    } else {
+        ((d + 1) << 20) | i
+    }
+}
+
+fn build_fleet(workers: u16, entries: u64, rng: &mut SmallRng) -> ShardedIndex {
+    const DOCS: u64 = 2048;
+    let mut idx = ShardedIndex::new(1);
+    let per_worker = entries / workers as u64;
+    let mut buf = Vec::with_capacity(512);
+    for w in 0..workers {
+        idx.set_worker_cap(w, 2 * per_worker + 1024);
+        let mut held = 0;
+        while held < per_worker {
+            let d = rng.random_range(0..DOCS);
+            let len = rng.random_range(1..=512u64).min(per_worker - held + 8);
+            buf.clear();
+            buf.extend((0..len).map(|i| doc_hash(d, i)));
+            held += idx.stored(w, Tier::Device, &buf).added as u64;
+            if rng.random_bool(0.1) && len < 512 {
+                let more = rng.random_range(len..=512);
+                buf.clear();
+                buf.extend((len..more).map(|i| doc_hash(d, i)));
+                held += idx.stored(w, Tier::Host, &buf).added as u64;
+            }
+        }
+    }
+    idx
+}
+
+fn query(c: &mut Criterion) {
+    let mut g = c.benchmark_group("query");
+    g.measurement_time(Duration::from_secs(3));
+    g.warm_up_time(Duration::from_secs(1));
+    let mut rng = SmallRng::seed_from_u64(7);
+    for workers in [16u16, 1024] {
+        let idx = build_fleet(workers, 1 << 20, &mut rng);
+        let st = idx.stats();
+        eprintln!(
+            "query fleet: {workers} workers, {} entries, {} blocks",
+            st.live_entries, st.blocks
+        );
+        for n in [64u64, 512] {
+            let reqs: Vec<Vec<u64>> = (0..256)
+                .map(|_| {
+                    let d = rng.random_range(0..2048);
+                    (0..n).map(|i| doc_hash(d, i)).collect()
+                })
+                .collect();
+            let mut out = MergeResult::new();
+            let mut k = 0;
+            g.throughput(Throughput::Elements(1));
+            g.bench_function(
+                BenchmarkId::new(format!("{n}_blocks"), format!("{workers}_workers")),
+                |b| {
+                    b.iter(|| {
+                        idx.query(&reqs[k % reqs.len()], |w| w == u16::MAX, &mut out);
+                        k += 1;
+                        black_box(out.workers().len())
+                    })
+                },
+            );
+        }
+    }
+    g.finish();
+}
+
+/// Prints heap bytes per entry of 10M-entry single-shard indexes. Not timed.
+fn memory(_c: &mut Criterion) {
+    const ENTRIES: u64 = 10_000_000;
+    for holders in [1u64, 2, 4] {
+        let mut idx = ShardedIndex::new(0);
+        let blocks = ENTRIES / holders;
+        let mut buf = Vec::with_capacity(1024);
+        for w in 0..holders {
+            idx.set_worker_cap(w as u16, u64::MAX);
+            for start in (0..blocks).step_by(1024) {
+                buf.clear();
+                buf.extend(start..(start + 1024).min(blocks));
+                idx.stored(w as u16, Tier::Device, &buf);
+            }
+        }
+        let st = idx.stats();
+        eprintln!(
+            "memory: {} entries ({} blocks x {holders} holders): {} heap bytes, {:.1} bytes/entry",
+            st.live_entries,
+            st.blocks,
+            st.heap_bytes,
+            st.heap_bytes as f64 / st.live_entries as f64
+        );
+    }
+}
+
+criterion_group!(benches, ingest, query, memory);
+criterion_main!(benches);

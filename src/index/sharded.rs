@@ -1,0 +1,185 @@
+//! [`ShardedIndex`]: all shards of the index in one process.
+//!
+//! The service gives each core its own [`IndexShard`] and moves hashes between cores
+//! through queues; this type does the same routing synchronously, so the in-process
+//! engine, the tests and the benches exercise exactly the code paths of the service:
+//! every hash goes to [`shard_of`], every query is scattered, answered per shard and
+//! [`merge`]d.
+
+use super::merge::{merge, MergeResult};
+use super::shard::{IndexShard, ShardStats, StoreOutcome};
+use super::shard_of;
+use crate::types::{Tier, WorkerSlot};
+
+/// Largest supported `shard_bits` (65 536 shards).
+pub const MAX_SHARD_BITS: u32 = 16;
+
+/// Every shard of the index, with hash routing. See the module docs.
+#[derive(Debug)]
+pub struct ShardedIndex {
+    /// `1 << shard_bits` shards; shard `i` owns the hashes with `shard_of(h) == i`.
+    pub shards: Vec<IndexShard>,
+    pub shard_bits: u32,
+    /// Per-shard scatter buffer of the mutating operations.
+    buf: Vec<Vec<u64>>,
+}
+
+impl ShardedIndex {
+    /// An empty index of `1 << shard_bits` shards (`shard_bits` clamped to
+    /// [`MAX_SHARD_BITS`]).
+    pub fn new(shard_bits: u32) -> Self {
+        let shard_bits = shard_bits.min(MAX_SHARD_BITS);
+        let n = 1usize << shard_bits;
+        ShardedIndex {
+            shards: (0..n).map(|_| IndexShard::new()).collect(),
+            shard_bits,
+            buf: vec![Vec::new(); n],
+        }
+    }
+
+    /// An empty index of `count` shards; `None` unless `count` is a power of two no
+    /// larger than `1 << MAX_SHARD_BITS`.
+    pub fn with_shards(count: usize) -> Option<Self> {
+        if count.is_power_of_two() && count <= 1 << MAX_SHARD_BITS {
+            Some(Self::new(count.trailing_zeros()))
+        } else {
+            None
+        }
+    }
+
+    /// An index whose shards use test limits (see `IndexShard::with_limits`).
+    #[cfg(test)]
+    pub(crate) fn with_limits(shard_bits: u32, period: u32, floor: u64) -> Self {
+        let mut s = Self::new(shard_bits);
+        for sh in &mut s.shards {
+            *sh = IndexShard::with_limits(period, floor);
+        }
+        s
+    }
+
+    /// Number of shards.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Splits `total_cap` over the shards. Hashes are spread uniformly, so a worker's
+    /// blocks split about evenly, but not exactly: each shard gets
+    /// `ceil(total / shards * 1.25) + 64` (at most `total`), so a worker is never refused
+    /// for imbalance alone while its indexed blocks stay within 1.25 × `total_cap`
+    /// + 64 × shards overall. With one shard the cap is exact.
+    pub fn per_shard_cap(&self, total_cap: u64) -> u64 {
+        let n = self.shards.len() as u64;
+        if n <= 1 {
+            return total_cap;
+        }
+        let even = total_cap.div_ceil(n);
+        even.saturating_add(even / 4)
+            .saturating_add(64)
+            .min(total_cap)
+    }
+
+    /// Caps worker `w` at about `total_cap` blocks overall; see
+    /// [`ShardedIndex::per_shard_cap`].
+    pub fn set_worker_cap(&mut self, w: WorkerSlot, total_cap: u64) {
+        let cap = self.per_shard_cap(total_cap);
+        for s in &mut self.shards {
+            s.set_worker_cap(w, cap);
+        }
+    }
+
+    /// Groups `hashes` by owning shard into `self.buf` (order kept within a shard).
+    fn scatter(&mut self, hashes: &[u64]) {
+        for b in &mut self.buf {
+            b.clear();
+        }
+        for &h in hashes {
+            self.buf[shard_of(h, self.shard_bits)].push(h);
+        }
+    }
+
+    /// Worker `w` now holds `hashes` in `tier`.
+    pub fn stored(&mut self, w: WorkerSlot, tier: Tier, hashes: &[u64]) -> StoreOutcome {
+        if self.shards.len() == 1 {
+            return self.shards[0].stored(w, tier, hashes);
+        }
+        self.scatter(hashes);
+        let mut out = StoreOutcome::default();
+        for (s, b) in self.shards.iter_mut().zip(&self.buf) {
+            out += s.stored(w, tier, b);
+        }
+        out
+    }
+
+    /// Worker `w` no longer holds `hashes` in `tier`; returns the entries removed.
+    pub fn removed(&mut self, w: WorkerSlot, tier: Tier, hashes: &[u64]) -> u32 {
+        if self.shards.len() == 1 {
+            return self.shards[0].removed(w, tier, hashes);
+        }
+        self.scatter(hashes);
+        let mut n = 0u32;
+        for (s, b) in self.shards.iter_mut().zip(&self.buf) {
+            n = n.saturating_add(s.removed(w, tier, b));
+        }
+        n
+    }
+
+    /// Drops every block of `w` in `tier` (O(shards)).
+    pub fn clear_tier(&mut self, w: WorkerSlot, tier: Tier) {
+        for s in &mut self.shards {
+            s.clear_tier(w, tier);
+        }
+    }
+
+    /// Drops every block of `w` (O(shards)); also to be called when a slot is freed.
+    pub fn clear_worker(&mut self, w: WorkerSlot) {
+        for s in &mut self.shards {
+            s.clear_worker(w);
+        }
+    }
+
+    /// Per-worker overlaps of the request with sequence hashes `hashes`, into `out`.
+    /// Scatters the positions to their shards, queries each (later shards only up to the
+    /// earliest miss found so far) and merges. Allocation-free once `out` has grown.
+    pub fn query(
+        &self,
+        hashes: &[u64],
+        is_shared: impl Fn(WorkerSlot) -> bool,
+        out: &mut MergeResult,
+    ) {
+        let mut sc = std::mem::take(&mut out.scratch);
+        let n = self.shards.len();
+        sc.items.resize_with(n, Vec::new);
+        sc.answers.resize_with(n, Default::default);
+        for v in &mut sc.items {
+            v.clear();
+        }
+        // Positions are u32 in answers; a request longer than that cannot be cached
+        // anyway, so positions past u32::MAX are simply not queried.
+        for (pos, &h) in hashes.iter().enumerate().take(u32::MAX as usize) {
+            sc.items[shard_of(h, self.shard_bits)].push((pos as u32, h));
+        }
+        let mut end = u32::MAX;
+        for ((s, items), a) in self.shards.iter().zip(&sc.items).zip(&mut sc.answers) {
+            a.clear();
+            let upto = items.partition_point(|&(p, _)| p < end);
+            s.query(&items[..upto], a);
+            end = end.min(a.first_miss);
+        }
+        merge(hashes.len(), &sc.answers, is_shared, out);
+        out.scratch = sc;
+    }
+
+    /// Live (block, tier) entries of worker `w`, over all shards.
+    pub fn worker_blocks(&self, w: WorkerSlot) -> u64 {
+        self.shards.iter().map(|s| s.worker_blocks(w)).sum()
+    }
+
+    /// Stats summed over shards.
+    pub fn stats(&self) -> ShardStats {
+        let mut st = ShardStats::default();
+        for s in &self.shards {
+            st += s.stats();
+        }
+        st
+    }
+}
