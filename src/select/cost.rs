@@ -1,0 +1,146 @@
+//! The cost of placing a request on a worker (DESIGN §1 "Cost"), lower is better.
+//!
+//! ```text
+//! prefill_blocks = ((track_prefill_tokens ? load.prefill_tokens : 0) + input_tokens) / block_size
+//! adjusted       = max(prefill_blocks - credit*device - host_w*host - disk_w*disk
+//!                      - shared_mult*shared, 0)
+//! decode_blocks  = track_active_blocks ?
+//!                    (assume_kv_reuse ? blocks_unique + (prompt_blocks - min(reuse, prompt_blocks))
+//!                                     : blocks_total + prompt_blocks)
+//!                    + (track_output_blocks ? output_blocks : 0)
+//!                  : 0
+//! cost           = prefill_load_scale * adjusted + decode_blocks
+//! ```
+//!
+//! A suspect worker (its index state has a gap) gets no cache credit: its overlap is
+//! treated as all zero, since the router cannot trust what it believes is cached there.
+//! The functions are `#[inline]` and branch only on configuration, so the selection
+//! loop over thousands of workers stays cheap.
+
+use super::{RequestShape, WorkerRow};
+use crate::config::RouterConfig;
+use crate::types::Overlap;
+use serde::Serialize;
+
+/// The terms of the cost of one worker, as reported by `explain`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct CostTerms {
+    /// Prompt-side work in blocks: in-flight prompt tokens (if tracked) plus this
+    /// request's input tokens, divided by `block_size`.
+    pub prefill_blocks: f64,
+    /// The overlap that earned credit (all zero for a suspect worker).
+    pub overlap: Overlap,
+    /// `prefill_blocks` minus the cache credit, floored at zero.
+    pub adjusted_prefill: f64,
+    /// Active KV blocks of the worker plus the blocks this request would add.
+    pub decode_blocks: f64,
+    /// `prefill_load_scale * adjusted_prefill + decode_blocks`.
+    pub cost: f64,
+}
+
+/// The overlap the cost may credit: zero for a suspect worker.
+#[inline]
+pub(crate) fn effective_overlap(row: &WorkerRow) -> Overlap {
+    if row.suspect {
+        Overlap::default()
+    } else {
+        row.overlap
+    }
+}
+
+/// Cost terms of placing the request `req` on the worker `row` under `cfg`.
+///
+/// `cfg` is the configuration of the stage being scored (the base config for a single
+/// stage, `prefill_stage()` / `decode_stage()` for the disaggregated stages).
+#[inline]
+pub fn cost_terms(cfg: &RouterConfig, req: &RequestShape, row: &WorkerRow) -> CostTerms {
+    let overlap = effective_overlap(row);
+    let queued = if cfg.track_prefill_tokens {
+        row.load.prefill_tokens
+    } else {
+        0.0
+    };
+    let prefill_blocks = (queued + f64::from(req.input_tokens)) / f64::from(cfg.block_size.max(1));
+    let credit = cfg.overlap_score_credit * f64::from(overlap.device)
+        + cfg.host_cache_hit_weight * f64::from(overlap.host)
+        + cfg.disk_cache_hit_weight * f64::from(overlap.disk)
+        + cfg.shared_cache_multiplier * f64::from(overlap.shared);
+    let adjusted_prefill = (prefill_blocks - credit).max(0.0);
+    let decode_blocks = if cfg.track_active_blocks {
+        let added = if cfg.assume_kv_reuse {
+            f64::from(req.prompt_blocks - row.reuse_blocks.min(req.prompt_blocks))
+        } else {
+            f64::from(req.prompt_blocks)
+        };
+        active_blocks(cfg, row) + added
+    } else {
+        0.0
+    };
+    CostTerms {
+        prefill_blocks,
+        overlap,
+        adjusted_prefill,
+        decode_blocks,
+        cost: cfg.prefill_load_scale * adjusted_prefill + decode_blocks,
+    }
+}
+
+/// Decode-side blocks the worker holds *without* this request, per the active-block
+/// rule of `cfg` (distinct blocks with `assume_kv_reuse`, else the per-request total;
+/// plus output placeholders with `track_output_blocks`). Used for the cost and for
+/// the `busy_threshold` filter.
+#[inline]
+pub(crate) fn active_blocks(cfg: &RouterConfig, row: &WorkerRow) -> f64 {
+    let held = if cfg.assume_kv_reuse {
+        row.blocks_unique
+    } else {
+        row.load.blocks_total
+    };
+    let output = if cfg.track_output_blocks {
+        row.load.output_blocks
+    } else {
+        0.0
+    };
+    held + output
+}
+
+/// Scores candidates of one stage: the stage's cost plus the topology penalty for
+/// decode workers outside the prefill worker's domain (`topology_policy = prefer`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scorer<'a> {
+    pub cfg: &'a RouterConfig,
+    pub req: RequestShape,
+    /// `Some((domain, penalty))` when cross-domain candidates pay `penalty`.
+    pub prefer: Option<(&'a str, f64)>,
+}
+
+impl Scorer<'_> {
+    /// Topology penalty of the worker (0 when not applicable).
+    #[inline]
+    pub fn penalty(&self, row: &WorkerRow) -> f64 {
+        match self.prefer {
+            Some((domain, penalty)) if row.spec.topology != domain => penalty,
+            _ => 0.0,
+        }
+    }
+
+    /// Cost terms of the worker, with the topology penalty folded into `cost`.
+    #[inline]
+    pub fn terms(&self, row: &WorkerRow) -> CostTerms {
+        let mut t = cost_terms(self.cfg, &self.req, row);
+        t.cost += self.penalty(row);
+        t
+    }
+
+    /// The value selection compares. Non-finite costs (impossible with sane load
+    /// figures) are mapped to `f64::MAX` so they lose without poisoning min/max.
+    #[inline(always)]
+    pub fn cost(&self, row: &WorkerRow) -> f64 {
+        let c = self.terms(row).cost;
+        if c.is_finite() {
+            c
+        } else {
+            f64::MAX
+        }
+    }
+}
