@@ -54,62 +54,104 @@ pub(crate) fn effective_overlap(row: &WorkerRow) -> Overlap {
 /// stage, `prefill_stage()` / `decode_stage()` for the disaggregated stages).
 #[inline]
 pub fn cost_terms(cfg: &RouterConfig, req: &RequestShape, row: &WorkerRow) -> CostTerms {
-    let overlap = effective_overlap(row);
-    let queued = if cfg.track_prefill_tokens {
-        row.load.prefill_tokens
-    } else {
-        0.0
-    };
-    let prefill_blocks = (queued + f64::from(req.input_tokens)) / f64::from(cfg.block_size.max(1));
-    let credit = cfg.overlap_score_credit * f64::from(overlap.device)
-        + cfg.host_cache_hit_weight * f64::from(overlap.host)
-        + cfg.disk_cache_hit_weight * f64::from(overlap.disk)
-        + cfg.shared_cache_multiplier * f64::from(overlap.shared);
-    let adjusted_prefill = (prefill_blocks - credit).max(0.0);
-    let decode_blocks = if cfg.track_active_blocks {
-        let added = if cfg.assume_kv_reuse {
-            f64::from(req.prompt_blocks - row.reuse_blocks.min(req.prompt_blocks))
-        } else {
-            f64::from(req.prompt_blocks)
-        };
-        active_blocks(cfg, row) + added
-    } else {
-        0.0
-    };
-    CostTerms {
-        prefill_blocks,
-        overlap,
-        adjusted_prefill,
-        decode_blocks,
-        cost: cfg.prefill_load_scale * adjusted_prefill + decode_blocks,
-    }
+    CostModel::new(cfg, req).terms(row)
 }
 
-/// Decode-side blocks the worker holds *without* this request, per the active-block
-/// rule of `cfg` (distinct blocks with `assume_kv_reuse`, else the per-request total;
-/// plus output placeholders with `track_output_blocks`). Used for the cost and for
-/// the `busy_threshold` filter.
-#[inline]
-pub(crate) fn active_blocks(cfg: &RouterConfig, row: &WorkerRow) -> f64 {
-    let held = if cfg.assume_kv_reuse {
-        row.blocks_unique
-    } else {
-        row.load.blocks_total
-    };
-    let output = if cfg.track_output_blocks {
-        row.load.output_blocks
-    } else {
-        0.0
-    };
-    held + output
+/// The cost formula with everything that does not depend on the worker resolved once
+/// per stage (so the per-worker work is a few multiply-adds, no division).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CostModel {
+    inv_block_size: f64,
+    input_tokens: f64,
+    prompt_blocks: u32,
+    track_prefill_tokens: bool,
+    device_w: f64,
+    host_w: f64,
+    disk_w: f64,
+    shared_w: f64,
+    scale: f64,
+    track_active_blocks: bool,
+    assume_kv_reuse: bool,
+    track_output_blocks: bool,
+}
+
+impl CostModel {
+    pub fn new(cfg: &RouterConfig, req: &RequestShape) -> CostModel {
+        CostModel {
+            inv_block_size: 1.0 / f64::from(cfg.block_size.max(1)),
+            input_tokens: f64::from(req.input_tokens),
+            prompt_blocks: req.prompt_blocks,
+            track_prefill_tokens: cfg.track_prefill_tokens,
+            device_w: cfg.overlap_score_credit,
+            host_w: cfg.host_cache_hit_weight,
+            disk_w: cfg.disk_cache_hit_weight,
+            shared_w: cfg.shared_cache_multiplier,
+            scale: cfg.prefill_load_scale,
+            track_active_blocks: cfg.track_active_blocks,
+            assume_kv_reuse: cfg.assume_kv_reuse,
+            track_output_blocks: cfg.track_output_blocks,
+        }
+    }
+
+    /// Decode-side blocks the worker holds *without* this request, per the active-block
+    /// rule (distinct blocks with `assume_kv_reuse`, else the per-request total; plus
+    /// output placeholders with `track_output_blocks`). Used for the cost and for the
+    /// `busy_threshold` filter.
+    #[inline(always)]
+    pub fn active_blocks(&self, row: &WorkerRow) -> f64 {
+        let held = if self.assume_kv_reuse {
+            row.blocks_unique
+        } else {
+            row.load.blocks_total
+        };
+        let output = if self.track_output_blocks {
+            row.load.output_blocks
+        } else {
+            0.0
+        };
+        held + output
+    }
+
+    /// The cost terms of one worker.
+    #[inline(always)]
+    pub fn terms(&self, row: &WorkerRow) -> CostTerms {
+        let overlap = effective_overlap(row);
+        let queued = if self.track_prefill_tokens {
+            row.load.prefill_tokens
+        } else {
+            0.0
+        };
+        let prefill_blocks = (queued + self.input_tokens) * self.inv_block_size;
+        let credit = self.device_w * f64::from(overlap.device)
+            + self.host_w * f64::from(overlap.host)
+            + self.disk_w * f64::from(overlap.disk)
+            + self.shared_w * f64::from(overlap.shared);
+        let adjusted_prefill = (prefill_blocks - credit).max(0.0);
+        let decode_blocks = if self.track_active_blocks {
+            let added = if self.assume_kv_reuse {
+                self.prompt_blocks - row.reuse_blocks.min(self.prompt_blocks)
+            } else {
+                self.prompt_blocks
+            };
+            self.active_blocks(row) + f64::from(added)
+        } else {
+            0.0
+        };
+        CostTerms {
+            prefill_blocks,
+            overlap,
+            adjusted_prefill,
+            decode_blocks,
+            cost: self.scale * adjusted_prefill + decode_blocks,
+        }
+    }
 }
 
 /// Scores candidates of one stage: the stage's cost plus the topology penalty for
 /// decode workers outside the prefill worker's domain (`topology_policy = prefer`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Scorer<'a> {
-    pub cfg: &'a RouterConfig,
-    pub req: RequestShape,
+    pub model: CostModel,
     /// `Some((domain, penalty))` when cross-domain candidates pay `penalty`.
     pub prefer: Option<(&'a str, f64)>,
 }
@@ -127,7 +169,7 @@ impl Scorer<'_> {
     /// Cost terms of the worker, with the topology penalty folded into `cost`.
     #[inline]
     pub fn terms(&self, row: &WorkerRow) -> CostTerms {
-        let mut t = cost_terms(self.cfg, &self.req, row);
+        let mut t = self.model.terms(row);
         t.cost += self.penalty(row);
         t
     }

@@ -26,7 +26,7 @@
 //! `Prefill`/`Decode` worker of the model, so an aggregated fleet is decided in a
 //! single pass over the rows.
 
-use super::cost::Scorer;
+use super::cost::{CostModel, Scorer};
 use super::filter::{role_bit, Rejection, RejectionCounts, ScanStats, StageFilter};
 use super::pick::{run_stage, Outcome, Pick, StageRun};
 use super::{RequestShape, Stage, WorkerRow};
@@ -162,6 +162,7 @@ fn stage<'x>(
 ) -> StageRun<'x> {
     let f = input.filters;
     let pin = if pin { f.pin.as_deref() } else { None };
+    let model = CostModel::new(cfg, &input.req);
     StageRun {
         filter: StageFilter {
             stage,
@@ -173,11 +174,10 @@ fn stage<'x>(
             dp: f.dp,
             tolerations: &f.tolerations,
             domain: None,
-            busy: cfg.busy_threshold.map(|t| (t, cfg)),
+            busy: cfg.busy_threshold.map(|t| (t, model)),
         },
         scorer: Scorer {
-            cfg,
-            req: input.req,
+            model,
             prefer: None,
         },
         // Without a pin on this stage, `direct` has nothing to name: choose by cost.
@@ -186,6 +186,7 @@ fn stage<'x>(
             m => m,
         },
         temperature: cfg.router_temperature,
+        cuda_to_cpu_ratio: cfg.cuda_to_cpu_ratio,
     }
 }
 

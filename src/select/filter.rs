@@ -9,9 +9,8 @@
 //! everything else is busy" can be reported as `AllBusy`; pin runs first so that a
 //! pin naming no worker at all is told apart from a pinned worker that is filtered.
 
-use super::cost::active_blocks;
+use super::cost::CostModel;
 use super::{Stage, WorkerRow};
-use crate::config::RouterConfig;
 use crate::types::Role;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -184,8 +183,8 @@ pub(crate) struct StageFilter<'a> {
     pub tolerations: &'a [String],
     /// `topology_policy = restrict`: only workers of this domain.
     pub domain: Option<&'a str>,
-    /// `busy_threshold` and the stage config whose active-block rule measures load.
-    pub busy: Option<(f64, &'a RouterConfig)>,
+    /// `busy_threshold` and the stage cost model whose active-block rule measures load.
+    pub busy: Option<(f64, CostModel)>,
 }
 
 /// Equality of short strings with the common empty-vs-empty case kept free of a
@@ -219,7 +218,7 @@ impl StageFilter<'_> {
             return Eval::Reject(Rejection::NotLive);
         }
         if let Some(allow) = self.allow {
-            if !allow.iter().any(|a| *a == spec.id) {
+            if !allow.contains(&spec.id) {
                 return Eval::Reject(Rejection::AllowList);
             }
         }
@@ -238,9 +237,9 @@ impl StageFilter<'_> {
                 return Eval::Reject(Rejection::Topology);
             }
         }
-        if let Some((threshold, cfg)) = self.busy {
+        if let Some((threshold, model)) = &self.busy {
             // blocks / capacity >= threshold, without a division.
-            if active_blocks(cfg, row) >= threshold * spec.capacity_blocks as f64 {
+            if model.active_blocks(row) >= threshold * spec.capacity_blocks as f64 {
                 return Eval::Reject(Rejection::Busy);
             }
         }

@@ -16,7 +16,7 @@
 //!   GPU), then least-loaded inside the group.
 
 use super::cost::Scorer;
-use super::filter::{Eval, ScanStats, StageFilter};
+use super::filter::{Eval, RejectionCounts, ScanStats, StageFilter};
 use super::WorkerRow;
 use crate::config::Mode;
 use crate::types::DeviceClass;
@@ -51,6 +51,8 @@ pub(crate) struct StageRun<'a> {
     pub mode: Mode,
     /// Softmax temperature (0 = argmin).
     pub temperature: f64,
+    /// Throughput of a non-CPU worker relative to a CPU one (`device-aware-weighted`).
+    pub cuda_to_cpu_ratio: f64,
 }
 
 /// First pass: filters every row, fills `stats`, feeds eligible rows to `f`.
@@ -62,22 +64,34 @@ fn survey<'r>(
     stats: &mut ScanStats,
     mut f: impl FnMut(usize, &'r WorkerRow<'r>, u32),
 ) -> bool {
+    // Counted in locals so they stay in registers inside the loop.
+    let (mut in_pool, mut eligible) = (0u32, 0u32);
+    let mut rejections = RejectionCounts::default();
+    let mut split = false;
     for (i, row) in rows.iter().enumerate() {
         match filter.eval(row) {
             Eval::Skip => {}
-            Eval::Split => return false,
+            Eval::Split => {
+                split = true;
+                break;
+            }
             Eval::Reject(r) => {
-                stats.in_pool += 1;
-                stats.rejections.add(r);
+                in_pool += 1;
+                rejections.add(r);
             }
             Eval::Pass(dp) => {
-                stats.in_pool += 1;
-                stats.eligible += 1;
+                in_pool += 1;
+                eligible += 1;
                 f(i, row, dp);
             }
         }
     }
-    true
+    *stats = ScanStats {
+        in_pool,
+        eligible,
+        rejections,
+    };
+    !split
 }
 
 /// Later passes: feeds eligible rows to `f` until it returns `true`.
@@ -269,7 +283,7 @@ fn softmax(
     let mut total = 0.0f64;
     let mut chosen = first;
     each_eligible(filter, rows, |index, row, dp_rank| {
-        let w = (-(run.scorer.cost(row) - lo) * scale).exp();
+        let w = exp_neg(-(run.scorer.cost(row) - lo) * scale);
         total += w;
         if total > 0.0 && rng.random::<f64>() * total < w {
             chosen = Pick { index, dp_rank };
@@ -304,7 +318,7 @@ fn device_aware(
         (_, 0) => DeviceClass::Gpu,
         (0, _) => DeviceClass::Cpu,
         (g, c) => {
-            let gpu = normalized_load(groups[0].0, g, run.scorer.cfg.cuda_to_cpu_ratio);
+            let gpu = normalized_load(groups[0].0, g, run.cuda_to_cpu_ratio);
             let cpu = normalized_load(groups[1].0, c, 1.0);
             if cpu < gpu - TIE_EPS {
                 DeviceClass::Cpu
@@ -322,6 +336,36 @@ fn device_aware(
         false
     });
     m.best.map_or(Outcome::Empty, |(_, p)| Outcome::Picked(p))
+}
+
+/// `e^y` for `y <= 0` (larger `y` is not needed: softmax exponents are `<= 0`),
+/// relative error below 1e-8 (ample for sampling), and 0 below -708 or for NaN.
+///
+/// Inlined polynomial instead of libm's `exp` (a call per worker, several times
+/// slower in the softmax loop): `e^y = 2^k * e^r` with `k = round(y / ln 2)` and
+/// `|r| <= ln(2) / 2`, `e^r` by its Taylor series to degree 7 (error < 6e-9).
+#[inline(always)]
+pub(crate) fn exp_neg(y: f64) -> f64 {
+    if y.is_nan() || y <= -708.0 {
+        return 0.0;
+    }
+    let y = y.min(0.0);
+    // Round to nearest integer without a libm call: adding 1.5 * 2^52 pushes the
+    // fraction bits out of the mantissa.
+    const SHIFTER: f64 = 6_755_399_441_055_744.0;
+    let t = y * std::f64::consts::LOG2_E;
+    let k = (t + SHIFTER) - SHIFTER;
+    let r = (t - k) * std::f64::consts::LN_2;
+    // Degree-7 Taylor polynomial in Estrin form: short dependency chains, so the
+    // evaluations of consecutive workers overlap in the CPU.
+    let r2 = r * r;
+    let r4 = r2 * r2;
+    let lo = (1.0 + r) + r2 * (1.0 / 2.0 + r * (1.0 / 6.0));
+    let hi = (1.0 / 24.0 + r * (1.0 / 120.0)) + r2 * (1.0 / 720.0 + r * (1.0 / 5_040.0));
+    let p = lo + r4 * hi;
+    // k is in [-1022, 0], so k + 1023 is a valid biased exponent of a normal number.
+    let scale = f64::from_bits(((k as i64 + 1023) as u64) << 52);
+    p * scale
 }
 
 /// Normalised load of a device group: in-flight requests per unit of throughput.

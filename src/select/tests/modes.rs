@@ -268,3 +268,21 @@ fn device_aware_ignores_filtered_workers_in_group_math() {
     ws[1].live = false;
     assert_eq!(daw().decide(&ws).unwrap().decode_worker, 0);
 }
+
+#[test]
+fn fast_exp_matches_std() {
+    use super::super::pick::exp_neg;
+    let mut y = 0.0f64;
+    while y > -720.0 {
+        let (got, want) = (exp_neg(y), y.exp());
+        if y > -708.0 {
+            assert!((got - want).abs() <= 1e-8 * want, "{y}: {got} vs {want}");
+        } else {
+            assert!(got == 0.0 && want < 1e-307, "{y}");
+        }
+        y -= 0.0137;
+    }
+    assert_eq!(exp_neg(0.0), 1.0);
+    assert_eq!(exp_neg(f64::NAN), 0.0);
+    assert_eq!(exp_neg(f64::NEG_INFINITY), 0.0);
+}
