@@ -11,9 +11,12 @@ use rand::{Rng, SeedableRng};
 use std::hint::black_box;
 use std::time::Duration;
 
+/// Per-worker figures for one request: overlap, load, distinct blocks, reused blocks.
+type Figures = (Overlap, LoadFigures, f64, u32);
+
 /// Specs of `n` workers, and per-request figures drawn like a busy fleet serving a
 /// 32-block prompt: most workers hold a short shared prefix, a few hold much more.
-fn fleet(n: usize, rng: &mut SmallRng) -> (Vec<WorkerSpec>, Vec<(Overlap, LoadFigures, f64, u32)>) {
+fn fleet(n: usize, rng: &mut SmallRng) -> (Vec<WorkerSpec>, Vec<Figures>) {
     let specs = (0..n)
         .map(|i| WorkerSpec::new(format!("worker-{i}")))
         .collect();
