@@ -1,0 +1,188 @@
+//! The cost of placing a request on a worker (DESIGN §1 "Cost"), lower is better.
+//!
+//! ```text
+//! prefill_blocks = ((track_prefill_tokens ? load.prefill_tokens : 0) + input_tokens) / block_size
+//! adjusted       = max(prefill_blocks - credit*device - host_w*host - disk_w*disk
+//!                      - shared_mult*shared, 0)
+//! decode_blocks  = track_active_blocks ?
+//!                    (assume_kv_reuse ? blocks_unique + (prompt_blocks - min(reuse, prompt_blocks))
+//!                                     : blocks_total + prompt_blocks)
+//!                    + (track_output_blocks ? output_blocks : 0)
+//!                  : 0
+//! cost           = prefill_load_scale * adjusted + decode_blocks
+//! ```
+//!
+//! A suspect worker (its index state has a gap) gets no cache credit: its overlap is
+//! treated as all zero, since the router cannot trust what it believes is cached there.
+//! The functions are `#[inline]` and branch only on configuration, so the selection
+//! loop over thousands of workers stays cheap.
+
+use super::{RequestShape, WorkerRow};
+use crate::config::RouterConfig;
+use crate::types::Overlap;
+use serde::Serialize;
+
+/// The terms of the cost of one worker, as reported by `explain`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct CostTerms {
+    /// Prompt-side work in blocks: in-flight prompt tokens (if tracked) plus this
+    /// request's input tokens, divided by `block_size`.
+    pub prefill_blocks: f64,
+    /// The overlap that earned credit (all zero for a suspect worker).
+    pub overlap: Overlap,
+    /// `prefill_blocks` minus the cache credit, floored at zero.
+    pub adjusted_prefill: f64,
+    /// Active KV blocks of the worker plus the blocks this request would add.
+    pub decode_blocks: f64,
+    /// `prefill_load_scale * adjusted_prefill + decode_blocks`.
+    pub cost: f64,
+}
+
+/// The overlap the cost may credit: zero for a suspect worker.
+#[inline]
+pub(crate) fn effective_overlap(row: &WorkerRow) -> Overlap {
+    if row.suspect {
+        Overlap::default()
+    } else {
+        row.overlap
+    }
+}
+
+/// Cost terms of placing the request `req` on the worker `row` under `cfg`.
+///
+/// `cfg` is the configuration of the stage being scored (the base config for a single
+/// stage, `prefill_stage()` / `decode_stage()` for the disaggregated stages).
+#[inline]
+pub fn cost_terms(cfg: &RouterConfig, req: &RequestShape, row: &WorkerRow) -> CostTerms {
+    CostModel::new(cfg, req).terms(row)
+}
+
+/// The cost formula with everything that does not depend on the worker resolved once
+/// per stage (so the per-worker work is a few multiply-adds, no division).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CostModel {
+    inv_block_size: f64,
+    input_tokens: f64,
+    prompt_blocks: u32,
+    track_prefill_tokens: bool,
+    device_w: f64,
+    host_w: f64,
+    disk_w: f64,
+    shared_w: f64,
+    scale: f64,
+    track_active_blocks: bool,
+    assume_kv_reuse: bool,
+    track_output_blocks: bool,
+}
+
+impl CostModel {
+    pub fn new(cfg: &RouterConfig, req: &RequestShape) -> CostModel {
+        CostModel {
+            inv_block_size: 1.0 / f64::from(cfg.block_size.max(1)),
+            input_tokens: f64::from(req.input_tokens),
+            prompt_blocks: req.prompt_blocks,
+            track_prefill_tokens: cfg.track_prefill_tokens,
+            device_w: cfg.overlap_score_credit,
+            host_w: cfg.host_cache_hit_weight,
+            disk_w: cfg.disk_cache_hit_weight,
+            shared_w: cfg.shared_cache_multiplier,
+            scale: cfg.prefill_load_scale,
+            track_active_blocks: cfg.track_active_blocks,
+            assume_kv_reuse: cfg.assume_kv_reuse,
+            track_output_blocks: cfg.track_output_blocks,
+        }
+    }
+
+    /// Decode-side blocks the worker holds *without* this request, per the active-block
+    /// rule (distinct blocks with `assume_kv_reuse`, else the per-request total; plus
+    /// output placeholders with `track_output_blocks`). Used for the cost and for the
+    /// `busy_threshold` filter.
+    #[inline(always)]
+    pub fn active_blocks(&self, row: &WorkerRow) -> f64 {
+        let held = if self.assume_kv_reuse {
+            row.blocks_unique
+        } else {
+            row.load.blocks_total
+        };
+        let output = if self.track_output_blocks {
+            row.load.output_blocks
+        } else {
+            0.0
+        };
+        held + output
+    }
+
+    /// The cost terms of one worker.
+    #[inline(always)]
+    pub fn terms(&self, row: &WorkerRow) -> CostTerms {
+        let overlap = effective_overlap(row);
+        let queued = if self.track_prefill_tokens {
+            row.load.prefill_tokens
+        } else {
+            0.0
+        };
+        let prefill_blocks = (queued + self.input_tokens) * self.inv_block_size;
+        let credit = self.device_w * f64::from(overlap.device)
+            + self.host_w * f64::from(overlap.host)
+            + self.disk_w * f64::from(overlap.disk)
+            + self.shared_w * f64::from(overlap.shared);
+        let adjusted_prefill = (prefill_blocks - credit).max(0.0);
+        let decode_blocks = if self.track_active_blocks {
+            let added = if self.assume_kv_reuse {
+                self.prompt_blocks - row.reuse_blocks.min(self.prompt_blocks)
+            } else {
+                self.prompt_blocks
+            };
+            self.active_blocks(row) + f64::from(added)
+        } else {
+            0.0
+        };
+        CostTerms {
+            prefill_blocks,
+            overlap,
+            adjusted_prefill,
+            decode_blocks,
+            cost: self.scale * adjusted_prefill + decode_blocks,
+        }
+    }
+}
+
+/// Scores candidates of one stage: the stage's cost plus the topology penalty for
+/// decode workers outside the prefill worker's domain (`topology_policy = prefer`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scorer<'a> {
+    pub model: CostModel,
+    /// `Some((domain, penalty))` when cross-domain candidates pay `penalty`.
+    pub prefer: Option<(&'a str, f64)>,
+}
+
+impl Scorer<'_> {
+    /// Topology penalty of the worker (0 when not applicable).
+    #[inline]
+    pub fn penalty(&self, row: &WorkerRow) -> f64 {
+        match self.prefer {
+            Some((domain, penalty)) if row.spec.topology != domain => penalty,
+            _ => 0.0,
+        }
+    }
+
+    /// Cost terms of the worker, with the topology penalty folded into `cost`.
+    #[inline]
+    pub fn terms(&self, row: &WorkerRow) -> CostTerms {
+        let mut t = self.model.terms(row);
+        t.cost += self.penalty(row);
+        t
+    }
+
+    /// The value selection compares. Non-finite costs (impossible with sane load
+    /// figures) are mapped to `f64::MAX` so they lose without poisoning min/max.
+    #[inline(always)]
+    pub fn cost(&self, row: &WorkerRow) -> f64 {
+        let c = self.terms(row).cost;
+        if c.is_finite() {
+            c
+        } else {
+            f64::MAX
+        }
+    }
+}

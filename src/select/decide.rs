@@ -1,0 +1,410 @@
+//! The decision: which stages run, on which pools, with which configuration, and what
+//! happens when a stage has no candidate (DESIGN §1 "Selection", "Disaggregated
+//! prefill/decode").
+//!
+//! - Workers of role `Shared` are never candidates.
+//! - If the request's model has any `Prefill` or `Decode` worker registered (whatever
+//!   its liveness), the fleet is disaggregated:
+//!   1. Prefill stage among `Prefill` workers, cost with `cfg.prefill_stage()`, the
+//!      request's mode (`direct` → `kv`, since the pin names the decode worker).
+//!      If the frontend reports the prefill failed (`prefill_failed`), or the pool
+//!      has no live worker, or every live one is filtered out, the request falls back
+//!      to decode-only routing among `Decode` and `Aggregated` workers with the base
+//!      config, and [`Decision::fallback`] says why.
+//!   2. Decode stage among `Decode` workers, cost with `cfg.decode_stage()`, the
+//!      request's mode, the pin, and the topology policy relative to the chosen
+//!      prefill worker's domain (a prefill worker without a domain imposes none;
+//!      a decode worker without a domain is outside every domain).
+//! - Otherwise one stage among `Aggregated` workers with the base config.
+//!
+//! Allow-list, dp bounds, taints and busy apply to every stage; the pin applies to the
+//! single stage, or to the decode stage of a disaggregated decision. The round-robin
+//! cursor advances once per successful round-robin decision; both stages of a
+//! disaggregated decision use the same cursor value.
+//!
+//! The aggregated stage doubles as the probe for disaggregation: it stops at the first
+//! `Prefill`/`Decode` worker of the model, so an aggregated fleet is decided in a
+//! single pass over the rows.
+
+use super::cost::{CostModel, Scorer};
+use super::filter::{role_bit, Rejection, RejectionCounts, ScanStats, StageFilter};
+use super::pick::{run_stage, Outcome, Pick, StageRun};
+use super::{RequestShape, Stage, WorkerRow};
+use crate::config::{Mode, RouterConfig, TopologyPolicy};
+use crate::types::{Overlap, Role, WorkerSlot};
+use rand::Rng;
+use serde::Serialize;
+
+/// Everything one decision depends on (besides randomness and the round-robin cursor).
+#[derive(Clone, Copy, Debug)]
+pub struct RouteInput<'a> {
+    /// Base routing configuration (the stage configs are derived from it).
+    pub cfg: &'a RouterConfig,
+    /// The request's routing mode.
+    pub mode: Mode,
+    pub req: RequestShape,
+    pub filters: &'a super::Filters,
+    /// Every registered worker (any model, role, liveness) with its per-request figures.
+    pub workers: &'a [WorkerRow<'a>],
+    /// The frontend reports that this request's prefill failed: route decode-only.
+    pub prefill_failed: bool,
+    /// Fill [`Decision::candidates`] and [`Decision::rejected`].
+    pub explain: bool,
+}
+
+/// Why a disaggregated request was routed decode-only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fallback {
+    /// Normal routing (aggregated fleet, or both disaggregated stages ran).
+    None,
+    /// The model's prefill pool has no live worker.
+    NoPrefillWorkers,
+    /// Live prefill workers exist but the request's filters (or busy) removed them all.
+    PrefillFilteredOut,
+    /// The frontend reported that prefill failed.
+    PrefillFailed,
+}
+
+/// The cost terms of one scored candidate (`explain`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Explain {
+    pub worker: WorkerSlot,
+    pub stage: Stage,
+    pub prefill_blocks: f64,
+    /// Overlap credited (zero for a suspect worker).
+    pub overlap: Overlap,
+    pub adjusted_prefill: f64,
+    pub decode_blocks: f64,
+    /// Stage cost, including any topology penalty.
+    pub cost: f64,
+}
+
+/// A worker of a stage's pool that a filter removed (`explain`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Rejected {
+    pub worker: WorkerSlot,
+    pub stage: Stage,
+    pub reason: Rejection,
+}
+
+/// Where the request goes.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Decision {
+    /// The worker that generates (the only worker of a single-stage decision).
+    pub decode_worker: WorkerSlot,
+    /// The worker that runs the prompt in a disaggregated decision.
+    pub prefill_worker: Option<WorkerSlot>,
+    /// DP rank on the decode worker: lowest rank within the request's bounds, or the
+    /// worker's lowest rank without bounds.
+    pub dp_rank: u32,
+    /// DP rank on the prefill worker, same rule.
+    pub prefill_dp_rank: Option<u32>,
+    /// Overlap on the worker that does the prefill.
+    pub overlap: Overlap,
+    /// Cost of the decode (or single-stage) worker under its stage's config. Reported
+    /// in every mode, so tools can compare modes.
+    pub cost: f64,
+    /// Cost of the prefill worker under the prefill-stage config.
+    pub prefill_cost: Option<f64>,
+    pub fallback: Fallback,
+    /// With `explain`: every scored candidate of every stage that ran, in row order.
+    pub candidates: Vec<Explain>,
+    /// With `explain`: every worker of a stage's pool removed by a filter.
+    pub rejected: Vec<Rejected>,
+}
+
+/// Why no worker could be chosen.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("no workers are registered for model {model:?}")]
+    NoWorkers { model: String },
+    #[error("no workers for the {stage} stage are registered for model {model:?}")]
+    EmptyPool { stage: Stage, model: String },
+    #[error("every {stage} worker was filtered out ({rejections})")]
+    AllFiltered {
+        stage: Stage,
+        rejections: RejectionCounts,
+    },
+    #[error("every eligible {stage} worker is busy (busy_threshold reached)")]
+    AllBusy { stage: Stage },
+    #[error("pinned worker {pin:?} is not a {stage} worker of model {model:?}")]
+    PinNotFound {
+        pin: String,
+        stage: Stage,
+        model: String,
+    },
+    #[error("mode direct requires a pinned worker")]
+    DirectNeedsPin,
+    #[error("no eligible decode worker in topology domain {domain:?} of the prefill worker")]
+    NoDecodeInDomain { domain: String },
+}
+
+/// Round-robin cursor, owned by the caller (one per router or per model, as it likes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RrState {
+    /// Decisions made in round-robin mode so far.
+    pub counter: u64,
+}
+
+const POOL_AGG: u8 = role_bit(Role::Aggregated);
+const POOL_PREFILL: u8 = role_bit(Role::Prefill);
+const POOL_DECODE: u8 = role_bit(Role::Decode);
+
+/// Builds one stage. `pin` says whether the request's pin applies to this stage.
+fn stage<'x>(
+    input: &'x RouteInput,
+    stage: Stage,
+    cfg: &'x RouterConfig,
+    pool: u8,
+    split: u8,
+    pin: bool,
+) -> StageRun<'x> {
+    let f = input.filters;
+    let pin = if pin { f.pin.as_deref() } else { None };
+    let model = CostModel::new(cfg, &input.req);
+    StageRun {
+        filter: StageFilter {
+            stage,
+            model: &f.model,
+            pool,
+            split,
+            pin,
+            allow: f.allow.as_deref(),
+            dp: f.dp,
+            tolerations: &f.tolerations,
+            domain: None,
+            busy: cfg.busy_threshold.map(|t| (t, model)),
+        },
+        scorer: Scorer {
+            model,
+            prefer: None,
+        },
+        // Without a pin on this stage, `direct` has nothing to name: choose by cost.
+        mode: match input.mode {
+            Mode::Direct if pin.is_none() => Mode::Kv,
+            m => m,
+        },
+        temperature: cfg.router_temperature,
+        cuda_to_cpu_ratio: cfg.cuda_to_cpu_ratio,
+    }
+}
+
+/// The error of a stage that found no candidate, from what its filters saw.
+fn stage_error(input: &RouteInput, run: &StageRun, stats: &ScanStats) -> RouteError {
+    let f = &run.filter;
+    let model = || input.filters.model.clone();
+    if stats.in_pool == 0 {
+        return if f.split != 0 {
+            RouteError::NoWorkers { model: model() }
+        } else {
+            RouteError::EmptyPool {
+                stage: f.stage,
+                model: model(),
+            }
+        };
+    }
+    if let Some(pin) = f.pin {
+        if stats.rejections.get(Rejection::Pin) == stats.in_pool {
+            return RouteError::PinNotFound {
+                pin: pin.to_owned(),
+                stage: f.stage,
+                model: model(),
+            };
+        }
+    }
+    if stats.rejections.get(Rejection::Busy) > 0 {
+        return RouteError::AllBusy { stage: f.stage };
+    }
+    if let (Some(domain), true) = (f.domain, stats.rejections.get(Rejection::Topology) > 0) {
+        return RouteError::NoDecodeInDomain {
+            domain: domain.to_owned(),
+        };
+    }
+    RouteError::AllFiltered {
+        stage: f.stage,
+        rejections: stats.rejections,
+    }
+}
+
+/// Explain records: scored candidates and filtered-out workers.
+#[derive(Default)]
+struct Records {
+    candidates: Vec<Explain>,
+    rejected: Vec<Rejected>,
+}
+
+/// Appends the explain records of one stage.
+fn explain_stage(run: &StageRun, rows: &[WorkerRow], d: &mut Records) {
+    use super::filter::Eval;
+    for row in rows {
+        match run.filter.eval(row) {
+            Eval::Pass(_) => {
+                let t = run.scorer.terms(row);
+                d.candidates.push(Explain {
+                    worker: row.slot,
+                    stage: run.filter.stage,
+                    prefill_blocks: t.prefill_blocks,
+                    overlap: t.overlap,
+                    adjusted_prefill: t.adjusted_prefill,
+                    decode_blocks: t.decode_blocks,
+                    cost: t.cost,
+                });
+            }
+            Eval::Reject(reason) => d.rejected.push(Rejected {
+                worker: row.slot,
+                stage: run.filter.stage,
+                reason,
+            }),
+            Eval::Skip | Eval::Split => {}
+        }
+    }
+}
+
+/// A single-stage decision (aggregated fleet or decode-only fallback).
+fn single(
+    input: &RouteInput,
+    run: &StageRun,
+    p: Pick,
+    fallback: Fallback,
+    records: Records,
+) -> Decision {
+    let row = &input.workers[p.index];
+    let t = run.scorer.terms(row);
+    Decision {
+        decode_worker: row.slot,
+        prefill_worker: None,
+        dp_rank: p.dp_rank,
+        prefill_dp_rank: None,
+        overlap: t.overlap,
+        cost: t.cost,
+        prefill_cost: None,
+        fallback,
+        candidates: records.candidates,
+        rejected: records.rejected,
+    }
+}
+
+/// Routes one request. See the module docs for the exact rules.
+///
+/// `rng` breaks ties and samples (random, softmax); `rr` is the round-robin cursor.
+/// Allocation-free unless `input.explain` is set or an error is returned.
+pub fn decide(
+    input: &RouteInput,
+    rng: &mut impl Rng,
+    rr: &mut RrState,
+) -> Result<Decision, RouteError> {
+    if input.mode == Mode::Direct && input.filters.pin.is_none() {
+        return Err(RouteError::DirectNeedsPin);
+    }
+    let rows = input.workers;
+    let probe = stage(
+        input,
+        Stage::Aggregated,
+        input.cfg,
+        POOL_AGG,
+        POOL_PREFILL | POOL_DECODE,
+        true,
+    );
+    let mut stats = ScanStats::default();
+    let decision = match run_stage(&probe, rows, rng, rr.counter, &mut stats) {
+        Outcome::Picked(p) => {
+            let mut records = Records::default();
+            if input.explain {
+                explain_stage(&probe, rows, &mut records);
+            }
+            single(input, &probe, p, Fallback::None, records)
+        }
+        Outcome::Empty => return Err(stage_error(input, &probe, &stats)),
+        Outcome::Split => disaggregated(input, rng, rr.counter)?,
+    };
+    if input.mode == Mode::RoundRobin {
+        rr.counter = rr.counter.wrapping_add(1);
+    }
+    Ok(decision)
+}
+
+/// Two-stage routing, or the decode-only fallback.
+fn disaggregated(
+    input: &RouteInput,
+    rng: &mut impl Rng,
+    counter: u64,
+) -> Result<Decision, RouteError> {
+    let rows = input.workers;
+    let pcfg = input.cfg.prefill_stage();
+    let dcfg = input.cfg.decode_stage();
+    let prun = stage(input, Stage::Prefill, &pcfg, POOL_PREFILL, 0, false);
+    let mut prefill = None;
+    let fallback = if input.prefill_failed {
+        Fallback::PrefillFailed
+    } else {
+        let mut stats = ScanStats::default();
+        match run_stage(&prun, rows, rng, counter, &mut stats) {
+            Outcome::Picked(p) => {
+                prefill = Some(p);
+                Fallback::None
+            }
+            Outcome::Empty | Outcome::Split if stats.live() == 0 => Fallback::NoPrefillWorkers,
+            Outcome::Empty | Outcome::Split => Fallback::PrefillFilteredOut,
+        }
+    };
+    // Explain records of the prefill stage (it ran unless prefill failed).
+    let mut records = Records::default();
+    if input.explain && !input.prefill_failed {
+        explain_stage(&prun, rows, &mut records);
+    }
+
+    let Some(pp) = prefill else {
+        // Decode-only: Decode and Aggregated workers, base config, as a single stage.
+        let run = stage(
+            input,
+            Stage::Aggregated,
+            input.cfg,
+            POOL_AGG | POOL_DECODE,
+            0,
+            true,
+        );
+        let mut stats = ScanStats::default();
+        let Outcome::Picked(p) = run_stage(&run, rows, rng, counter, &mut stats) else {
+            return Err(stage_error(input, &run, &stats));
+        };
+        if input.explain {
+            explain_stage(&run, rows, &mut records);
+        }
+        return Ok(single(input, &run, p, fallback, records));
+    };
+
+    let prow = &rows[pp.index];
+    let pterms = prun.scorer.terms(prow);
+    let mut drun = stage(input, Stage::Decode, &dcfg, POOL_DECODE, 0, true);
+    let domain = prow.spec.topology.as_str();
+    if !domain.is_empty() {
+        match input.cfg.topology_policy {
+            TopologyPolicy::None => {}
+            TopologyPolicy::Restrict => drun.filter.domain = Some(domain),
+            TopologyPolicy::Prefer => {
+                drun.scorer.prefer = Some((domain, input.cfg.topology_penalty))
+            }
+        }
+    }
+    let mut stats = ScanStats::default();
+    let Outcome::Picked(dp) = run_stage(&drun, rows, rng, counter, &mut stats) else {
+        return Err(stage_error(input, &drun, &stats));
+    };
+    if input.explain {
+        explain_stage(&drun, rows, &mut records);
+    }
+    let drow = &rows[dp.index];
+    Ok(Decision {
+        decode_worker: drow.slot,
+        prefill_worker: Some(prow.slot),
+        dp_rank: dp.dp_rank,
+        prefill_dp_rank: Some(pp.dp_rank),
+        overlap: pterms.overlap,
+        cost: drun.scorer.terms(drow).cost,
+        prefill_cost: Some(pterms.cost),
+        fallback: Fallback::None,
+        candidates: records.candidates,
+        rejected: records.rejected,
+    })
+}

@@ -1,0 +1,265 @@
+//! Hard filters applied before scoring (DESIGN §1 "Selection"), each with a
+//! [`Rejection`] reason for error messages and `explain`.
+//!
+//! A worker is considered by a stage only if it serves the request's model and its
+//! role belongs to the stage's pool; those two conditions *define* the pool and are
+//! not counted as rejections. Within the pool, checks run in this order and the first
+//! failing one is the reason: pin, liveness, allow-list, data-parallel ranks, taints,
+//! topology (`restrict`), busy. Busy runs last so that "every worker that passed
+//! everything else is busy" can be reported as `AllBusy`; pin runs first so that a
+//! pin naming no worker at all is told apart from a pinned worker that is filtered.
+
+use super::cost::CostModel;
+use super::{Stage, WorkerRow};
+use crate::types::Role;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Inclusive data-parallel rank bounds `lo..=hi` a request accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DpBounds {
+    pub lo: u32,
+    pub hi: u32,
+}
+
+/// The request's hard constraints on which workers may serve it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Filters {
+    /// Model requested; exact match against `WorkerSpec::model` (empty = default model).
+    pub model: String,
+    /// Only workers whose id is listed are eligible.
+    pub allow: Option<Vec<String>>,
+    /// Only the worker with this id is eligible. Applies to the single stage, and to
+    /// the decode stage of a disaggregated decision (the prefill worker is still chosen
+    /// by cost). Required by mode `direct`.
+    pub pin: Option<String>,
+    /// The worker's dp ranks must intersect these bounds; the decision's `dp_rank` is
+    /// the lowest rank of the intersection.
+    pub dp: Option<DpBounds>,
+    /// Taints the request tolerates: a worker is eligible only if every one of its
+    /// taints is listed here.
+    pub tolerations: Vec<String>,
+}
+
+/// Why a worker was not eligible.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rejection {
+    /// Serves another model (defines the pool; not counted).
+    Model,
+    /// Role not in the stage's pool, e.g. a shared cache (defines the pool; not counted).
+    Role,
+    /// The request is pinned to another worker.
+    Pin,
+    /// Heartbeat timed out or not connected.
+    NotLive,
+    /// Not in the request's allow-list.
+    AllowList,
+    /// No dp rank within the request's bounds.
+    DpRanks,
+    /// Carries a taint the request does not tolerate.
+    Taint,
+    /// Outside the prefill worker's topology domain (`topology_policy = restrict`).
+    Topology,
+    /// Active KV blocks / capacity at or above `busy_threshold`.
+    Busy,
+}
+
+impl Rejection {
+    /// Every reason, in check order after the pool conditions.
+    pub const ALL: [Rejection; 9] = [
+        Rejection::Model,
+        Rejection::Role,
+        Rejection::Pin,
+        Rejection::NotLive,
+        Rejection::AllowList,
+        Rejection::DpRanks,
+        Rejection::Taint,
+        Rejection::Topology,
+        Rejection::Busy,
+    ];
+
+    /// Short human-readable phrase ("not live", "busy", ...).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Rejection::Model => "other model",
+            Rejection::Role => "role not in pool",
+            Rejection::Pin => "not the pinned worker",
+            Rejection::NotLive => "not live",
+            Rejection::AllowList => "not in allow-list",
+            Rejection::DpRanks => "no dp rank in bounds",
+            Rejection::Taint => "untolerated taint",
+            Rejection::Topology => "outside topology domain",
+            Rejection::Busy => "busy",
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+/// How many workers each [`Rejection`] removed from a stage's pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RejectionCounts {
+    counts: [u32; 9],
+}
+
+impl RejectionCounts {
+    /// Workers rejected for `r`.
+    pub fn get(&self, r: Rejection) -> u32 {
+        self.counts[r as usize]
+    }
+
+    /// Records one rejection.
+    #[inline]
+    pub fn add(&mut self, r: Rejection) {
+        let c = &mut self.counts[r as usize];
+        *c = c.saturating_add(1);
+    }
+
+    /// Total rejections recorded.
+    pub fn total(&self) -> u32 {
+        self.counts.iter().fold(0u32, |a, &c| a.saturating_add(c))
+    }
+}
+
+impl fmt::Display for RejectionCounts {
+    /// `"2 not live, 1 busy"`; `"no workers"` when empty.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for r in Rejection::ALL {
+            let n = self.get(r);
+            if n > 0 {
+                if !first {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{n} {}", r.describe())?;
+                first = false;
+            }
+        }
+        if first {
+            f.write_str("no workers")?;
+        }
+        Ok(())
+    }
+}
+
+/// Outcome of filtering one worker for one stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Eval {
+    /// Not in the stage's pool (other model or role); not a rejection.
+    Skip,
+    /// A Prefill/Decode worker of the model seen while probing for an aggregated
+    /// fleet: the fleet is disaggregated, the probe stops.
+    Split,
+    /// In the pool but filtered out.
+    Reject(Rejection),
+    /// Eligible, serving at this dp rank.
+    Pass(u32),
+}
+
+/// Bit of a role in a pool mask.
+pub(crate) const fn role_bit(r: Role) -> u8 {
+    1 << (r as u8)
+}
+
+/// The hard filters of one stage, resolved once per decision so the per-worker check
+/// is a handful of comparisons.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StageFilter<'a> {
+    pub stage: Stage,
+    pub model: &'a str,
+    /// Roles whose workers are candidates of this stage.
+    pub pool: u8,
+    /// Roles that reveal a disaggregated fleet (only when probing the aggregated stage).
+    pub split: u8,
+    pub pin: Option<&'a str>,
+    pub allow: Option<&'a [String]>,
+    pub dp: Option<DpBounds>,
+    pub tolerations: &'a [String],
+    /// `topology_policy = restrict`: only workers of this domain.
+    pub domain: Option<&'a str>,
+    /// `busy_threshold` and the stage cost model whose active-block rule measures load.
+    pub busy: Option<(f64, CostModel)>,
+}
+
+/// Equality of short strings with the common empty-vs-empty case kept free of a
+/// `memcmp` call (most fleets serve the default model under the empty name).
+#[inline(always)]
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len() && (a.is_empty() || a == b)
+}
+
+impl StageFilter<'_> {
+    /// Filters one worker. Pure and allocation-free.
+    #[inline(always)]
+    pub fn eval(&self, row: &WorkerRow) -> Eval {
+        let spec = row.spec;
+        if !same(&spec.model, self.model) {
+            return Eval::Skip;
+        }
+        let bit = role_bit(spec.role);
+        if self.split & bit != 0 {
+            return Eval::Split;
+        }
+        if self.pool & bit == 0 {
+            return Eval::Skip;
+        }
+        if let Some(pin) = self.pin {
+            if spec.id != pin {
+                return Eval::Reject(Rejection::Pin);
+            }
+        }
+        if !row.live {
+            return Eval::Reject(Rejection::NotLive);
+        }
+        if let Some(allow) = self.allow {
+            if !allow.contains(&spec.id) {
+                return Eval::Reject(Rejection::AllowList);
+            }
+        }
+        let dp = match self.dp {
+            None => spec.dp_ranks.lo,
+            Some(b) => match spec.dp_ranks.intersect(b.lo, b.hi) {
+                Some(r) => r.lo,
+                None => return Eval::Reject(Rejection::DpRanks),
+            },
+        };
+        if !spec.taints.is_empty() && !spec.taints.iter().all(|t| self.tolerations.contains(t)) {
+            return Eval::Reject(Rejection::Taint);
+        }
+        if let Some(domain) = self.domain {
+            if spec.topology != domain {
+                return Eval::Reject(Rejection::Topology);
+            }
+        }
+        if let Some((threshold, model)) = &self.busy {
+            // blocks / capacity >= threshold, without a division.
+            if model.active_blocks(row) >= threshold * spec.capacity_blocks as f64 {
+                return Eval::Reject(Rejection::Busy);
+            }
+        }
+        Eval::Pass(dp)
+    }
+}
+
+/// What one stage's filtering saw, for error reporting and fallbacks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ScanStats {
+    /// Workers of the model whose role is in the pool.
+    pub in_pool: u32,
+    /// Of those, how many passed every filter.
+    pub eligible: u32,
+    pub rejections: RejectionCounts,
+}
+
+impl ScanStats {
+    /// Pool workers that are live (whatever the other filters said).
+    pub fn live(&self) -> u32 {
+        self.in_pool - self.rejections.get(Rejection::NotLive)
+    }
+}

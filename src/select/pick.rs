@@ -1,0 +1,374 @@
+//! Per-mode selection over the candidates of one stage (DESIGN §1 "Selection").
+//!
+//! Every algorithm streams over the worker rows (one or two passes, re-filtering on the
+//! second pass instead of collecting candidates), so selection allocates nothing:
+//! - `kv`, temperature 0: argmin of cost; ties (|Δ| < [`TIE_EPS`]) are broken
+//!   uniformly at random by reservoir sampling (the k-th tied worker replaces the
+//!   current pick with probability 1/k).
+//! - `kv`, temperature T > 0: pass 1 finds min and max cost; pass 2 samples with
+//!   p ∝ exp(-x / T), x = (cost - min) / (max - min), by weighted reservoir sampling
+//!   (keep worker i with probability w_i / Σ_{j≤i} w_j). All costs equal → uniform.
+//! - `random`: count, then the uniformly drawn k-th eligible worker.
+//! - `round-robin`: the `(counter mod count)`-th eligible worker.
+//! - `direct`: the (only) eligible worker; the pin filter has already done the work.
+//! - `least-loaded`: fewest active requests, ties uniformly at random.
+//! - `device-aware-weighted`: CPU vs non-CPU groups, less normalised load wins (tie →
+//!   GPU), then least-loaded inside the group.
+
+use super::cost::Scorer;
+use super::filter::{Eval, RejectionCounts, ScanStats, StageFilter};
+use super::WorkerRow;
+use crate::config::Mode;
+use crate::types::DeviceClass;
+use rand::Rng;
+
+/// Costs closer than this are a tie.
+pub(crate) const TIE_EPS: f64 = 1e-9;
+
+/// The worker chosen by one stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Pick {
+    /// Index into the rows slice.
+    pub index: usize,
+    pub dp_rank: u32,
+}
+
+/// Result of running one stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Picked(Pick),
+    /// No eligible worker; the stats say why.
+    Empty,
+    /// The aggregated probe met a Prefill/Decode worker of the model.
+    Split,
+}
+
+/// One stage ready to run: its filters, its scorer and the selection mode.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StageRun<'a> {
+    pub filter: StageFilter<'a>,
+    pub scorer: Scorer<'a>,
+    pub mode: Mode,
+    /// Softmax temperature (0 = argmin).
+    pub temperature: f64,
+    /// Throughput of a non-CPU worker relative to a CPU one (`device-aware-weighted`).
+    pub cuda_to_cpu_ratio: f64,
+}
+
+/// First pass: filters every row, fills `stats`, feeds eligible rows to `f`.
+/// Returns `false` (and stops) on a split.
+#[inline(always)]
+fn survey<'r>(
+    filter: &StageFilter,
+    rows: &'r [WorkerRow<'r>],
+    stats: &mut ScanStats,
+    mut f: impl FnMut(usize, &'r WorkerRow<'r>, u32),
+) -> bool {
+    // Counted in locals so they stay in registers inside the loop.
+    let (mut in_pool, mut eligible) = (0u32, 0u32);
+    let mut rejections = RejectionCounts::default();
+    let mut split = false;
+    for (i, row) in rows.iter().enumerate() {
+        match filter.eval(row) {
+            Eval::Skip => {}
+            Eval::Split => {
+                split = true;
+                break;
+            }
+            Eval::Reject(r) => {
+                in_pool += 1;
+                rejections.add(r);
+            }
+            Eval::Pass(dp) => {
+                in_pool += 1;
+                eligible += 1;
+                f(i, row, dp);
+            }
+        }
+    }
+    *stats = ScanStats {
+        in_pool,
+        eligible,
+        rejections,
+    };
+    !split
+}
+
+/// Later passes: feeds eligible rows to `f` until it returns `true`.
+#[inline(always)]
+fn each_eligible<'r>(
+    filter: &StageFilter,
+    rows: &'r [WorkerRow<'r>],
+    mut f: impl FnMut(usize, &'r WorkerRow<'r>, u32) -> bool,
+) {
+    for (i, row) in rows.iter().enumerate() {
+        if let Eval::Pass(dp) = filter.eval(row) {
+            if f(i, row, dp) {
+                return;
+            }
+        }
+    }
+}
+
+/// The `k`-th (0-based) eligible row.
+fn nth_eligible(filter: &StageFilter, rows: &[WorkerRow], k: u32) -> Option<Pick> {
+    let mut seen = 0u32;
+    let mut out = None;
+    each_eligible(filter, rows, |index, _, dp_rank| {
+        if seen == k {
+            out = Some(Pick { index, dp_rank });
+            return true;
+        }
+        seen += 1;
+        false
+    });
+    out
+}
+
+/// Reservoir state for "minimum, ties uniformly at random".
+struct MinTies<T> {
+    best: Option<(T, Pick)>,
+    ties: u32,
+}
+
+impl<T: Copy> MinTies<T> {
+    fn new() -> Self {
+        MinTies {
+            best: None,
+            ties: 0,
+        }
+    }
+
+    /// Offers a candidate; `cmp(v, best)` says Less / Tie / Greater.
+    #[inline(always)]
+    fn offer(
+        &mut self,
+        v: T,
+        pick: Pick,
+        rng: &mut impl Rng,
+        cmp: impl Fn(T, T) -> std::cmp::Ordering,
+    ) {
+        use std::cmp::Ordering::*;
+        match self.best {
+            None => {
+                self.best = Some((v, pick));
+                self.ties = 1;
+            }
+            Some((b, _)) => match cmp(v, b) {
+                Less => {
+                    self.best = Some((v, pick));
+                    self.ties = 1;
+                }
+                Equal => {
+                    self.ties += 1;
+                    if rng.random_range(0..self.ties) == 0 {
+                        self.best = Some((v, pick));
+                    }
+                }
+                Greater => {}
+            },
+        }
+    }
+}
+
+fn cost_cmp(a: f64, b: f64) -> std::cmp::Ordering {
+    use std::cmp::Ordering::*;
+    if a < b - TIE_EPS {
+        Less
+    } else if a <= b + TIE_EPS {
+        Equal
+    } else {
+        Greater
+    }
+}
+
+/// Runs one stage: selects a worker per `run.mode`, recording filter stats.
+pub(crate) fn run_stage(
+    run: &StageRun,
+    rows: &[WorkerRow],
+    rng: &mut impl Rng,
+    rr_counter: u64,
+    stats: &mut ScanStats,
+) -> Outcome {
+    let filter = &run.filter;
+    let picked = match run.mode {
+        Mode::Kv if run.temperature > 0.0 => {
+            return softmax(run, rows, rng, stats);
+        }
+        Mode::Kv => {
+            let mut m = MinTies::new();
+            let ok = survey(filter, rows, stats, |index, row, dp_rank| {
+                let c = run.scorer.cost(row);
+                m.offer(c, Pick { index, dp_rank }, rng, cost_cmp);
+            });
+            if !ok {
+                return Outcome::Split;
+            }
+            m.best.map(|(_, p)| p)
+        }
+        Mode::LeastLoaded => {
+            let mut m = MinTies::new();
+            let ok = survey(filter, rows, stats, |index, row, dp_rank| {
+                let a = row.load.active_requests;
+                m.offer(a, Pick { index, dp_rank }, rng, |x, y| x.cmp(&y));
+            });
+            if !ok {
+                return Outcome::Split;
+            }
+            m.best.map(|(_, p)| p)
+        }
+        Mode::Direct => {
+            let mut first = None;
+            let ok = survey(filter, rows, stats, |index, _, dp_rank| {
+                first.get_or_insert(Pick { index, dp_rank });
+            });
+            if !ok {
+                return Outcome::Split;
+            }
+            first
+        }
+        Mode::Random | Mode::RoundRobin => {
+            if !survey(filter, rows, stats, |_, _, _| {}) {
+                return Outcome::Split;
+            }
+            let n = stats.eligible;
+            if n == 0 {
+                None
+            } else {
+                let k = if run.mode == Mode::Random {
+                    rng.random_range(0..n)
+                } else {
+                    (rr_counter % u64::from(n)) as u32
+                };
+                nth_eligible(filter, rows, k)
+            }
+        }
+        Mode::DeviceAwareWeighted => {
+            return device_aware(run, rows, rng, stats);
+        }
+    };
+    picked.map_or(Outcome::Empty, Outcome::Picked)
+}
+
+/// `kv` with temperature > 0: softmax over normalised cost logits.
+fn softmax(
+    run: &StageRun,
+    rows: &[WorkerRow],
+    rng: &mut impl Rng,
+    stats: &mut ScanStats,
+) -> Outcome {
+    let filter = &run.filter;
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    let mut first = None;
+    let ok = survey(filter, rows, stats, |index, row, dp_rank| {
+        let c = run.scorer.cost(row);
+        lo = lo.min(c);
+        hi = hi.max(c);
+        first.get_or_insert(Pick { index, dp_rank });
+    });
+    if !ok {
+        return Outcome::Split;
+    }
+    let Some(first) = first else {
+        return Outcome::Empty;
+    };
+    let range = hi - lo;
+    if range <= TIE_EPS {
+        // All costs equal: uniform.
+        let k = rng.random_range(0..stats.eligible);
+        return nth_eligible(filter, rows, k).map_or(Outcome::Picked(first), Outcome::Picked);
+    }
+    // w = exp(-x / T) with x = (c - lo) / range, i.e. exp(-(c - lo) * scale).
+    let scale = 1.0 / (range * run.temperature);
+    let mut total = 0.0f64;
+    let mut chosen = first;
+    each_eligible(filter, rows, |index, row, dp_rank| {
+        let w = exp_neg(-(run.scorer.cost(row) - lo) * scale);
+        total += w;
+        if total > 0.0 && rng.random::<f64>() * total < w {
+            chosen = Pick { index, dp_rank };
+        }
+        false
+    });
+    Outcome::Picked(chosen)
+}
+
+/// `device-aware-weighted`: the CPU or non-CPU group with the lower
+/// `Σ active / (count * weight)` (weight 1 for CPU, `cuda_to_cpu_ratio` otherwise;
+/// tie → non-CPU), then least-loaded inside it.
+fn device_aware(
+    run: &StageRun,
+    rows: &[WorkerRow],
+    rng: &mut impl Rng,
+    stats: &mut ScanStats,
+) -> Outcome {
+    let filter = &run.filter;
+    // [gpu, cpu]: (Σ active requests, count)
+    let mut groups = [(0u64, 0u32); 2];
+    let ok = survey(filter, rows, stats, |_, row, _| {
+        let g = &mut groups[usize::from(row.spec.device == DeviceClass::Cpu)];
+        g.0 += u64::from(row.load.active_requests);
+        g.1 += 1;
+    });
+    if !ok {
+        return Outcome::Split;
+    }
+    let class = match (groups[0].1, groups[1].1) {
+        (0, 0) => return Outcome::Empty,
+        (_, 0) => DeviceClass::Gpu,
+        (0, _) => DeviceClass::Cpu,
+        (g, c) => {
+            let gpu = normalized_load(groups[0].0, g, run.cuda_to_cpu_ratio);
+            let cpu = normalized_load(groups[1].0, c, 1.0);
+            if cpu < gpu - TIE_EPS {
+                DeviceClass::Cpu
+            } else {
+                DeviceClass::Gpu
+            }
+        }
+    };
+    let mut m = MinTies::new();
+    each_eligible(filter, rows, |index, row, dp_rank| {
+        if row.spec.device == class {
+            let a = row.load.active_requests;
+            m.offer(a, Pick { index, dp_rank }, rng, |x, y| x.cmp(&y));
+        }
+        false
+    });
+    m.best.map_or(Outcome::Empty, |(_, p)| Outcome::Picked(p))
+}
+
+/// `e^y` for `y <= 0` (larger `y` is not needed: softmax exponents are `<= 0`),
+/// relative error below 1e-8 (ample for sampling), and 0 below -708 or for NaN.
+///
+/// Inlined polynomial instead of libm's `exp` (a call per worker, several times
+/// slower in the softmax loop): `e^y = 2^k * e^r` with `k = round(y / ln 2)` and
+/// `|r| <= ln(2) / 2`, `e^r` by its Taylor series to degree 7 (error < 6e-9).
+#[inline(always)]
+pub(crate) fn exp_neg(y: f64) -> f64 {
+    if y.is_nan() || y <= -708.0 {
+        return 0.0;
+    }
+    let y = y.min(0.0);
+    // Round to nearest integer without a libm call: adding 1.5 * 2^52 pushes the
+    // fraction bits out of the mantissa.
+    const SHIFTER: f64 = 6_755_399_441_055_744.0;
+    let t = y * std::f64::consts::LOG2_E;
+    let k = (t + SHIFTER) - SHIFTER;
+    let r = (t - k) * std::f64::consts::LN_2;
+    // Degree-7 Taylor polynomial in Estrin form: short dependency chains, so the
+    // evaluations of consecutive workers overlap in the CPU.
+    let r2 = r * r;
+    let r4 = r2 * r2;
+    let lo = (1.0 + r) + r2 * (1.0 / 2.0 + r * (1.0 / 6.0));
+    let hi = (1.0 / 24.0 + r * (1.0 / 120.0)) + r2 * (1.0 / 720.0 + r * (1.0 / 5_040.0));
+    let p = lo + r4 * hi;
+    // k is in [-1022, 0], so k + 1023 is a valid biased exponent of a normal number.
+    let scale = f64::from_bits(((k as i64 + 1023) as u64) << 52);
+    p * scale
+}
+
+/// Normalised load of a device group: in-flight requests per unit of throughput.
+pub(crate) fn normalized_load(active_sum: u64, count: u32, weight: f64) -> f64 {
+    active_sum as f64 / (f64::from(count) * weight)
+}
