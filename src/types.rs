@@ -129,16 +129,10 @@ impl DeviceClass {
 
 /// Inclusive range of data-parallel ranks a worker serves (`[0, 0]` for a worker
 /// without data parallelism).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct DpRanks {
     pub lo: u32,
     pub hi: u32,
-}
-
-impl Default for DpRanks {
-    fn default() -> Self {
-        DpRanks { lo: 0, hi: 0 }
-    }
 }
 
 impl DpRanks {

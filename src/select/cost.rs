@@ -5,12 +5,18 @@
 //! adjusted       = max(prefill_blocks - credit*device - host_w*host - disk_w*disk
 //!                      - shared_mult*shared, 0)
 //! decode_blocks  = track_active_blocks ?
-//!                    (assume_kv_reuse ? blocks_unique + (prompt_blocks - min(reuse, prompt_blocks))
+//!                    (assume_kv_reuse ? blocks_unique + (prompt_blocks - min(max(reuse, device), prompt_blocks))
 //!                                     : blocks_total + prompt_blocks)
 //!                    + (track_output_blocks ? output_blocks : 0)
 //!                  : 0
 //! cost           = prefill_load_scale * adjusted + decode_blocks
 //! ```
+//!
+//! With `assume_kv_reuse` the request adds only the blocks the worker does not already
+//! hold: neither in its active requests (`reuse`) nor in its device cache (`device`
+//! overlap, which the engine's prefix cache reuses in place). This is what makes the
+//! DESIGN §1 worked example reachable through the API: a worker with overlap 5 and no
+//! active requests has decode 5 for a 10-block prompt.
 //!
 //! A suspect worker (its index state has a gap) gets no cache credit: its overlap is
 //! treated as all zero, since the router cannot trust what it believes is cached there.
@@ -129,7 +135,8 @@ impl CostModel {
         let adjusted_prefill = (prefill_blocks - credit).max(0.0);
         let decode_blocks = if self.track_active_blocks {
             let added = if self.assume_kv_reuse {
-                self.prompt_blocks - row.reuse_blocks.min(self.prompt_blocks)
+                let held = row.reuse_blocks.max(overlap.device);
+                self.prompt_blocks - held.min(self.prompt_blocks)
             } else {
                 self.prompt_blocks
             };

@@ -66,22 +66,7 @@ impl fmt::Display for Stage {
 }
 
 /// Active-load figures of one worker, as kept by the load accounting.
-///
-/// Stand-in for `crate::load::WorkerLoad`, which is written in parallel; the two carry
-/// the same fields and will be unified at integration.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct LoadFigures {
-    /// Requests routed to the worker and not finished yet.
-    pub active_requests: u32,
-    /// Prompt tokens still being prefilled on the worker (effective ISL of requests
-    /// that have not produced their first token).
-    pub prefill_tokens: f64,
-    /// KV blocks of active requests, counting a block once per request holding it.
-    pub blocks_total: f64,
-    /// Placeholder blocks added as generation crosses block boundaries
-    /// (`track_output_blocks`), possibly weighted by the remaining OSL fraction.
-    pub output_blocks: f64,
-}
+pub use crate::load::WorkerLoad as LoadFigures;
 
 /// The shape of the request being routed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

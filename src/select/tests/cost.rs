@@ -58,7 +58,8 @@ fn knob_overlap_score_credit() {
     assert_eq!(terms(&full, req10(), &w).adjusted_prefill, 6.0);
     assert_eq!(terms(&half, req10(), &w).adjusted_prefill, 8.0);
     // Credit 0 turns the choice from the cached worker to the lighter one.
-    let ws = vec![W::new("cached").dev(8).unique(5.0), W::new("light")];
+    // cached: 2 + (12 + 2) = 16 < light 10 + 10; with credit 0: 10 + 14 = 24 > 20.
+    let ws = vec![W::new("cached").dev(8).unique(12.0), W::new("light")];
     assert_eq!(Case::new().decide(&ws).unwrap().decode_worker, 0);
     let d = Case::new()
         .cfg(|c| c.overlap_score_credit = 0.0)
@@ -99,10 +100,11 @@ fn knob_host_disk_shared_weights() {
 
 #[test]
 fn adjusted_prefill_floors_at_zero() {
-    let w = W::new("a").dev(30);
+    let w = W::new("a").dev(30).unique(4.0);
     let t = terms(&RouterConfig::default(), req10(), &w);
     assert_eq!(t.adjusted_prefill, 0.0);
-    assert_eq!(t.cost, 10.0); // decode blocks only
+    // Decode blocks only: the whole prompt is already on device, nothing is added.
+    assert_eq!(t.cost, 4.0);
 }
 
 #[test]
@@ -112,8 +114,8 @@ fn knob_prefill_load_scale() {
         prefill_load_scale: 2.0,
         ..Default::default()
     };
-    // 2 * 8 + (3 + 10)
-    assert_eq!(terms(&cfg, req10(), &w).cost, 29.0);
+    // 2 * 8 + (3 + 10 - 2): the 2 cached blocks are not added again.
+    assert_eq!(terms(&cfg, req10(), &w).cost, 27.0);
 }
 
 #[test]

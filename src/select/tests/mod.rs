@@ -222,8 +222,10 @@ pub(super) fn terms(cfg: &RouterConfig, req: RequestShape, w: &W) -> CostTerms {
 /// (cost 18), W2 overlap 5 decode 5 (10), W3 overlap 8 decode 9 (11).
 pub(super) fn worked_example() -> Vec<W> {
     vec![
-        W::new("w1").dev(2).reuse(0),
-        W::new("w2").dev(5).reuse(5),
-        W::new("w3").dev(8).reuse(1),
+        // decode = active + blocks not already held (max(reuse, device overlap)):
+        // w1 2 + (10 - 2) = 10, w2 0 + (10 - 5) = 5, w3 7 + (10 - 8) = 9.
+        W::new("w1").dev(2).unique(2.0).reuse(2),
+        W::new("w2").dev(5),
+        W::new("w3").dev(8).unique(7.0).reuse(7),
     ]
 }
