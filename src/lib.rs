@@ -15,6 +15,7 @@
 //! - [`engine`]: an in-process router that wires the pure modules together.
 
 pub mod cli;
+pub mod client;
 pub mod codec;
 pub mod config;
 pub mod engine;
@@ -23,6 +24,8 @@ pub mod index;
 pub mod load;
 pub mod registry;
 pub mod select;
+#[cfg(target_os = "linux")]
+pub mod service;
 pub mod settings;
 pub mod sim;
 pub mod types;

@@ -1,0 +1,462 @@
+//! An in-process router: the pure modules wired together, synchronously.
+//!
+//! `Engine` owns a registry, a sharded block index, one active-block shard per index
+//! shard, a load tracker, and the selection state (rng, round-robin cursor). It is what
+//! the offline simulator drives on virtual time and what tests use as the reference
+//! behaviour; the service performs the same steps spread over cores (see `service`).
+//! Time is always passed in (`now_us`), so runs are deterministic for a seed.
+
+pub mod plan;
+pub mod request;
+pub mod views;
+
+pub use request::{BadRequest, CandidateOut, DpRankSpec, Prepared, RouteDecision, RouteRequest};
+pub use views::{EventBatch, KvEvent, WorkerState, WorkerStatus};
+
+use crate::config::{Mode, RouterConfig};
+use crate::index::{shard_of, MergeResult, ShardedIndex};
+use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker, NewRequest};
+use crate::registry::{Registry, RegistryError, Upsert};
+use crate::select::{decide, Filters, RequestShape, RouteError, RouteInput, RrState};
+use crate::types::{Role, Tier, WorkerSlot, WorkerSpec};
+use plan::RowFigures;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use std::collections::HashMap;
+
+/// Why an engine call failed. Each maps to one HTTP status / binary error code.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error("unknown worker {0:?}")]
+    UnknownWorker(String),
+    #[error("unknown request {0:?}")]
+    UnknownRequest(String),
+    #[error("request {0:?} is already active")]
+    Duplicate(String),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Route(#[from] RouteError),
+}
+
+impl From<BadRequest> for EngineError {
+    fn from(e: BadRequest) -> Self {
+        EngineError::BadRequest(e.0)
+    }
+}
+
+/// What a disaggregated request needs to be re-routed after a prefill failure.
+#[derive(Clone, Debug)]
+struct Retained {
+    prepared: Prepared,
+    mode: Mode,
+    expected_output_tokens: Option<u32>,
+}
+
+/// Engine limits (the service passes its `Limits`).
+#[derive(Clone, Copy, Debug)]
+pub struct EngineLimits {
+    pub max_workers: usize,
+    pub max_blocks_per_worker: u64,
+    pub max_hashes_per_request: usize,
+}
+
+impl Default for EngineLimits {
+    fn default() -> Self {
+        let l = crate::settings::Limits::default();
+        EngineLimits {
+            max_workers: l.max_workers,
+            max_blocks_per_worker: l.max_blocks_per_worker,
+            max_hashes_per_request: l.max_hashes_per_request,
+        }
+    }
+}
+
+/// The in-process router.
+pub struct Engine {
+    cfg: RouterConfig,
+    limits: EngineLimits,
+    registry: Registry,
+    index: ShardedIndex,
+    shard_bits: u32,
+    active: Vec<ActiveBlocksShard>,
+    tracker: LoadTracker,
+    live: Vec<bool>,
+    suspect: Vec<bool>,
+    retained: HashMap<String, Retained>,
+    rng: SmallRng,
+    rr: RrState,
+    merge: MergeResult,
+}
+
+impl Engine {
+    /// An engine with `1 << shard_bits` index shards.
+    pub fn new(
+        cfg: RouterConfig,
+        shard_bits: u32,
+        limits: EngineLimits,
+        seed: u64,
+    ) -> Result<Engine, String> {
+        cfg.validate()?;
+        if shard_bits > 8 {
+            return Err("at most 256 shards".into());
+        }
+        Ok(Engine {
+            tracker: LoadTracker::new(cfg.block_size, &cfg),
+            index: ShardedIndex::new(shard_bits),
+            shard_bits,
+            active: (0..1usize << shard_bits)
+                .map(|_| ActiveBlocksShard::new())
+                .collect(),
+            registry: Registry::new(limits.max_workers),
+            live: Vec::new(),
+            suspect: Vec::new(),
+            retained: HashMap::new(),
+            rng: SmallRng::seed_from_u64(seed),
+            rr: RrState::default(),
+            merge: MergeResult::default(),
+            cfg,
+            limits,
+        })
+    }
+
+    pub fn config(&self) -> &RouterConfig {
+        &self.cfg
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Registers or updates a worker. A new epoch clears its cached blocks and drops the
+    /// accounting of its in-flight requests (the restarted engine lost them).
+    pub fn register(&mut self, spec: WorkerSpec) -> Result<Upsert, EngineError> {
+        let cap = spec.capacity_blocks.min(self.limits.max_blocks_per_worker);
+        let up = self.registry.upsert(spec)?;
+        let slot = up.slot();
+        let n = self.registry.slot_bound();
+        self.live.resize(n, false);
+        self.suspect.resize(n, false);
+        if let Upsert::NewEpoch(_) = up {
+            self.forget_worker_state(slot);
+        }
+        self.index.set_worker_cap(slot, cap);
+        self.live[slot as usize] = true;
+        self.suspect[slot as usize] = false;
+        Ok(up)
+    }
+
+    /// Removes a worker with everything the router knew about it.
+    pub fn deregister(&mut self, id: &str) -> Result<(), EngineError> {
+        let slot = self
+            .registry
+            .remove(id)
+            .ok_or_else(|| EngineError::UnknownWorker(id.into()))?;
+        self.forget_worker_state(slot);
+        self.live[slot as usize] = false;
+        Ok(())
+    }
+
+    fn forget_worker_state(&mut self, slot: WorkerSlot) {
+        self.index.clear_worker(slot);
+        for f in self.tracker.remove_worker(slot) {
+            self.retained.remove(&f.id);
+            self.remove_active(f.decode_worker, &f.hashes);
+        }
+        for a in &mut self.active {
+            a.clear_worker(slot);
+        }
+    }
+
+    /// Marks a worker in or out of routing (heartbeat window).
+    pub fn set_live(&mut self, id: &str, live: bool) -> Result<(), EngineError> {
+        let slot = self.slot(id)?;
+        self.live[slot as usize] = live;
+        Ok(())
+    }
+
+    /// Marks a worker's index state suspect (its overlap counts as zero) or trusted.
+    pub fn set_suspect(&mut self, id: &str, suspect: bool) -> Result<(), EngineError> {
+        let slot = self.slot(id)?;
+        self.suspect[slot as usize] = suspect;
+        Ok(())
+    }
+
+    fn slot(&self, id: &str) -> Result<WorkerSlot, EngineError> {
+        self.registry
+            .slot(id)
+            .ok_or_else(|| EngineError::UnknownWorker(id.into()))
+    }
+
+    /// Applies one cache event of worker `id`.
+    pub fn apply(&mut self, id: &str, ev: &KvEvent) -> Result<(), EngineError> {
+        let slot = self.slot(id)?;
+        match ev {
+            KvEvent::Stored {
+                tier, block_hashes, ..
+            } => {
+                self.index.stored(slot, *tier, block_hashes);
+            }
+            KvEvent::Removed { tier, block_hashes } => {
+                self.index.removed(slot, *tier, block_hashes);
+            }
+            KvEvent::Cleared { tier: Some(t) } => self.index.clear_tier(slot, *t),
+            KvEvent::Cleared { tier: None } => {
+                for t in Tier::ALL {
+                    self.index.clear_tier(slot, t);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Routes a request and starts tracking it.
+    pub fn route(&mut self, req: &RouteRequest, now_us: u64) -> Result<RouteDecision, EngineError> {
+        let prepared = req.prepare(self.cfg.block_size, self.limits.max_hashes_per_request)?;
+        if self.tracker.get(&req.request_id).is_some() {
+            return Err(EngineError::Duplicate(req.request_id.clone()));
+        }
+        let mode = req.mode.unwrap_or(self.cfg.mode);
+        self.route_prepared(
+            &req.request_id,
+            prepared,
+            mode,
+            req.expected_output_tokens,
+            req.explain,
+            false,
+            now_us,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn route_prepared(
+        &mut self,
+        id: &str,
+        prepared: Prepared,
+        mode: Mode,
+        osl: Option<u32>,
+        explain: bool,
+        prefill_failed: bool,
+        now_us: u64,
+    ) -> Result<RouteDecision, EngineError> {
+        let reg = &self.registry;
+        let shared = |s: WorkerSlot| reg.get(s).is_some_and(|e| e.spec.role == Role::Shared);
+        self.index.query(&prepared.hashes, shared, &mut self.merge);
+        let reuse = self.reuse_counts(&prepared.hashes);
+        let mut rows = Vec::with_capacity(self.registry.len());
+        let model = self.cfg.prefill_load_model;
+        plan::rows(
+            &self.registry,
+            |e| {
+                let s = e.slot as usize;
+                let agg = self.tracker.agg(e.slot);
+                let unique: u64 = self.active.iter().map(|a| a.unique_blocks(e.slot)).sum();
+                RowFigures {
+                    live: self.live.get(s).copied().unwrap_or(false),
+                    suspect: self.suspect.get(s).copied().unwrap_or(false),
+                    overlap: self.merge.get(e.slot),
+                    reuse_blocks: reuse.get(&e.slot).copied().unwrap_or(0),
+                    load: agg.load(model, now_us),
+                    blocks_unique: unique as f64,
+                }
+            },
+            &mut rows,
+        );
+        let input = RouteInput {
+            cfg: &self.cfg,
+            mode,
+            req: RequestShape {
+                input_tokens: prepared.input_tokens,
+                prompt_blocks: prepared.prompt_blocks,
+            },
+            filters: &prepared.filters,
+            workers: &rows,
+            prefill_failed,
+            explain,
+        };
+        let d = decide(&input, &mut self.rng, &mut self.rr)?;
+        let out = plan::to_output(&self.registry, id, &d, explain);
+        drop(rows);
+        let cached = plan::cached_tokens(d.overlap, self.cfg.block_size, prepared.input_tokens);
+        self.tracker
+            .on_route(NewRequest {
+                id: id.to_string(),
+                decode_worker: d.decode_worker,
+                prefill_worker: d.prefill_worker,
+                input_tokens: prepared.input_tokens,
+                cached_tokens: cached,
+                prompt_blocks: prepared.prompt_blocks,
+                hashes: prepared.hashes.clone(),
+                expected_output_tokens: osl,
+                now_us,
+            })
+            .map_err(|e| lifecycle_err(e, id))?;
+        self.add_active(d.decode_worker, &prepared.hashes);
+        if d.prefill_worker.is_some() {
+            self.retained.insert(
+                id.to_string(),
+                Retained {
+                    prepared,
+                    mode,
+                    expected_output_tokens: osl,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    fn reuse_counts(&self, hashes: &[u64]) -> HashMap<WorkerSlot, u32> {
+        let mut per_shard: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.active.len()];
+        for (i, &h) in hashes.iter().enumerate() {
+            per_shard[shard_of(h, self.shard_bits)].push((i as u32, h));
+        }
+        let mut out = Vec::new();
+        for (s, items) in per_shard.iter().enumerate() {
+            self.active[s].count_reuse(items, &mut out);
+        }
+        let mut m = HashMap::new();
+        for (w, c) in out {
+            *m.entry(w).or_insert(0) += c;
+        }
+        m
+    }
+
+    fn add_active(&mut self, w: WorkerSlot, hashes: &[u64]) {
+        let bits = self.shard_bits;
+        for (s, a) in self.active.iter_mut().enumerate() {
+            let mine: Vec<u64> = hashes
+                .iter()
+                .copied()
+                .filter(|&h| shard_of(h, bits) == s)
+                .collect();
+            a.add(w, &mine);
+        }
+    }
+
+    fn remove_active(&mut self, w: WorkerSlot, hashes: &[u64]) {
+        let bits = self.shard_bits;
+        for (s, a) in self.active.iter_mut().enumerate() {
+            let mine: Vec<u64> = hashes
+                .iter()
+                .copied()
+                .filter(|&h| shard_of(h, bits) == s)
+                .collect();
+            a.remove(w, &mine);
+        }
+    }
+
+    /// First output token: prefill of the request is complete.
+    pub fn first_token(&mut self, id: &str, now_us: u64) -> Result<(), EngineError> {
+        self.tracker
+            .on_first_token(id, now_us)
+            .map(|_| ())
+            .map_err(|e| lifecycle_err(e, id))
+    }
+
+    /// Output progress (total tokens generated so far).
+    pub fn progress(
+        &mut self,
+        id: &str,
+        output_tokens: u32,
+        now_us: u64,
+    ) -> Result<(), EngineError> {
+        self.tracker
+            .on_progress(id, output_tokens, now_us)
+            .map_err(|e| lifecycle_err(e, id))
+    }
+
+    /// The request finished: all its load is released.
+    pub fn finish(&mut self, id: &str, now_us: u64) -> Result<(), EngineError> {
+        let f = self
+            .tracker
+            .on_finish(id, now_us)
+            .map_err(|e| lifecycle_err(e, id))?;
+        self.retained.remove(id);
+        self.remove_active(f.decode_worker, &f.hashes);
+        Ok(())
+    }
+
+    /// The prefill worker failed: release it and answer with a decode-only decision.
+    pub fn prefill_failed(&mut self, id: &str, now_us: u64) -> Result<RouteDecision, EngineError> {
+        let kept = self.retained.remove(id);
+        let f = self
+            .tracker
+            .on_prefill_failed(id, now_us)
+            .map_err(|e| lifecycle_err(e, id))?;
+        self.remove_active(f.decode_worker, &f.hashes);
+        let kept = kept.ok_or_else(|| {
+            EngineError::BadRequest(format!("request {id:?} was not routed to a prefill worker"))
+        })?;
+        self.route_prepared(
+            id,
+            kept.prepared,
+            kept.mode,
+            kept.expected_output_tokens,
+            false,
+            true,
+            now_us,
+        )
+    }
+
+    /// Status of every worker.
+    pub fn workers(&self, now_us: u64) -> Vec<WorkerStatus> {
+        self.registry
+            .iter()
+            .map(|e| {
+                let s = e.slot as usize;
+                let load = self
+                    .tracker
+                    .agg(e.slot)
+                    .load(self.cfg.prefill_load_model, now_us);
+                let state = if !self.live.get(s).copied().unwrap_or(false) {
+                    WorkerState::Down
+                } else if self.suspect.get(s).copied().unwrap_or(false) {
+                    WorkerState::Suspect
+                } else {
+                    WorkerState::Live
+                };
+                let unique: u64 = self.active.iter().map(|a| a.unique_blocks(e.slot)).sum();
+                WorkerStatus {
+                    id: e.spec.id.clone(),
+                    role: e.spec.role,
+                    device: e.spec.device,
+                    model: e.spec.model.clone(),
+                    dp_ranks: e.spec.dp_ranks,
+                    taints: e.spec.taints.clone(),
+                    topology: e.spec.topology.clone(),
+                    capacity_blocks: e.spec.capacity_blocks,
+                    epoch: e.spec.epoch,
+                    state,
+                    cached_blocks: self.index.worker_blocks(e.slot),
+                    active_requests: load.active_requests,
+                    prefill_tokens: load.prefill_tokens,
+                    decode_blocks: if self.cfg.assume_kv_reuse {
+                        unique as f64
+                    } else {
+                        load.blocks_total
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// Requests currently tracked.
+    pub fn active_requests(&self) -> usize {
+        self.tracker.active_requests()
+    }
+
+    /// Filters exposed for tests that build requests by hand.
+    pub fn default_filters() -> Filters {
+        Filters::default()
+    }
+}
+
+fn lifecycle_err(e: LifecycleError, id: &str) -> EngineError {
+    match e {
+        LifecycleError::Duplicate => EngineError::Duplicate(id.into()),
+        LifecycleError::UnknownRequest => EngineError::UnknownRequest(id.into()),
+        LifecycleError::InvalidId => EngineError::BadRequest(format!("invalid request id {id:?}")),
+    }
+}

@@ -1,0 +1,99 @@
+//! Glue shared by the in-process engine and the service: building the scoring rows
+//! from registry + per-worker figures, and turning a slot-based [`Decision`] into the
+//! id-based [`RouteDecision`] the API returns. Pure functions, no state.
+
+use super::request::{CandidateOut, RouteDecision};
+use crate::load::WorkerLoad;
+use crate::registry::{Registry, WorkerEntry};
+use crate::select::{Decision, Fallback, Stage, WorkerRow};
+use crate::types::Overlap;
+
+/// The per-worker figures a row needs besides the spec.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RowFigures {
+    pub live: bool,
+    pub suspect: bool,
+    pub overlap: Overlap,
+    pub reuse_blocks: u32,
+    pub load: WorkerLoad,
+    pub blocks_unique: f64,
+}
+
+/// One row per registered worker, in slot order.
+pub fn rows<'a>(
+    reg: &'a Registry,
+    mut figures: impl FnMut(&WorkerEntry) -> RowFigures,
+    out: &mut Vec<WorkerRow<'a>>,
+) {
+    out.clear();
+    for e in reg.iter() {
+        let f = figures(e);
+        out.push(WorkerRow {
+            slot: e.slot,
+            spec: &e.spec,
+            live: f.live,
+            suspect: f.suspect,
+            overlap: f.overlap,
+            reuse_blocks: f.reuse_blocks,
+            load: f.load,
+            blocks_unique: f.blocks_unique,
+        });
+    }
+}
+
+/// Wire name of a fallback.
+pub fn fallback_name(f: Fallback) -> &'static str {
+    match f {
+        Fallback::None => "none",
+        Fallback::NoPrefillWorkers => "no_prefill_workers",
+        Fallback::PrefillFilteredOut => "prefill_filtered_out",
+        Fallback::PrefillFailed => "prefill_failed",
+    }
+}
+
+/// Wire name of a stage.
+pub fn stage_name(s: Stage) -> &'static str {
+    match s {
+        Stage::Aggregated => "aggregated",
+        Stage::Prefill => "prefill",
+        Stage::Decode => "decode",
+    }
+}
+
+fn worker_id(reg: &Registry, slot: crate::types::WorkerSlot) -> String {
+    reg.get(slot)
+        .map(|e| e.spec.id.clone())
+        .unwrap_or_else(|| format!("#{slot}"))
+}
+
+/// Converts a decision into the API answer.
+pub fn to_output(reg: &Registry, request_id: &str, d: &Decision, explain: bool) -> RouteDecision {
+    RouteDecision {
+        request_id: request_id.to_string(),
+        decode_worker: worker_id(reg, d.decode_worker),
+        prefill_worker: d.prefill_worker.map(|p| worker_id(reg, p)),
+        dp_rank: d.dp_rank,
+        overlap: d.overlap,
+        cost: d.cost,
+        fallback: fallback_name(d.fallback).to_string(),
+        candidates: explain.then(|| {
+            d.candidates
+                .iter()
+                .map(|c| CandidateOut {
+                    worker: worker_id(reg, c.worker),
+                    stage: stage_name(c.stage).to_string(),
+                    prefill_blocks: c.prefill_blocks,
+                    overlap: c.overlap,
+                    adjusted_prefill: c.adjusted_prefill,
+                    decode_blocks: c.decode_blocks,
+                    cost: c.cost,
+                })
+                .collect()
+        }),
+    }
+}
+
+/// Tokens of the prompt already cached on the worker doing the prefill.
+pub fn cached_tokens(overlap: Overlap, block_size: u32, input_tokens: u32) -> u32 {
+    (overlap.own() as u64 * block_size as u64).min(input_tokens as u64) as u32
+}

@@ -1,0 +1,213 @@
+//! The routing request and decision as the outside world sees them.
+//!
+//! These are the JSON bodies of `POST /v1/route` (and the binary protocol carries the
+//! same fields). Worker ids are strings here; the engine works on slots internally.
+//! `validate_and_hash` turns a request into the hash list and shape the engine scores,
+//! enforcing the per-request limits.
+
+use crate::config::Mode;
+use crate::select::{DpBounds, Filters};
+use crate::types::Overlap;
+use serde::{Deserialize, Serialize};
+
+/// DP-rank constraint: an exact rank or inclusive bounds `[lo, hi]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DpRankSpec {
+    Exact(u32),
+    Range([u32; 2]),
+}
+
+impl DpRankSpec {
+    pub fn bounds(self) -> (u32, u32) {
+        match self {
+            DpRankSpec::Exact(r) => (r, r),
+            DpRankSpec::Range([lo, hi]) => (lo, hi),
+        }
+    }
+}
+
+/// `POST /v1/route` body.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteRequest {
+    pub request_id: String,
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Prompt token ids (the router hashes them)…
+    #[serde(default)]
+    pub tokens: Option<Vec<u32>>,
+    /// …or precomputed sequence hashes, one per complete block.
+    #[serde(default)]
+    pub block_hashes: Option<Vec<u64>>,
+    /// Prompt length; defaults to `tokens.len()` or `block_hashes.len() * block_size`.
+    #[serde(default)]
+    pub input_tokens: Option<u32>,
+    /// OSL hint used by `track_output_blocks`.
+    #[serde(default)]
+    pub expected_output_tokens: Option<u32>,
+    #[serde(default)]
+    pub allow: Option<Vec<String>>,
+    #[serde(default)]
+    pub pin: Option<String>,
+    #[serde(default)]
+    pub dp_rank: Option<DpRankSpec>,
+    #[serde(default)]
+    pub tolerations: Option<Vec<String>>,
+    #[serde(default, with = "mode_opt")]
+    pub mode: Option<Mode>,
+    #[serde(default)]
+    pub explain: bool,
+}
+
+mod mode_opt {
+    use crate::config::Mode;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(m: &Option<Mode>, s: S) -> Result<S::Ok, S::Error> {
+        match m {
+            Some(m) => s.serialize_str(m.name()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Mode>, D::Error> {
+        let v: Option<String> = Option::deserialize(d)?;
+        match v {
+            None => Ok(None),
+            Some(s) => Mode::parse(&s)
+                .map(Some)
+                .ok_or_else(|| serde::de::Error::custom(format!("unknown mode {s:?}"))),
+        }
+    }
+}
+
+/// One scored candidate (only with `explain`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CandidateOut {
+    pub worker: String,
+    pub stage: String,
+    pub prefill_blocks: f64,
+    pub overlap: Overlap,
+    pub adjusted_prefill: f64,
+    pub decode_blocks: f64,
+    pub cost: f64,
+}
+
+/// `POST /v1/route` answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RouteDecision {
+    pub request_id: String,
+    pub decode_worker: String,
+    pub prefill_worker: Option<String>,
+    pub dp_rank: u32,
+    pub overlap: Overlap,
+    pub cost: f64,
+    /// `none`, `no_prefill_workers`, `prefill_filtered_out` or `prefill_failed`.
+    pub fallback: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub candidates: Option<Vec<CandidateOut>>,
+}
+
+/// A request reduced to what scoring needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prepared {
+    pub hashes: Vec<u64>,
+    pub input_tokens: u32,
+    pub prompt_blocks: u32,
+    pub filters: Filters,
+}
+
+/// Why a request was refused before scoring (HTTP 400).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadRequest(pub String);
+
+/// Longest accepted request id.
+pub const MAX_REQUEST_ID: usize = 128;
+
+/// Checks a request id: 1..=128 bytes of printable ASCII.
+pub fn check_request_id(id: &str) -> Result<(), BadRequest> {
+    if id.is_empty() || id.len() > MAX_REQUEST_ID || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(BadRequest(
+            "request_id must be 1..=128 bytes of printable ASCII without spaces".into(),
+        ));
+    }
+    Ok(())
+}
+
+impl RouteRequest {
+    /// Validates the request and computes its sequence hashes and shape.
+    pub fn prepare(&self, block_size: u32, max_hashes: usize) -> Result<Prepared, BadRequest> {
+        check_request_id(&self.request_id)?;
+        let bs = block_size.max(1) as usize;
+        let (hashes, default_isl) = match (&self.tokens, &self.block_hashes) {
+            (Some(_), Some(_)) => {
+                return Err(BadRequest(
+                    "give either tokens or block_hashes, not both".into(),
+                ))
+            }
+            (None, None) => return Err(BadRequest("tokens or block_hashes is required".into())),
+            (Some(t), None) => {
+                if t.len() / bs > max_hashes {
+                    return Err(BadRequest(format!(
+                        "prompt too long: {} blocks > limit {max_hashes}",
+                        t.len() / bs
+                    )));
+                }
+                let len =
+                    u32::try_from(t.len()).map_err(|_| BadRequest("prompt too long".into()))?;
+                (crate::hash::sequence_hashes(t, bs), len)
+            }
+            (None, Some(h)) => {
+                if h.len() > max_hashes {
+                    return Err(BadRequest(format!(
+                        "too many block_hashes: {} > limit {max_hashes}",
+                        h.len()
+                    )));
+                }
+                (h.clone(), (h.len() * bs) as u32)
+            }
+        };
+        let input_tokens = match self.input_tokens {
+            Some(n) if (n as u64) < (hashes.len() as u64) * bs as u64 => {
+                return Err(BadRequest(format!(
+                    "input_tokens {n} is smaller than the {} complete blocks given",
+                    hashes.len()
+                )))
+            }
+            Some(n) => n,
+            None => default_isl,
+        };
+        let prompt_blocks = input_tokens.div_ceil(block_size.max(1));
+        for (name, list) in [("allow", &self.allow), ("tolerations", &self.tolerations)] {
+            if let Some(l) = list {
+                if l.len() > 4096 {
+                    return Err(BadRequest(format!("{name} has more than 4096 entries")));
+                }
+            }
+        }
+        let dp = match self.dp_rank {
+            Some(spec) => {
+                let (lo, hi) = spec.bounds();
+                if lo > hi {
+                    return Err(BadRequest("dp_rank range must have lo <= hi".into()));
+                }
+                Some(DpBounds { lo, hi })
+            }
+            None => None,
+        };
+        Ok(Prepared {
+            hashes,
+            input_tokens,
+            prompt_blocks,
+            filters: Filters {
+                model: self.model.clone().unwrap_or_default(),
+                allow: self.allow.clone(),
+                pin: self.pin.clone(),
+                dp,
+                tolerations: self.tolerations.clone().unwrap_or_default(),
+            },
+        })
+    }
+}
