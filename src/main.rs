@@ -1,1 +1,69 @@
-fn main() {}
+//! The `kvroute` binary: `kvroute serve` runs the router; `kvroute print-config` shows
+//! the effective settings.
+
+#[cfg(target_os = "linux")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use clap::Parser;
+use kvroute::cli::{Cli, Command};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::PrintConfig(args) => match args.settings() {
+            Ok(s) => match toml::to_string(&s) {
+                Ok(t) => {
+                    print!("{t}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e.to_string()),
+            },
+            Err(e) => fail(&e),
+        },
+        Command::Serve(args) => match args.settings() {
+            Ok(s) => serve(s),
+            Err(e) => fail(&e),
+        },
+    }
+}
+
+fn fail(msg: &str) -> ExitCode {
+    eprintln!("kvroute: {msg}");
+    ExitCode::from(2)
+}
+
+#[cfg(target_os = "linux")]
+fn serve(settings: kvroute::settings::Settings) -> ExitCode {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+        Ok(s) => s,
+        Err(e) => return fail(&format!("cannot install signal handlers: {e}")),
+    };
+    let (events, api, http) = (
+        settings.events_addr.clone(),
+        settings.api_addr.clone(),
+        settings.http_addr.clone(),
+    );
+    let running = match kvroute::service::start(settings) {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
+    println!(
+        "kvroute {} listening: events {events} (binary), api {api} (binary), http {http} (JSON, /metrics) on {} core(s)",
+        env!("CARGO_PKG_VERSION"),
+        running.shared.cores
+    );
+    if let Some(sig) = signals.forever().next() {
+        eprintln!("kvroute: signal {sig}, shutting down");
+    }
+    running.shutdown();
+    eprintln!("kvroute: stopped");
+    ExitCode::SUCCESS
+}
+
+#[cfg(not(target_os = "linux"))]
+fn serve(_: kvroute::settings::Settings) -> ExitCode {
+    fail("kvroute serve needs Linux (glommio / io_uring)")
+}

@@ -1,0 +1,222 @@
+//! Binary request API connections (frontends ↔ router, port 7401).
+//!
+//! After `Hello`, frames are handled in order; all answers to one read are written
+//! back in a single write (pipelined clients get batched replies). Each answer carries
+//! the request's correlation id. A frame that cannot be decoded closes the connection
+//! with an `Error` (its correlation id is unknowable); request-level failures (unknown
+//! worker, duplicate id, no eligible worker, overload…) are `Error` answers and the
+//! connection goes on.
+
+use super::conn::{error_kind, read_hello, FramedReader};
+use super::core::Core;
+use super::msg::LifeOp;
+use super::router::{self, ApiError};
+use super::{control, errors};
+use crate::codec::{
+    self, ErrorCode, LifecycleOp, Prompt, RequestMsg, ResponseMsg, PROTOCOL_VERSION,
+};
+use crate::engine::{DpRankSpec, RouteDecision, RouteRequest};
+use bytes::BytesMut;
+use futures_lite::AsyncWriteExt;
+use glommio::net::TcpStream;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+
+/// Converts a wire route request into the API form.
+pub fn to_route_request(r: codec::Route) -> RouteRequest {
+    let (tokens, block_hashes) = match &r.prompt {
+        Prompt::Tokens(t) => (Some(t.iter().collect()), None),
+        Prompt::Hashes(h) => (None, Some(h.iter().collect())),
+    };
+    RouteRequest {
+        request_id: r.request_id,
+        model: (!r.model.is_empty()).then_some(r.model),
+        tokens,
+        block_hashes,
+        input_tokens: r.input_tokens,
+        expected_output_tokens: r.expected_output_tokens,
+        allow: r.allow,
+        pin: r.pin,
+        dp_rank: r.dp.map(|(lo, hi)| DpRankSpec::Range([lo, hi])),
+        tolerations: (!r.tolerations.is_empty()).then_some(r.tolerations),
+        mode: r.mode,
+        explain: r.explain,
+    }
+}
+
+fn fallback(s: &str) -> codec::Fallback {
+    match s {
+        "no_prefill_workers" => codec::Fallback::NoPrefillWorkers,
+        "prefill_filtered_out" => codec::Fallback::PrefillFilteredOut,
+        "prefill_failed" => codec::Fallback::PrefillFailed,
+        _ => codec::Fallback::None,
+    }
+}
+
+fn stage(s: &str) -> codec::Stage {
+    match s {
+        "prefill" => codec::Stage::Prefill,
+        "decode" => codec::Stage::Decode,
+        _ => codec::Stage::Aggregated,
+    }
+}
+
+/// Converts an API decision into its wire form.
+pub fn to_wire(corr: u64, d: RouteDecision) -> codec::Decision {
+    codec::Decision {
+        corr,
+        fallback: fallback(&d.fallback),
+        candidates: d
+            .candidates
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| codec::Candidate {
+                stage: stage(&c.stage),
+                worker: c.worker,
+                prefill_blocks: c.prefill_blocks,
+                overlap: c.overlap,
+                adjusted_prefill: c.adjusted_prefill,
+                decode_blocks: c.decode_blocks,
+                cost: c.cost,
+            })
+            .collect(),
+        request_id: d.request_id,
+        decode_worker: d.decode_worker,
+        prefill_worker: d.prefill_worker,
+        dp_rank: d.dp_rank,
+        overlap: d.overlap,
+        cost: d.cost,
+    }
+}
+
+fn err(corr: u64, e: &ApiError) -> ResponseMsg {
+    ResponseMsg::Error {
+        corr,
+        code: errors::code(e).as_u16(),
+        message: e.to_string(),
+    }
+}
+
+async fn answer(core: &Core, msg: RequestMsg) -> Result<ResponseMsg, &'static str> {
+    Ok(match msg {
+        RequestMsg::Hello { .. } => return Err("second_hello"),
+        RequestMsg::Route(r) => {
+            let corr = r.corr;
+            match router::route(core, &to_route_request(r)).await {
+                Ok(d) => ResponseMsg::Decision(to_wire(corr, d)),
+                Err(e) => err(corr, &e),
+            }
+        }
+        RequestMsg::Lifecycle {
+            corr,
+            op,
+            request_id,
+            output_tokens,
+        } => {
+            let op = match op {
+                LifecycleOp::FirstToken => LifeOp::FirstToken,
+                LifecycleOp::Progress => LifeOp::Progress(output_tokens),
+                LifecycleOp::Finish => LifeOp::Finish,
+                LifecycleOp::PrefillFailed => LifeOp::PrefillFailed,
+            };
+            match router::lifecycle(core, op, &request_id).await {
+                Ok(Some(d)) => ResponseMsg::Decision(to_wire(corr, d)),
+                Ok(None) => ResponseMsg::Ack { corr },
+                Err(e) => err(corr, &e),
+            }
+        }
+        RequestMsg::Register { corr, spec } => match control::register(core, spec, false).await {
+            Ok(_) => ResponseMsg::Ack { corr },
+            Err(e) => err(corr, &e),
+        },
+        RequestMsg::Deregister { corr, worker_id } => {
+            match control::deregister(core, &worker_id).await {
+                Ok(()) => ResponseMsg::Ack { corr },
+                Err(e) => err(corr, &e),
+            }
+        }
+    })
+}
+
+async fn fatal(s: &mut TcpStream, out: &mut BytesMut, message: String) {
+    ResponseMsg::Error {
+        corr: 0,
+        code: ErrorCode::ProtocolViolation.as_u16(),
+        message,
+    }
+    .encode(out);
+    let _ = s.write_all(out).await;
+    let _ = s.flush().await;
+}
+
+pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
+    let sh = core.shared.clone();
+    let mut rd = FramedReader::new(sh.settings.limits.max_frame_bytes);
+    let mut out = BytesMut::new();
+    let first = match read_hello(&mut rd, &mut s).await {
+        Ok(f) => f,
+        Err(kind) => {
+            sh.metrics.protocol_error(kind);
+            fatal(&mut s, &mut out, format!("no valid first frame ({kind})")).await;
+            return;
+        }
+    };
+    match RequestMsg::decode(&first) {
+        Ok(RequestMsg::Hello { .. }) => {}
+        Ok(_) => {
+            sh.metrics.protocol_error("no_hello");
+            fatal(&mut s, &mut out, "first frame must be Hello".into()).await;
+            return;
+        }
+        Err(e) => {
+            sh.metrics.protocol_error(error_kind(&e));
+            fatal(&mut s, &mut out, format!("bad hello: {e}")).await;
+            return;
+        }
+    }
+    ResponseMsg::HelloAck {
+        server_version: PROTOCOL_VERSION,
+    }
+    .encode(&mut out);
+    if s.write_all(&out).await.is_err() {
+        return;
+    }
+    loop {
+        out.clear();
+        match rd.fill(&mut s).await {
+            Ok(0) | Err(_) => {
+                if rd.pending() > 0 {
+                    sh.metrics.protocol_error("cut_mid_frame");
+                }
+                return;
+            }
+            Ok(_) => {}
+        }
+        loop {
+            let msg = match rd.next_frame().map(|f| f.map(|f| RequestMsg::decode(&f))) {
+                Ok(None) => break,
+                Ok(Some(Ok(m))) => m,
+                Ok(Some(Err(e))) | Err(e) => {
+                    sh.metrics.protocol_error(error_kind(&e));
+                    eprintln!("kvroute: api: {e}; closing connection");
+                    fatal(&mut s, &mut out, e.to_string()).await;
+                    return;
+                }
+            };
+            sh.inflight.fetch_add(1, Ordering::SeqCst);
+            let r = answer(&core, msg).await;
+            sh.inflight.fetch_sub(1, Ordering::SeqCst);
+            match r {
+                Ok(resp) => resp.encode(&mut out),
+                Err(kind) => {
+                    sh.metrics.protocol_error(kind);
+                    fatal(&mut s, &mut out, "Hello after handshake".into()).await;
+                    return;
+                }
+            }
+        }
+        if !out.is_empty() && s.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}

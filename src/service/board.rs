@@ -1,0 +1,124 @@
+//! Per-worker load figures readable from every core without locks.
+//!
+//! Each core owns one row of cells per worker slot and is its only writer; readers sum
+//! the rows of all cores (the figures are additive, see `load::WorkerAgg`), except the
+//! "oldest active prefill" triple, where the oldest across cores wins. Reads are
+//! `Relaxed`: a router decision may see a figure a few microseconds stale, never a torn
+//! or invented one (each cell is one atomic word).
+
+use crate::load::{OldestPrefill, WorkerAgg};
+use crate::types::WorkerSlot;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const F_ACTIVE: usize = 0;
+const F_PREFILL_REQS: usize = 1;
+const F_PREFILL_TOKENS: usize = 2;
+const F_BLOCKS_TOTAL: usize = 3;
+const F_OUTPUT_MILLI: usize = 4;
+const F_OLDEST_START: usize = 5;
+const F_OLDEST_TOKENS: usize = 6;
+const F_OLDEST_PRED: usize = 7;
+const F_UNIQUE: usize = 8;
+const F_CACHED: usize = 9;
+const FIELDS: usize = 10;
+const NONE: u64 = u64::MAX;
+
+/// What a core publishes for one worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Published {
+    pub agg: WorkerAgg,
+    /// Distinct active blocks of the worker in this core's active-block shard.
+    pub blocks_unique: u64,
+    /// Blocks of the worker in this core's index shard.
+    pub cached_blocks: u64,
+}
+
+pub struct LoadBoard {
+    cores: usize,
+    slots: usize,
+    cells: Box<[AtomicU64]>,
+}
+
+impl LoadBoard {
+    pub fn new(cores: usize, slots: usize) -> LoadBoard {
+        let n = cores * slots * FIELDS;
+        let cells: Vec<AtomicU64> = (0..n)
+            .map(|i| {
+                AtomicU64::new(if i % FIELDS == F_OLDEST_START {
+                    NONE
+                } else {
+                    0
+                })
+            })
+            .collect();
+        LoadBoard {
+            cores,
+            slots,
+            cells: cells.into_boxed_slice(),
+        }
+    }
+
+    fn base(&self, core: usize, slot: WorkerSlot) -> Option<usize> {
+        let s = slot as usize;
+        (core < self.cores && s < self.slots).then(|| (core * self.slots + s) * FIELDS)
+    }
+
+    /// Writer side (only core `core` calls this for its row).
+    pub fn publish(&self, core: usize, slot: WorkerSlot, p: &Published) {
+        let Some(b) = self.base(core, slot) else {
+            return;
+        };
+        let a = &p.agg;
+        let c = &self.cells[b..b + FIELDS];
+        c[F_ACTIVE].store(a.active_requests as u64, Ordering::Relaxed);
+        c[F_PREFILL_REQS].store(a.prefill_requests as u64, Ordering::Relaxed);
+        c[F_PREFILL_TOKENS].store(a.prefill_tokens, Ordering::Relaxed);
+        c[F_BLOCKS_TOTAL].store(a.blocks_total, Ordering::Relaxed);
+        c[F_OUTPUT_MILLI].store(a.output_blocks_milli, Ordering::Relaxed);
+        match a.oldest_prefill {
+            Some(o) => {
+                c[F_OLDEST_TOKENS].store(o.tokens, Ordering::Relaxed);
+                c[F_OLDEST_PRED].store(o.predicted_us, Ordering::Relaxed);
+                c[F_OLDEST_START].store(o.started_us, Ordering::Relaxed);
+            }
+            None => c[F_OLDEST_START].store(NONE, Ordering::Relaxed),
+        }
+        c[F_UNIQUE].store(p.blocks_unique, Ordering::Relaxed);
+        c[F_CACHED].store(p.cached_blocks, Ordering::Relaxed);
+    }
+
+    /// Reader side: the fleet view of one worker (sum over cores).
+    pub fn read(&self, slot: WorkerSlot) -> Published {
+        let mut out = Published::default();
+        for core in 0..self.cores {
+            let Some(b) = self.base(core, slot) else {
+                break;
+            };
+            let c = &self.cells[b..b + FIELDS];
+            let start = c[F_OLDEST_START].load(Ordering::Relaxed);
+            let oldest = (start != NONE).then(|| OldestPrefill {
+                started_us: start,
+                tokens: c[F_OLDEST_TOKENS].load(Ordering::Relaxed),
+                predicted_us: c[F_OLDEST_PRED].load(Ordering::Relaxed),
+            });
+            let agg = WorkerAgg {
+                active_requests: c[F_ACTIVE].load(Ordering::Relaxed) as u32,
+                prefill_requests: c[F_PREFILL_REQS].load(Ordering::Relaxed) as u32,
+                prefill_tokens: c[F_PREFILL_TOKENS].load(Ordering::Relaxed),
+                blocks_total: c[F_BLOCKS_TOTAL].load(Ordering::Relaxed),
+                output_blocks_milli: c[F_OUTPUT_MILLI].load(Ordering::Relaxed),
+                oldest_prefill: oldest,
+            };
+            out.agg.add(&agg);
+            out.blocks_unique += c[F_UNIQUE].load(Ordering::Relaxed);
+            out.cached_blocks += c[F_CACHED].load(Ordering::Relaxed);
+        }
+        out
+    }
+
+    /// Zeroes every core's row of a slot (slot freed). Only safe when the cores have
+    /// already forgotten the worker; each core then republishes zeros anyway.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+}

@@ -1,0 +1,82 @@
+//! Framed reading over a glommio stream: bytes accumulate in a `BytesMut`, complete
+//! frames are split off without copying (`FrameDecoder`), so hash arrays inside them
+//! are read in place by the codec.
+
+use crate::codec::{CodecError, Frame, FrameDecoder};
+use bytes::BytesMut;
+use futures_lite::{AsyncRead, AsyncReadExt};
+
+/// Bytes read per call when the buffer is empty.
+const READ_CHUNK: usize = 64 << 10;
+
+pub struct FramedReader {
+    buf: BytesMut,
+    dec: FrameDecoder,
+}
+
+impl FramedReader {
+    pub fn new(max_frame: usize) -> FramedReader {
+        FramedReader {
+            buf: BytesMut::with_capacity(READ_CHUNK),
+            dec: FrameDecoder::new(max_frame),
+        }
+    }
+
+    /// Reads more bytes; `Ok(0)` at end of stream.
+    pub async fn fill<S: AsyncRead + Unpin>(&mut self, s: &mut S) -> std::io::Result<usize> {
+        let len = self.buf.len();
+        self.buf.resize(len + READ_CHUNK, 0);
+        let r = s.read(&mut self.buf[len..]).await;
+        let n = *r.as_ref().unwrap_or(&0);
+        self.buf.truncate(len + n);
+        r
+    }
+
+    /// The next complete frame, if buffered.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, CodecError> {
+        self.dec.decode(&mut self.buf)
+    }
+
+    /// Bytes buffered but not yet decoded (a frame cut mid-way at close).
+    pub fn pending(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+/// Short metric label of a codec error.
+pub fn error_kind(e: &CodecError) -> &'static str {
+    match e {
+        CodecError::Oversized { .. } => "oversized_frame",
+        CodecError::UnknownKind(_) => "unknown_kind",
+        _ => "malformed_frame",
+    }
+}
+
+/// Time a new connection has to send its first frame.
+pub const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads the first frame of a connection within [`HELLO_TIMEOUT`]. The error is a
+/// metric label.
+pub async fn read_hello<S: AsyncRead + Unpin>(
+    rd: &mut FramedReader,
+    s: &mut S,
+) -> Result<Frame, &'static str> {
+    let r = glommio::timer::timeout(HELLO_TIMEOUT, async {
+        loop {
+            match rd.next_frame() {
+                Ok(Some(f)) => return Ok(Ok(f)),
+                Ok(None) => {}
+                Err(e) => return Ok(Err(error_kind(&e))),
+            }
+            match rd.fill(s).await {
+                Ok(0) | Err(_) => return Ok(Err("closed_before_hello")),
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    match r {
+        Ok(inner) => inner,
+        Err(_) => Err("hello_timeout"),
+    }
+}

@@ -1,0 +1,214 @@
+//! Control plane: worker registration, removal, JSON events, status.
+//!
+//! Registry writes are serialised by one mutex (rare, cold) and published as a new
+//! snapshot; the shards learn about identity changes through `Forget` messages and
+//! per-slot generations, so events about a previous identity of a slot are dropped.
+
+use super::core::Core;
+use super::msg::{Hashes, IndexOp, Msg};
+use super::router::ApiError;
+use crate::engine::{EngineError, KvEvent, WorkerState, WorkerStatus};
+use crate::registry::Upsert;
+use crate::types::{WorkerSlot, WorkerSpec};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Per-shard cap for a worker's declared capacity (25% + 64 blocks of slack for the
+/// uneven split of hashes over shards).
+pub fn cap_per_shard(capacity: u64, max_per_worker: u64, cores: usize) -> u64 {
+    let total = capacity.min(max_per_worker);
+    total.div_ceil(cores as u64).saturating_mul(5) / 4 + 64
+}
+
+/// Registers (or re-registers) a worker. `heartbeat`: subject to the heartbeat window.
+pub async fn register(
+    core: &Core,
+    spec: WorkerSpec,
+    heartbeat: bool,
+) -> Result<(Upsert, u64), ApiError> {
+    let sh = &core.shared;
+    let capacity = spec.capacity_blocks;
+    let (up, gen) = {
+        let _guard = sh
+            .registry_write
+            .lock()
+            .map_err(|_| EngineError::BadRequest("registry lock poisoned".into()))?;
+        let mut reg = (**sh.registry.load()).clone();
+        let up = reg.upsert(spec).map_err(EngineError::from)?;
+        let cells = sh
+            .cells(up.slot())
+            .ok_or_else(|| EngineError::BadRequest("slot out of range".into()))?;
+        if !matches!(up, Upsert::SameEpoch(_)) {
+            cells.gen.fetch_add(1, Ordering::AcqRel);
+            cells.next_seq.store(0, Ordering::Release);
+            cells.suspect.store(false, Ordering::Release);
+        }
+        cells.heartbeat.store(heartbeat, Ordering::Release);
+        cells.last_seen_ms.store(sh.now_ms(), Ordering::Release);
+        sh.registry.store(Arc::new(reg));
+        (up, cells.gen.load(Ordering::Acquire))
+    };
+    let slot = up.slot();
+    if let Upsert::NewEpoch(_) = up {
+        broadcast(core, |_| Msg::Forget { slot }).await;
+    }
+    let cap = cap_per_shard(capacity, sh.settings.limits.max_blocks_per_worker, sh.cores);
+    index_ops(core, slot, gen, vec![IndexOp::SetCap(cap)]).await;
+    sh.metrics.workers.set(sh.registry.load().len() as i64);
+    Ok((up, gen))
+}
+
+/// Removes a worker and everything known about it.
+pub async fn deregister(core: &Core, id: &str) -> Result<(), ApiError> {
+    let sh = &core.shared;
+    let slot = {
+        let _guard = sh
+            .registry_write
+            .lock()
+            .map_err(|_| EngineError::BadRequest("registry lock poisoned".into()))?;
+        let mut reg = (**sh.registry.load()).clone();
+        let slot = reg
+            .remove(id)
+            .ok_or_else(|| EngineError::UnknownWorker(id.into()))?;
+        if let Some(c) = sh.cells(slot) {
+            c.gen.fetch_add(1, Ordering::AcqRel);
+            c.heartbeat.store(false, Ordering::Release);
+            c.suspect.store(false, Ordering::Release);
+        }
+        sh.registry.store(Arc::new(reg));
+        slot
+    };
+    broadcast(core, |_| Msg::Forget { slot }).await;
+    sh.metrics.workers.set(sh.registry.load().len() as i64);
+    Ok(())
+}
+
+/// Sends a message to every core (this one through its own mailbox, to keep order).
+pub async fn broadcast(core: &Core, mut make: impl FnMut(usize) -> Msg) {
+    for to in 0..core.shared.cores {
+        core.send(to, make(to)).await;
+    }
+}
+
+/// Fans a batch of one worker's index operations out to every shard (each shard picks
+/// its own hashes out of the shared lists).
+pub async fn index_ops(core: &Core, slot: WorkerSlot, gen: u64, ops: Vec<IndexOp>) {
+    if ops.is_empty() {
+        return;
+    }
+    let ops: Arc<[IndexOp]> = ops.into();
+    for to in 0..core.shared.cores {
+        core.send(
+            to,
+            Msg::Index {
+                slot,
+                gen,
+                ops: ops.clone(),
+            },
+        )
+        .await;
+    }
+}
+
+/// Applies JSON events of worker `id` (same semantics as the binary protocol).
+pub async fn json_events(core: &Core, id: &str, events: Vec<KvEvent>) -> Result<usize, ApiError> {
+    let sh = &core.shared;
+    let slot = sh
+        .registry
+        .load()
+        .slot(id)
+        .ok_or_else(|| EngineError::UnknownWorker(id.into()))?;
+    let max = sh.settings.limits.max_hashes_per_request.max(1 << 16);
+    let gen = sh
+        .cells(slot)
+        .map(|c| c.gen.load(Ordering::Acquire))
+        .unwrap_or(0);
+    let n = events.len();
+    let mut ops = Vec::with_capacity(n);
+    for ev in events {
+        let op = match ev {
+            KvEvent::Stored {
+                tier, block_hashes, ..
+            } => {
+                if block_hashes.len() > max {
+                    return Err(EngineError::BadRequest(format!(
+                        "more than {max} hashes in one event"
+                    ))
+                    .into());
+                }
+                sh.metrics.event("stored", 1);
+                IndexOp::Stored {
+                    tier,
+                    hashes: Hashes::Owned(block_hashes.into()),
+                }
+            }
+            KvEvent::Removed { tier, block_hashes } => {
+                if block_hashes.len() > max {
+                    return Err(EngineError::BadRequest(format!(
+                        "more than {max} hashes in one event"
+                    ))
+                    .into());
+                }
+                sh.metrics.event("removed", 1);
+                IndexOp::Removed {
+                    tier,
+                    hashes: Hashes::Owned(block_hashes.into()),
+                }
+            }
+            KvEvent::Cleared { tier } => {
+                sh.metrics.event("cleared", 1);
+                IndexOp::Cleared { tier }
+            }
+        };
+        ops.push(op);
+    }
+    index_ops(core, slot, gen, ops).await;
+    if let Some(c) = sh.cells(slot) {
+        c.last_seen_ms.store(sh.now_ms(), Ordering::Release);
+    }
+    Ok(n)
+}
+
+/// Status of every worker (fleet view summed over cores).
+pub fn workers(core: &Core) -> Vec<WorkerStatus> {
+    let sh = &core.shared;
+    let reg = sh.registry.load();
+    let now_us = sh.now_us();
+    let cfg = &sh.settings.router;
+    reg.iter()
+        .map(|e| {
+            let p = sh.board.read(e.slot);
+            let load = p.agg.load(cfg.prefill_load_model, now_us);
+            let state = if !sh.is_live(e.slot, now_us / 1000) {
+                WorkerState::Down
+            } else if sh
+                .cells(e.slot)
+                .is_some_and(|c| c.suspect.load(Ordering::Relaxed))
+            {
+                WorkerState::Suspect
+            } else {
+                WorkerState::Live
+            };
+            WorkerStatus {
+                id: e.spec.id.clone(),
+                role: e.spec.role,
+                device: e.spec.device,
+                model: e.spec.model.clone(),
+                dp_ranks: e.spec.dp_ranks,
+                taints: e.spec.taints.clone(),
+                topology: e.spec.topology.clone(),
+                capacity_blocks: e.spec.capacity_blocks,
+                epoch: e.spec.epoch,
+                state,
+                cached_blocks: p.cached_blocks,
+                active_requests: load.active_requests,
+                prefill_tokens: load.prefill_tokens,
+                decode_blocks: if cfg.assume_kv_reuse {
+                    p.blocks_unique as f64
+                } else {
+                    load.blocks_total
+                },
+            }
+        })
+        .collect()
+}

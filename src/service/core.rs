@@ -1,0 +1,467 @@
+//! One core: its index shard, active-block shard and request tracker, the handler for
+//! messages from other cores, and the waiters of tasks expecting replies.
+//!
+//! All state is core-local (`RefCell`, never borrowed across an `.await`). Handlers are
+//! synchronous; messages they produce go to an outbox that the run loop flushes, so a
+//! full peer mailbox never blocks message handling (and two cores can never deadlock
+//! waiting on each other's queues).
+
+use super::board::Published;
+use super::msg::{IndexOp, LifeOp, LifeOutcome, Msg, Reply, Retained};
+use super::shared::Shared;
+use crate::engine::EngineError;
+use crate::index::{IndexShard, ShardAnswer};
+use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker, NewRequest};
+use crate::select::RrState;
+use crate::types::{Tier, WorkerSlot};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+pub struct CoreState {
+    pub index: IndexShard,
+    pub active: ActiveBlocksShard,
+    pub tracker: LoadTracker,
+    pub pending: HashSet<String>,
+    pub retained: HashMap<String, Retained>,
+    pub rng: SmallRng,
+    pub rr: RrState,
+    scratch: Vec<u64>,
+    dirty: Vec<WorkerSlot>,
+    dirty_mark: Vec<bool>,
+}
+
+impl CoreState {
+    fn mark(&mut self, slot: WorkerSlot) {
+        if let Some(m) = self.dirty_mark.get_mut(slot as usize) {
+            if !*m {
+                *m = true;
+                self.dirty.push(slot);
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Waiter {
+    reply: Option<Reply>,
+    waker: Option<Waker>,
+}
+
+pub struct Core {
+    pub id: usize,
+    pub shared: Arc<Shared>,
+    pub st: RefCell<CoreState>,
+    waiters: RefCell<HashMap<u64, Waiter>>,
+    next_qid: Cell<u64>,
+    outbox: RefCell<VecDeque<(usize, Msg)>>,
+}
+
+impl Core {
+    pub fn new(id: usize, shared: Arc<Shared>) -> Core {
+        let cfg = &shared.settings.router;
+        let slots = shared.settings.limits.max_workers;
+        Core {
+            st: RefCell::new(CoreState {
+                index: IndexShard::new(),
+                active: ActiveBlocksShard::new(),
+                tracker: LoadTracker::new(cfg.block_size, cfg),
+                pending: HashSet::new(),
+                retained: HashMap::new(),
+                rng: SmallRng::seed_from_u64(0x6b76_726f_7574_6500 ^ id as u64),
+                rr: RrState::default(),
+                scratch: Vec::new(),
+                dirty: Vec::new(),
+                dirty_mark: vec![false; slots],
+            }),
+            waiters: RefCell::new(HashMap::new()),
+            next_qid: Cell::new(1),
+            outbox: RefCell::new(VecDeque::new()),
+            id,
+            shared,
+        }
+    }
+
+    // ---- waiting for replies -------------------------------------------------------
+
+    /// Registers a waiter and returns its query id.
+    pub fn new_wait(&self) -> u64 {
+        let q = self.next_qid.get();
+        self.next_qid.set(q + 1);
+        self.waiters.borrow_mut().insert(q, Waiter::default());
+        q
+    }
+
+    /// Resolves when the reply for `qid` has arrived.
+    pub fn wait(&self, qid: u64) -> WaitReply<'_> {
+        WaitReply { core: self, qid }
+    }
+
+    fn complete(&self, qid: u64, reply: Reply) {
+        let mut w = self.waiters.borrow_mut();
+        if let Some(waiter) = w.get_mut(&qid) {
+            waiter.reply = Some(reply);
+            if let Some(k) = waiter.waker.take() {
+                k.wake();
+            }
+        }
+    }
+
+    // ---- sending -------------------------------------------------------------------
+
+    /// Queues a message from a handler; flushed by the run loop.
+    fn post(&self, to: usize, msg: Msg) {
+        self.outbox.borrow_mut().push_back((to, msg));
+    }
+
+    /// Sends what the peers' mailboxes accept; returns true when the outbox is empty.
+    pub fn flush(&self) -> bool {
+        let mut ob = self.outbox.borrow_mut();
+        while let Some((to, msg)) = ob.pop_front() {
+            if let Err(m) = self.shared.try_send(to, msg) {
+                ob.push_front((to, m));
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Sends from a task, waiting (backpressure) while the destination is full.
+    pub async fn send(&self, to: usize, mut msg: Msg) {
+        loop {
+            match self.shared.try_send(to, msg) {
+                Ok(()) => return,
+                Err(m) => {
+                    msg = m;
+                    glommio::timer::sleep(Duration::from_micros(50)).await;
+                }
+            }
+        }
+    }
+
+    // ---- local operations ----------------------------------------------------------
+
+    /// Queries this core's shard (and reserves a request id if asked).
+    pub fn local_query(
+        &self,
+        items: &[(u32, u64)],
+        reserve: Option<&str>,
+    ) -> (ShardAnswer, Vec<(WorkerSlot, u32)>, Option<bool>) {
+        let mut st = self.st.borrow_mut();
+        let mut answer = ShardAnswer::default();
+        st.index.query(items, &mut answer);
+        let mut reuse = Vec::new();
+        st.active.count_reuse(items, &mut reuse);
+        let reserved = reserve.map(|id| {
+            if st.pending.contains(id) || st.tracker.get(id).is_some() {
+                false
+            } else {
+                st.pending.insert(id.to_string());
+                true
+            }
+        });
+        (answer, reuse, reserved)
+    }
+
+    /// Active requests plus reservations on this core.
+    pub fn load_count(&self) -> usize {
+        let st = self.st.borrow();
+        st.tracker.active_requests() + st.pending.len()
+    }
+
+    fn commit(&self, req: NewRequest, retained: Option<Box<Retained>>) {
+        let hashes: Arc<[u64]> = Arc::from(req.hashes.as_slice());
+        let slot = req.decode_worker;
+        let id = req.id.clone();
+        {
+            let mut st = self.st.borrow_mut();
+            st.pending.remove(&id);
+            st.mark(slot);
+            if let Some(p) = req.prefill_worker {
+                st.mark(p);
+            }
+            if st.tracker.on_route(req).is_err() {
+                // Reserved ids cannot be duplicates; nothing to undo.
+                return;
+            }
+            if let Some(r) = retained {
+                st.retained.insert(id, *r);
+            }
+        }
+        self.broadcast_active(slot, true, hashes);
+    }
+
+    fn broadcast_active(&self, slot: WorkerSlot, add: bool, hashes: Arc<[u64]>) {
+        for to in 0..self.shared.cores {
+            if to == self.id {
+                self.apply_active(slot, add, &hashes);
+            } else {
+                self.post(
+                    to,
+                    Msg::Active {
+                        slot,
+                        add,
+                        hashes: hashes.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    fn apply_active(&self, slot: WorkerSlot, add: bool, hashes: &[u64]) {
+        let mut st = self.st.borrow_mut();
+        let st = &mut *st;
+        let bits = self.shared.shard_bits;
+        st.scratch.clear();
+        let me = self.id;
+        st.scratch.extend(
+            hashes
+                .iter()
+                .copied()
+                .filter(|h| crate::index::shard_of(*h, bits) == me),
+        );
+        if add {
+            st.active.add(slot, &st.scratch);
+        } else {
+            st.active.remove(slot, &st.scratch);
+        }
+        st.mark(slot);
+    }
+
+    /// Runs a lifecycle call on this (owner) core.
+    pub fn lifecycle_local(&self, op: LifeOp, id: &str) -> Result<LifeOutcome, EngineError> {
+        let now = self.shared.now_us();
+        let map = |e: LifecycleError| match e {
+            LifecycleError::Duplicate => EngineError::Duplicate(id.into()),
+            LifecycleError::UnknownRequest => EngineError::UnknownRequest(id.into()),
+            LifecycleError::InvalidId => {
+                EngineError::BadRequest(format!("invalid request id {id:?}"))
+            }
+        };
+        let finished = {
+            let mut st = self.st.borrow_mut();
+            if let Some(info) = st.tracker.get(id) {
+                let (d, p) = (info.decode_worker, info.prefill_worker);
+                st.mark(d);
+                if let Some(p) = p {
+                    st.mark(p);
+                }
+            }
+            match op {
+                LifeOp::FirstToken => {
+                    st.tracker.on_first_token(id, now).map_err(map)?;
+                    return Ok(LifeOutcome::Done);
+                }
+                LifeOp::Progress(n) => {
+                    st.tracker.on_progress(id, n, now).map_err(map)?;
+                    return Ok(LifeOutcome::Done);
+                }
+                LifeOp::Finish => {
+                    let f = st.tracker.on_finish(id, now).map_err(map)?;
+                    st.retained.remove(id);
+                    (f, None)
+                }
+                LifeOp::PrefillFailed => {
+                    let kept = st.retained.remove(id);
+                    let f = st.tracker.on_prefill_failed(id, now).map_err(map)?;
+                    (f, kept)
+                }
+            }
+        };
+        let (f, kept) = finished;
+        self.broadcast_active(f.decode_worker, false, Arc::from(f.hashes.as_slice()));
+        match (op, kept) {
+            (LifeOp::PrefillFailed, Some(r)) => Ok(LifeOutcome::Reroute(Box::new(r))),
+            (LifeOp::PrefillFailed, None) => Err(EngineError::BadRequest(format!(
+                "request {id:?} was not routed to a prefill worker"
+            ))),
+            _ => Ok(LifeOutcome::Done),
+        }
+    }
+
+    fn apply_index(&self, slot: WorkerSlot, gen: u64, ops: &[IndexOp]) {
+        let current = self
+            .shared
+            .cells(slot)
+            .map(|c| c.gen.load(Ordering::Acquire));
+        if current != Some(gen) {
+            return; // about a previous identity of the slot
+        }
+        let mut st = self.st.borrow_mut();
+        let st = &mut *st;
+        let bits = self.shared.shard_bits;
+        for op in ops {
+            match op {
+                IndexOp::Stored { tier, hashes } => {
+                    hashes.select(self.id, bits, &mut st.scratch);
+                    st.index.stored(slot, *tier, &st.scratch);
+                }
+                IndexOp::Removed { tier, hashes } => {
+                    hashes.select(self.id, bits, &mut st.scratch);
+                    st.index.removed(slot, *tier, &st.scratch);
+                }
+                IndexOp::Cleared { tier: Some(t) } => st.index.clear_tier(slot, *t),
+                IndexOp::Cleared { tier: None } => {
+                    for t in Tier::ALL {
+                        st.index.clear_tier(slot, t);
+                    }
+                }
+                IndexOp::SetCap(cap) => st.index.set_worker_cap(slot, *cap),
+            }
+        }
+        st.mark(slot);
+    }
+
+    fn forget(&self, slot: WorkerSlot) {
+        let mut st = self.st.borrow_mut();
+        st.index.clear_worker(slot);
+        st.active.clear_worker(slot);
+        for f in st.tracker.remove_worker(slot) {
+            st.retained.remove(&f.id);
+            // The decode worker's active blocks live in every shard: other shards drop
+            // them on their own Forget (clear_worker) when decode_worker == slot; a
+            // request that only prefilled on `slot` keeps its decode-side blocks.
+            if f.decode_worker != slot {
+                drop(st);
+                self.broadcast_active(f.decode_worker, false, Arc::from(f.hashes.as_slice()));
+                st = self.st.borrow_mut();
+            }
+        }
+        st.mark(slot);
+    }
+
+    /// Handles one message from another core (or our own mailbox).
+    pub fn handle(&self, msg: Msg) {
+        match msg {
+            Msg::Index { slot, gen, ops } => self.apply_index(slot, gen, &ops),
+            Msg::Forget { slot } => self.forget(slot),
+            Msg::Query {
+                from,
+                qid,
+                items,
+                reserve,
+            } => {
+                let (answer, reuse, reserved) = self.local_query(&items, reserve.as_deref());
+                self.post(
+                    from,
+                    Msg::Answer {
+                        qid,
+                        answer,
+                        reuse,
+                        reserved,
+                    },
+                );
+            }
+            Msg::Answer {
+                qid,
+                answer,
+                reuse,
+                reserved,
+            } => self.complete(
+                qid,
+                Reply::Answer {
+                    answer,
+                    reuse,
+                    reserved,
+                },
+            ),
+            Msg::Commit { req, retained } => self.commit(*req, retained),
+            Msg::Release { id } => {
+                self.st.borrow_mut().pending.remove(&id);
+            }
+            Msg::Active { slot, add, hashes } => self.apply_active(slot, add, &hashes),
+            Msg::Lifecycle { from, qid, op, id } => {
+                let result = self.lifecycle_local(op, &id);
+                self.post(from, Msg::LifecycleDone { qid, result });
+            }
+            Msg::LifecycleDone { qid, result } => self.complete(qid, Reply::Lifecycle(result)),
+        }
+    }
+
+    /// Commits locally or hands the commit to the owner core.
+    pub async fn commit_at(&self, owner: usize, req: NewRequest, retained: Option<Retained>) {
+        let retained = retained.map(Box::new);
+        if owner == self.id {
+            self.commit(req, retained);
+            self.after_local();
+        } else {
+            self.send(
+                owner,
+                Msg::Commit {
+                    req: Box::new(req),
+                    retained,
+                },
+            )
+            .await;
+        }
+    }
+
+    /// After a handler ran inside a task (not the run loop): publish its load changes
+    /// and send what it posted; if a peer is full, wake our run loop to retry.
+    pub fn after_local(&self) {
+        self.publish();
+        if !self.flush() {
+            self.shared.wake(self.id);
+        }
+    }
+
+    /// Publishes the load figures of every worker touched since the last call.
+    pub fn publish(&self) {
+        let mut st = self.st.borrow_mut();
+        let st = &mut *st;
+        for slot in st.dirty.drain(..) {
+            if let Some(m) = st.dirty_mark.get_mut(slot as usize) {
+                *m = false;
+            }
+            let p = Published {
+                agg: st.tracker.agg(slot),
+                blocks_unique: st.active.unique_blocks(slot),
+                cached_blocks: st.index.worker_blocks(slot),
+            };
+            self.shared.board.publish(self.id, slot, &p);
+        }
+    }
+}
+
+/// Future of [`Core::wait`].
+pub struct WaitReply<'a> {
+    core: &'a Core,
+    qid: u64,
+}
+
+impl Future for WaitReply<'_> {
+    type Output = Reply;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Reply> {
+        let mut w = self.core.waiters.borrow_mut();
+        match w.get_mut(&self.qid) {
+            Some(waiter) => match waiter.reply.take() {
+                Some(r) => {
+                    w.remove(&self.qid);
+                    Poll::Ready(r)
+                }
+                None => {
+                    waiter.waker = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            },
+            // Never registered: cannot happen through the public API.
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for WaitReply<'_> {
+    fn drop(&mut self) {
+        // A cancelled wait (connection closed) must not leak its slot.
+        if let Ok(mut w) = self.core.waiters.try_borrow_mut() {
+            w.remove(&self.qid);
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! One mapping from service errors to wire error codes (binary) and HTTP statuses, so
+//! both APIs answer the same failure the same way.
+
+use super::router::ApiError;
+use crate::codec::ErrorCode;
+use crate::engine::EngineError;
+use crate::registry::RegistryError;
+use crate::select::RouteError;
+
+/// The error code of a service error.
+pub fn code(e: &ApiError) -> ErrorCode {
+    match e {
+        ApiError::Overloaded(_) => ErrorCode::Overloaded,
+        ApiError::Engine(e) => match e {
+            EngineError::BadRequest(_) => ErrorCode::BadRequest,
+            EngineError::UnknownWorker(_) => ErrorCode::UnknownWorker,
+            EngineError::UnknownRequest(_) => ErrorCode::UnknownRequest,
+            EngineError::Duplicate(_) => ErrorCode::DuplicateRequest,
+            EngineError::Registry(RegistryError::Invalid(_)) => ErrorCode::BadRequest,
+            EngineError::Registry(RegistryError::Full(_)) => ErrorCode::Overloaded,
+            EngineError::Route(r) => match r {
+                RouteError::DirectNeedsPin => ErrorCode::BadRequest,
+                RouteError::AllBusy { .. } => ErrorCode::AllBusy,
+                RouteError::NoWorkers { .. }
+                | RouteError::EmptyPool { .. }
+                | RouteError::AllFiltered { .. }
+                | RouteError::PinNotFound { .. }
+                | RouteError::NoDecodeInDomain { .. } => ErrorCode::NoEligibleWorker,
+            },
+        },
+    }
+}
+
+/// HTTP status and machine-readable code of a service error.
+pub fn classify(e: &ApiError) -> (u16, &'static str) {
+    let c = code(e);
+    (c.http_status(), c.name())
+}

@@ -1,0 +1,231 @@
+//! Binary event connections (workers → router, port 7400).
+//!
+//! Per connection: the worker's `Hello` registers it (heartbeat-tracked) and binds the
+//! connection to it exclusively; then every decoded read's events become one batch of
+//! index operations fanned out to all shards, in order. Sequence numbers are checked:
+//! a gap marks the worker suspect (overlap counted as zero) and asks it to resync; a
+//! full re-announce between `ResyncBegin` and `ResyncEnd` rebuilds its index state.
+//! A malformed, oversized or out-of-protocol frame closes only this connection, with
+//! an `Error` frame, a log line and a counted protocol error.
+
+use super::conn::{error_kind, read_hello, FramedReader};
+use super::control;
+use super::core::Core;
+use super::errors;
+use super::msg::{Hashes, IndexOp};
+use crate::codec::{resync_reason, ErrorCode, EventMsg, WorkerBound, PROTOCOL_VERSION};
+use bytes::BytesMut;
+use futures_lite::AsyncWriteExt;
+use glommio::net::TcpStream;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+
+async fn send_error(s: &mut TcpStream, code: ErrorCode, message: String) {
+    let mut out = BytesMut::new();
+    WorkerBound::Error {
+        code: code.as_u16(),
+        message,
+    }
+    .encode(&mut out);
+    let _ = s.write_all(&out).await;
+    let _ = s.flush().await;
+}
+
+fn log(msg: &str) {
+    eprintln!("kvroute: events: {msg}");
+}
+
+pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
+    let sh = core.shared.clone();
+    let mut rd = FramedReader::new(sh.settings.limits.max_frame_bytes);
+    // Handshake.
+    let frame = match read_hello(&mut rd, &mut s).await {
+        Ok(f) => f,
+        Err(kind) => {
+            sh.metrics.protocol_error(kind);
+            send_error(
+                &mut s,
+                ErrorCode::ProtocolViolation,
+                format!("no valid first frame ({kind})"),
+            )
+            .await;
+            return;
+        }
+    };
+    let hello = match EventMsg::decode(&frame) {
+        Ok(EventMsg::Hello(h)) => h,
+        Ok(_) => {
+            sh.metrics.protocol_error("no_hello");
+            send_error(
+                &mut s,
+                ErrorCode::ProtocolViolation,
+                "first frame must be Hello".into(),
+            )
+            .await;
+            return;
+        }
+        Err(e) => {
+            sh.metrics.protocol_error(error_kind(&e));
+            log(&format!("bad hello: {e}"));
+            send_error(
+                &mut s,
+                ErrorCode::ProtocolViolation,
+                format!("bad hello: {e}"),
+            )
+            .await;
+            return;
+        }
+    };
+    let worker_id = hello.spec.id.clone();
+    let (up, gen) = match control::register(&core, hello.spec, true).await {
+        Ok(r) => r,
+        Err(e) => {
+            send_error(&mut s, errors::code(&e), e.to_string()).await;
+            return;
+        }
+    };
+    let slot = up.slot();
+    let Some(cells) = sh.cells(slot) else { return };
+    if cells
+        .connected
+        .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        sh.metrics.protocol_error("already_connected");
+        send_error(
+            &mut s,
+            ErrorCode::Conflict,
+            format!("worker {worker_id:?} already has an event connection"),
+        )
+        .await;
+        return;
+    }
+    let mut next = cells.next_seq.load(Ordering::Acquire);
+    let mut out = BytesMut::new();
+    WorkerBound::HelloAck {
+        server_version: PROTOCOL_VERSION,
+        next_seq: next,
+    }
+    .encode(&mut out);
+    if s.write_all(&out).await.is_err() {
+        cells.connected.store(0, Ordering::Release);
+        return;
+    }
+    out.clear();
+    // Events.
+    let mut resync_asked = false;
+    'conn: loop {
+        match rd.fill(&mut s).await {
+            Ok(0) | Err(_) => {
+                if rd.pending() > 0 {
+                    sh.metrics.protocol_error("cut_mid_frame");
+                }
+                break;
+            }
+            Ok(_) => {}
+        }
+        if cells.gen.load(Ordering::Acquire) != gen {
+            send_error(
+                &mut s,
+                ErrorCode::Conflict,
+                "worker was removed or re-registered".into(),
+            )
+            .await;
+            break;
+        }
+        cells.last_seen_ms.store(sh.now_ms(), Ordering::Release);
+        let mut ops = Vec::new();
+        loop {
+            let frame = match rd.next_frame() {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    sh.metrics.protocol_error(error_kind(&e));
+                    log(&format!("worker {worker_id:?}: {e}; closing"));
+                    control::index_ops(&core, slot, gen, ops).await;
+                    send_error(&mut s, ErrorCode::ProtocolViolation, e.to_string()).await;
+                    break 'conn;
+                }
+            };
+            let msg = match EventMsg::decode(&frame) {
+                Ok(m) => m,
+                Err(e) => {
+                    sh.metrics.protocol_error(error_kind(&e));
+                    log(&format!("worker {worker_id:?}: {e}; closing"));
+                    control::index_ops(&core, slot, gen, ops).await;
+                    send_error(&mut s, ErrorCode::ProtocolViolation, e.to_string()).await;
+                    break 'conn;
+                }
+            };
+            let Some(seq) = msg.seq() else {
+                sh.metrics.protocol_error("second_hello");
+                control::index_ops(&core, slot, gen, ops).await;
+                send_error(
+                    &mut s,
+                    ErrorCode::ProtocolViolation,
+                    "Hello after handshake".into(),
+                )
+                .await;
+                break 'conn;
+            };
+            if seq < next {
+                sh.metrics.protocol_error("stale_sequence");
+                continue;
+            }
+            if seq > next {
+                sh.metrics.sequence_gaps.inc();
+                cells.suspect.store(true, Ordering::Release);
+                if !resync_asked {
+                    resync_asked = true;
+                    WorkerBound::Resync {
+                        reason: resync_reason::SEQUENCE_GAP,
+                    }
+                    .encode(&mut out);
+                }
+            }
+            next = seq + 1;
+            match msg {
+                EventMsg::Stored { tier, hashes, .. } => {
+                    sh.metrics.event("stored", 1);
+                    ops.push(IndexOp::Stored {
+                        tier,
+                        hashes: Hashes::Wire(hashes),
+                    });
+                }
+                EventMsg::Removed { tier, hashes, .. } => {
+                    sh.metrics.event("removed", 1);
+                    ops.push(IndexOp::Removed {
+                        tier,
+                        hashes: Hashes::Wire(hashes),
+                    });
+                }
+                EventMsg::Cleared { tier, .. } => {
+                    sh.metrics.event("cleared", 1);
+                    ops.push(IndexOp::Cleared { tier });
+                }
+                EventMsg::Heartbeat { .. } => sh.metrics.event("heartbeat", 1),
+                EventMsg::ResyncBegin { .. } => {
+                    sh.metrics.event("resync_begin", 1);
+                    ops.push(IndexOp::Cleared { tier: None });
+                }
+                EventMsg::ResyncEnd { .. } => {
+                    sh.metrics.event("resync_end", 1);
+                    control::index_ops(&core, slot, gen, std::mem::take(&mut ops)).await;
+                    cells.suspect.store(false, Ordering::Release);
+                    resync_asked = false;
+                }
+                EventMsg::Hello(_) => {}
+            }
+        }
+        cells.next_seq.store(next, Ordering::Release);
+        control::index_ops(&core, slot, gen, ops).await;
+        if !out.is_empty() {
+            if s.write_all(&out).await.is_err() {
+                break;
+            }
+            out.clear();
+        }
+    }
+    cells.next_seq.store(next, Ordering::Release);
+    cells.connected.store(0, Ordering::Release);
+}

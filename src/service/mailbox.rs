@@ -1,0 +1,87 @@
+//! A core's inbox: a bounded lock-free MPMC queue plus a "sleeping" flag that tells
+//! producers when the consumer must be woken.
+//!
+//! Protocol (the loom model in `tests/loom_mailbox.rs` checks it):
+//! - producer: `push` the message, then `swap(sleeping, false)`; if it was `true` the
+//!   consumer may be parked, so the producer rings the doorbell;
+//! - consumer: drains, then `try_sleep`: sets `sleeping = true` and re-checks the queue;
+//!   only if it is still empty does it park on the doorbell.
+//!
+//! With SeqCst on both sides a message can never be left in the queue while the
+//! consumer sleeps (no lost wake-up); spurious wake-ups are harmless.
+//! The queue is bounded: `push` hands the message back when full, and the caller
+//! applies backpressure (waits, which stops it reading its socket).
+
+use crossbeam::queue::ArrayQueue;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub struct Mailbox<T> {
+    queue: ArrayQueue<T>,
+    sleeping: AtomicBool,
+}
+
+impl<T> Mailbox<T> {
+    pub fn new(capacity: usize) -> Mailbox<T> {
+        Mailbox {
+            queue: ArrayQueue::new(capacity.max(1)),
+            sleeping: AtomicBool::new(false),
+        }
+    }
+
+    /// Enqueues `msg`. `Ok(true)` means the consumer may be asleep: ring its doorbell.
+    /// `Err(msg)` when the queue is full.
+    pub fn push(&self, msg: T) -> Result<bool, T> {
+        self.queue.push(msg)?;
+        Ok(self.sleeping.swap(false, Ordering::SeqCst))
+    }
+
+    pub fn pop(&self) -> Option<T> {
+        self.queue.pop()
+    }
+
+    /// Consumer side: announce the intent to park. Returns `false` (and stays awake)
+    /// when messages arrived meanwhile.
+    pub fn try_sleep(&self) -> bool {
+        self.sleeping.store(true, Ordering::SeqCst);
+        if self.queue.is_empty() {
+            true
+        } else {
+            self.sleeping.store(false, Ordering::SeqCst);
+            false
+        }
+    }
+
+    /// Consumer side: woke up (doorbell or spuriously).
+    pub fn awake(&self) {
+        self.sleeping.store(false, Ordering::SeqCst);
+    }
+
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.queue.capacity()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wake_needed_only_after_sleep() {
+        let m = Mailbox::new(2);
+        assert_eq!(m.push(1), Ok(false));
+        assert!(!m.try_sleep(), "queue not empty: must not sleep");
+        assert_eq!(m.pop(), Some(1));
+        assert!(m.try_sleep());
+        assert_eq!(m.push(2), Ok(true), "consumer asleep: wake it");
+        assert_eq!(m.push(3), Ok(false), "already woken");
+        assert_eq!(m.push(4), Err(4), "bounded");
+    }
+}

@@ -1,0 +1,211 @@
+//! Prometheus metrics of the service (`GET /metrics`).
+//!
+//! Counters and the latency histogram are updated on the hot path (atomic adds inside
+//! prometheus-client). Per-worker gauges are filled at scrape time from the load board,
+//! so the hot path never touches them.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub mode: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    pub listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabel {
+    pub worker: String,
+}
+
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub routes: Family<RouteLabels, Counter>,
+    pub decision_latency: Histogram,
+    pub events: Family<KindLabel, Counter>,
+    pub protocol_errors: Family<KindLabel, Counter>,
+    pub connections: Family<ListenerLabel, Gauge>,
+    pub connections_total: Family<ListenerLabel, Counter>,
+    pub sequence_gaps: Counter,
+    pub overlap_blocks: Counter,
+    pub request_blocks: Counter,
+    pub index_blocks: Gauge,
+    pub workers: Gauge,
+    pub active_requests: Gauge,
+    pub hit_ratio: Gauge<f64, AtomicU64>,
+    pub worker_active_requests: Family<WorkerLabel, Gauge>,
+    pub worker_prefill_tokens: Family<WorkerLabel, Gauge>,
+    pub worker_decode_blocks: Family<WorkerLabel, Gauge>,
+    pub worker_cached_blocks: Family<WorkerLabel, Gauge>,
+    pub worker_live: Family<WorkerLabel, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        // 1 µs .. ~33 ms in powers of two.
+        let buckets = (0..16).map(|i| 1e-6 * f64::from(1u32 << i));
+        let m = Metrics {
+            registry: Mutex::new(Registry::with_prefix("kvroute")),
+            routes: Family::default(),
+            decision_latency: Histogram::new(buckets),
+            events: Family::default(),
+            protocol_errors: Family::default(),
+            connections: Family::default(),
+            connections_total: Family::default(),
+            sequence_gaps: Counter::default(),
+            overlap_blocks: Counter::default(),
+            request_blocks: Counter::default(),
+            index_blocks: Gauge::default(),
+            workers: Gauge::default(),
+            active_requests: Gauge::default(),
+            hit_ratio: Gauge::default(),
+            worker_active_requests: Family::default(),
+            worker_prefill_tokens: Family::default(),
+            worker_decode_blocks: Family::default(),
+            worker_cached_blocks: Family::default(),
+            worker_live: Family::default(),
+        };
+        if let Ok(mut r) = m.registry.lock() {
+            r.register(
+                "routes",
+                "Routing decisions by mode and outcome",
+                m.routes.clone(),
+            );
+            r.register(
+                "decision_latency_seconds",
+                "Time from request parsed to decision ready, per decision",
+                m.decision_latency.clone(),
+            );
+            r.register("events", "KV events ingested by type", m.events.clone());
+            r.register(
+                "protocol_errors",
+                "Protocol errors by kind",
+                m.protocol_errors.clone(),
+            );
+            r.register(
+                "connections",
+                "Open connections by listener",
+                m.connections.clone(),
+            );
+            r.register(
+                "connections_accepted",
+                "Accepted connections",
+                m.connections_total.clone(),
+            );
+            r.register(
+                "sequence_gaps",
+                "Event sequence gaps detected",
+                m.sequence_gaps.clone(),
+            );
+            r.register(
+                "overlap_blocks",
+                "Blocks of routed requests found cached on the chosen worker",
+                m.overlap_blocks.clone(),
+            );
+            r.register(
+                "request_blocks",
+                "Blocks of routed requests",
+                m.request_blocks.clone(),
+            );
+            r.register(
+                "index_blocks",
+                "Indexed (block, worker, tier) entries",
+                m.index_blocks.clone(),
+            );
+            r.register("workers", "Registered workers", m.workers.clone());
+            r.register(
+                "active_requests",
+                "Tracked in-flight requests",
+                m.active_requests.clone(),
+            );
+            r.register(
+                "overlap_hit_ratio",
+                "overlap_blocks / request_blocks",
+                m.hit_ratio.clone(),
+            );
+            r.register(
+                "worker_active_requests",
+                "In-flight requests per worker",
+                m.worker_active_requests.clone(),
+            );
+            r.register(
+                "worker_prefill_tokens",
+                "Prompt tokens in prefill per worker",
+                m.worker_prefill_tokens.clone(),
+            );
+            r.register(
+                "worker_decode_blocks",
+                "Active KV blocks per worker",
+                m.worker_decode_blocks.clone(),
+            );
+            r.register(
+                "worker_cached_blocks",
+                "Indexed cached blocks per worker",
+                m.worker_cached_blocks.clone(),
+            );
+            r.register(
+                "worker_live",
+                "1 if the worker is eligible for routing",
+                m.worker_live.clone(),
+            );
+        }
+        m
+    }
+
+    pub fn route(&self, mode: &'static str, outcome: &'static str) {
+        self.routes
+            .get_or_create(&RouteLabels { mode, outcome })
+            .inc();
+    }
+
+    pub fn event(&self, kind: &'static str, n: u64) {
+        self.events.get_or_create(&KindLabel { kind }).inc_by(n);
+    }
+
+    pub fn protocol_error(&self, kind: &'static str) {
+        self.protocol_errors
+            .get_or_create(&KindLabel { kind })
+            .inc();
+    }
+
+    /// Renders the text exposition. `fill` sets the scrape-time gauges first.
+    pub fn render(&self, fill: impl FnOnce(&Metrics)) -> String {
+        let Ok(reg) = self.registry.lock() else {
+            return String::new();
+        };
+        fill(self);
+        let total = self.request_blocks.get();
+        if total > 0 {
+            self.hit_ratio
+                .set(self.overlap_blocks.get() as f64 / total as f64);
+        }
+        let mut out = String::new();
+        if encode(&mut out, &reg).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

@@ -1,0 +1,303 @@
+//! The running service (`kvroute serve`): glommio executors, one per core, each owning
+//! one index shard; cores talk only through the lock-free mailboxes in `mailbox`.
+//!
+//! This layer moves data between the pure modules and owns no routing logic:
+//! - `ingest`: binary event connections → index operations fanned out to shards;
+//! - `api` / `http`: binary and JSON request APIs → `router` (scatter/gather/decide);
+//! - `core`: per-core state and the cross-core message handler;
+//! - `control`: registry writes; `board`: lock-free per-worker load figures.
+
+pub mod api;
+pub mod board;
+pub mod conn;
+pub mod control;
+pub mod core;
+pub mod errors;
+pub mod http;
+pub mod hyper_io;
+pub mod ingest;
+pub mod mailbox;
+pub mod metrics;
+pub mod msg;
+pub mod router;
+pub mod shared;
+
+use self::core::Core;
+use crate::settings::Settings;
+use futures_lite::AsyncReadExt;
+use glommio::net::{TcpListener, UnixStream};
+use glommio::{LocalExecutorBuilder, Placement};
+use shared::Shared;
+use std::os::fd::{FromRawFd, IntoRawFd};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+/// Raises RLIMIT_MEMLOCK's soft limit to the hard limit (io_uring registers memory).
+fn raise_memlock() {
+    // SAFETY: plain libc calls on a stack-allocated struct.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim);
+        }
+    }
+}
+
+/// Executors to run: `--cores` or all online cores, rounded down to a power of two (the
+/// shard of a block is the top bits of its hash).
+pub fn effective_cores(requested: Option<usize>) -> usize {
+    let n = requested
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+        .max(1);
+    1 << (usize::BITS - 1 - n.leading_zeros())
+}
+
+/// A running service: join it, or stop it.
+pub struct Running {
+    pub shared: Arc<Shared>,
+    handles: Vec<glommio::ExecutorJoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting, lets in-flight work finish (bounded), and joins the cores.
+    pub fn shutdown(self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        for c in 0..self.shared.cores {
+            self.shared.wake(c);
+        }
+        self.join();
+    }
+
+    /// Waits for the cores to exit (after `shutdown` was requested elsewhere).
+    pub fn join(self) {
+        for h in self.handles {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Starts the service and returns once every core listens.
+pub fn start(settings: Settings) -> Result<Running, String> {
+    settings.validate()?;
+    raise_memlock();
+    let cores = effective_cores(settings.cores);
+    let (shared, doorbells) =
+        Shared::new(settings, cores).map_err(|e| format!("doorbells: {e}"))?;
+    let ready = Arc::new(Barrier::new(cores + 1));
+    let failed = Arc::new(std::sync::Mutex::new(None::<String>));
+    let mut handles = Vec::new();
+    for (id, bell) in doorbells.into_iter().enumerate() {
+        let sh = shared.clone();
+        let ready = ready.clone();
+        let failed = failed.clone();
+        let spin = sh.settings.spin_before_park_us;
+        let mut b = LocalExecutorBuilder::new(Placement::Fixed(id % num_cpus()))
+            .name(&format!("kvroute-core-{id}"))
+            .io_memory(512 << 10);
+        if spin > 0 {
+            b = b.spin_before_park(Duration::from_micros(spin));
+        }
+        let h = b
+            .spawn(move || async move {
+                let core = Rc::new(Core::new(id, sh.clone()));
+                let bound = bind_all(&sh);
+                let listeners = match bound {
+                    Ok(l) => Some(l),
+                    Err(e) => {
+                        if let Ok(mut f) = failed.lock() {
+                            f.get_or_insert(e);
+                        }
+                        None
+                    }
+                };
+                ready.wait();
+                let Some((ev, api_l, http_l)) = listeners else { return };
+                glommio::spawn_local(accept_loop(core.clone(), ev, "events", ingest::serve)).detach();
+                glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::serve)).detach();
+                glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http)).detach();
+                run_loop(core, bell).await;
+            })
+            .map_err(|e| {
+                format!("cannot start executor {id}: {e} (kvroute needs io_uring: Linux >= 5.8 with io_uring enabled, and RLIMIT_MEMLOCK >= 512 KiB)")
+            })?;
+        handles.push(h);
+    }
+    ready.wait();
+    if let Some(e) = failed.lock().ok().and_then(|mut f| f.take()) {
+        let r = Running { shared, handles };
+        r.shutdown();
+        return Err(e);
+    }
+    Ok(Running { shared, handles })
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+fn bind_all(sh: &Shared) -> Result<(TcpListener, TcpListener, TcpListener), String> {
+    let s = &sh.settings;
+    let bind = |a: &str| TcpListener::bind(a).map_err(|e| format!("cannot listen on {a}: {e}"));
+    Ok((
+        bind(&s.events_addr)?,
+        bind(&s.api_addr)?,
+        bind(&s.http_addr)?,
+    ))
+}
+
+/// Accepts connections until shutdown, enforcing the per-core connection limit.
+async fn accept_loop<F, Fut>(core: Rc<Core>, l: TcpListener, name: &'static str, serve: F)
+where
+    F: Fn(Rc<Core>, glommio::net::TcpStream) -> Fut + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let open = Rc::new(AtomicUsize::new(0));
+    let labels = metrics::ListenerLabel { listener: name };
+    loop {
+        let stream = match l.accept().await {
+            Ok(s) => s,
+            Err(_) => {
+                glommio::timer::sleep(Duration::from_millis(5)).await;
+                continue;
+            }
+        };
+        if core.shared.shutdown.load(Ordering::Relaxed) {
+            break;
+        }
+        core.shared
+            .metrics
+            .connections_total
+            .get_or_create(&labels)
+            .inc();
+        if open.load(Ordering::Relaxed) >= core.shared.settings.limits.max_connections {
+            core.shared.metrics.protocol_error("connection_limit");
+            drop(stream);
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        open.fetch_add(1, Ordering::Relaxed);
+        core.shared.metrics.connections.get_or_create(&labels).inc();
+        let (c, o, sh) = (core.clone(), open.clone(), core.shared.clone());
+        let fut = serve(c, stream);
+        glommio::spawn_local(async move {
+            fut.await;
+            o.fetch_sub(1, Ordering::Relaxed);
+            sh.metrics
+                .connections
+                .get_or_create(&metrics::ListenerLabel { listener: name })
+                .dec();
+        })
+        .detach();
+    }
+}
+
+async fn serve_http(core: Rc<Core>, stream: glommio::net::TcpStream) {
+    let svc = hyper::service::service_fn(move |req| http::handle(core.clone(), req));
+    let _ = hyper::server::conn::http1::Builder::new()
+        .keep_alive(true)
+        .serve_connection(hyper_io::HyperIo(stream), svc)
+        .await;
+}
+
+/// The core's message loop: drain the mailbox, publish load figures, flush the outbox,
+/// park on the doorbell when idle. Returns at shutdown once in-flight work is done.
+async fn run_loop(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
+    // SAFETY: the fd comes from a live std UnixStream we own and give up here.
+    let mut bell = unsafe { UnixStream::from_raw_fd(bell.into_raw_fd()) };
+    let mailbox = &core.shared.mailboxes[core.id];
+    let mut buf = [0u8; 64];
+    let mut shutdown_since: Option<std::time::Instant> = None;
+    loop {
+        let mut n = 0usize;
+        while let Some(m) = mailbox.pop() {
+            core.handle(m);
+            n += 1;
+            if n % 256 == 0 {
+                core.publish();
+                core.flush();
+                glommio::yield_if_needed().await;
+            }
+        }
+        core.publish();
+        let flushed = core.flush();
+        if core.shared.shutdown.load(Ordering::Relaxed) {
+            let since = *shutdown_since.get_or_insert_with(std::time::Instant::now);
+            let idle =
+                core.shared.inflight.load(Ordering::SeqCst) == 0 && mailbox.is_empty() && flushed;
+            if idle || since.elapsed() > Duration::from_secs(5) {
+                return;
+            }
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+            continue;
+        }
+        if !flushed {
+            // A peer's mailbox is full: retry shortly, keep draining our own meanwhile.
+            glommio::timer::sleep(Duration::from_micros(20)).await;
+            continue;
+        }
+        if n == 0 && mailbox.try_sleep() {
+            let _ = bell.read(&mut buf).await;
+            mailbox.awake();
+        } else if n > 0 {
+            glommio::yield_if_needed().await;
+        }
+    }
+}
+
+/// `/metrics` text, with scrape-time gauges filled from the board.
+pub fn scrape(core: &Core) -> String {
+    let sh = &core.shared;
+    sh.metrics.render(|m| {
+        let reg = sh.registry.load();
+        let cfg = &sh.settings.router;
+        let now = sh.now_us();
+        let (mut blocks, mut active) = (0u64, 0u64);
+        m.worker_active_requests.clear();
+        m.worker_prefill_tokens.clear();
+        m.worker_decode_blocks.clear();
+        m.worker_cached_blocks.clear();
+        m.worker_live.clear();
+        for e in reg.iter() {
+            let p = sh.board.read(e.slot);
+            let load = p.agg.load(cfg.prefill_load_model, now);
+            let l = metrics::WorkerLabel {
+                worker: e.spec.id.clone(),
+            };
+            blocks += p.cached_blocks;
+            active += load.active_requests as u64;
+            m.worker_active_requests
+                .get_or_create(&l)
+                .set(load.active_requests as i64);
+            m.worker_prefill_tokens
+                .get_or_create(&l)
+                .set(load.prefill_tokens as i64);
+            let decode = if cfg.assume_kv_reuse {
+                p.blocks_unique as f64
+            } else {
+                load.blocks_total
+            };
+            m.worker_decode_blocks.get_or_create(&l).set(decode as i64);
+            m.worker_cached_blocks
+                .get_or_create(&l)
+                .set(p.cached_blocks as i64);
+            m.worker_live
+                .get_or_create(&l)
+                .set(sh.is_live(e.slot, now / 1000) as i64);
+        }
+        m.index_blocks.set(blocks as i64);
+        m.active_requests.set(active as i64);
+        m.workers.set(reg.len() as i64);
+    })
+}

@@ -1,0 +1,266 @@
+//! The routing pipeline of the service, spread over cores:
+//! prepare (hash) → scatter positions to shards (+ reserve the id at its owner core) →
+//! gather per-shard matches → merge → decide (pure `select::decide`) → commit the
+//! request's load at its owner core. Lifecycle calls are forwarded to the owner core.
+//!
+//! The steps are the engine's (`engine::Engine::route`), so the in-process engine and
+//! the service give the same decisions for the same state.
+
+use super::core::Core;
+use super::msg::{LifeOp, LifeOutcome, Msg, Reply, Retained};
+use crate::config::Mode;
+use crate::engine::plan::{self, RowFigures};
+use crate::engine::{EngineError, Prepared, RouteDecision, RouteRequest};
+use crate::index::{merge, MergeResult, ShardAnswer};
+use crate::load::NewRequest;
+use crate::select::{decide, RequestShape, RouteError, RouteInput};
+use crate::types::{Role, WorkerSlot};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// Errors of the service API: engine errors plus overload.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("overloaded: {0}")]
+    Overloaded(String),
+}
+
+/// Routes one request (from the binary API or HTTP).
+pub async fn route(core: &Core, req: &RouteRequest) -> Result<RouteDecision, ApiError> {
+    let started = Instant::now();
+    let sh = &core.shared;
+    let prepared = req
+        .prepare(
+            sh.settings.router.block_size,
+            sh.settings.limits.max_hashes_per_request,
+        )
+        .map_err(EngineError::from)?;
+    if core.load_count() >= sh.settings.limits.max_active_requests {
+        sh.metrics.route("kv", "overloaded");
+        return Err(ApiError::Overloaded("too many active requests".into()));
+    }
+    let mode = req.mode.unwrap_or(sh.settings.router.mode);
+    let out = route_prepared(
+        core,
+        &req.request_id,
+        prepared,
+        mode,
+        req.expected_output_tokens,
+        req.explain,
+        false,
+    )
+    .await;
+    let outcome = match &out {
+        Ok(d) if d.fallback != "none" => "fallback",
+        Ok(_) => "ok",
+        Err(ApiError::Engine(EngineError::Route(RouteError::AllBusy { .. }))) => "busy",
+        Err(_) => "error",
+    };
+    sh.metrics.route(mode.name(), outcome);
+    sh.metrics
+        .decision_latency
+        .observe(started.elapsed().as_secs_f64());
+    out
+}
+
+async fn route_prepared(
+    core: &Core,
+    id: &str,
+    prepared: Prepared,
+    mode: Mode,
+    osl: Option<u32>,
+    explain: bool,
+    prefill_failed: bool,
+) -> Result<RouteDecision, ApiError> {
+    let sh = &core.shared;
+    let owner = sh.owner_of(id);
+    let n = prepared.hashes.len();
+    // Scatter.
+    let mut items: Vec<Vec<(u32, u64)>> = vec![Vec::new(); sh.cores];
+    for (i, &h) in prepared.hashes.iter().enumerate() {
+        items[sh.shard_of(h)].push((i as u32, h));
+    }
+    let mut qids = Vec::new();
+    let mut local_items = Vec::new();
+    for (s, it) in items.into_iter().enumerate() {
+        if s == core.id {
+            local_items = it;
+        } else if !it.is_empty() || s == owner {
+            let qid = core.new_wait();
+            let reserve = (s == owner).then(|| id.to_string());
+            core.send(
+                s,
+                Msg::Query {
+                    from: core.id,
+                    qid,
+                    items: it,
+                    reserve,
+                },
+            )
+            .await;
+            qids.push(qid);
+        }
+    }
+    let (local, mut reuse, reserved_here) =
+        core.local_query(&local_items, (owner == core.id).then_some(id));
+    let mut reserved = reserved_here.unwrap_or(true);
+    // Gather.
+    let mut answers: Vec<ShardAnswer> = Vec::with_capacity(qids.len() + 1);
+    answers.push(local);
+    for qid in qids {
+        if let Reply::Answer {
+            answer,
+            reuse: r,
+            reserved: res,
+        } = core.wait(qid).await
+        {
+            answers.push(answer);
+            reuse.extend(r);
+            if let Some(ok) = res {
+                reserved &= ok;
+            }
+        }
+    }
+    if !reserved {
+        return Err(EngineError::Duplicate(id.to_string()).into());
+    }
+    // Merge + decide.
+    let reg = sh.registry.load();
+    let mut merged = MergeResult::default();
+    merge(
+        n,
+        &answers,
+        |s: WorkerSlot| reg.get(s).is_some_and(|e| e.spec.role == Role::Shared),
+        &mut merged,
+    );
+    let mut reuse_by: HashMap<WorkerSlot, u32> = HashMap::new();
+    for (w, c) in reuse {
+        *reuse_by.entry(w).or_insert(0) += c;
+    }
+    let cfg = &sh.settings.router;
+    let now_us = sh.now_us();
+    let now_ms = now_us / 1000;
+    let mut rows = Vec::with_capacity(reg.len());
+    plan::rows(
+        &reg,
+        |e| {
+            let p = sh.board.read(e.slot);
+            RowFigures {
+                live: sh.is_live(e.slot, now_ms),
+                suspect: sh
+                    .cells(e.slot)
+                    .is_some_and(|c| c.suspect.load(Ordering::Relaxed)),
+                overlap: merged.get(e.slot),
+                reuse_blocks: reuse_by.get(&e.slot).copied().unwrap_or(0),
+                load: p.agg.load(cfg.prefill_load_model, now_us),
+                blocks_unique: p.blocks_unique as f64,
+            }
+        },
+        &mut rows,
+    );
+    let input = RouteInput {
+        cfg,
+        mode,
+        req: RequestShape {
+            input_tokens: prepared.input_tokens,
+            prompt_blocks: prepared.prompt_blocks,
+        },
+        filters: &prepared.filters,
+        workers: &rows,
+        prefill_failed,
+        explain,
+    };
+    let decided = {
+        let mut st = core.st.borrow_mut();
+        let st = &mut *st;
+        decide(&input, &mut st.rng, &mut st.rr)
+    };
+    let d = match decided {
+        Ok(d) => d,
+        Err(e) => {
+            if owner == core.id {
+                core.st.borrow_mut().pending.remove(id);
+            } else {
+                core.send(owner, Msg::Release { id: id.to_string() }).await;
+            }
+            return Err(EngineError::Route(e).into());
+        }
+    };
+    let out = plan::to_output(&reg, id, &d, explain);
+    drop(rows);
+    sh.metrics.request_blocks.inc_by(n as u64);
+    sh.metrics.overlap_blocks.inc_by(d.overlap.own() as u64);
+    let cached = plan::cached_tokens(d.overlap, cfg.block_size, prepared.input_tokens);
+    let retained = d.prefill_worker.is_some().then(|| Retained {
+        prepared: prepared.clone(),
+        mode,
+        expected_output_tokens: osl,
+    });
+    let req = NewRequest {
+        id: id.to_string(),
+        decode_worker: d.decode_worker,
+        prefill_worker: d.prefill_worker,
+        input_tokens: prepared.input_tokens,
+        cached_tokens: cached,
+        prompt_blocks: prepared.prompt_blocks,
+        hashes: prepared.hashes,
+        expected_output_tokens: osl,
+        now_us,
+    };
+    core.commit_at(owner, req, retained).await;
+    Ok(out)
+}
+
+/// A lifecycle call. `PrefillFailed` answers with the decode-only decision.
+pub async fn lifecycle(
+    core: &Core,
+    op: LifeOp,
+    id: &str,
+) -> Result<Option<RouteDecision>, ApiError> {
+    crate::engine::request::check_request_id(id).map_err(EngineError::from)?;
+    let owner = core.shared.owner_of(id);
+    let result = if owner == core.id {
+        let r = core.lifecycle_local(op, id);
+        core.after_local();
+        r
+    } else {
+        let qid = core.new_wait();
+        core.send(
+            owner,
+            Msg::Lifecycle {
+                from: core.id,
+                qid,
+                op,
+                id: id.to_string(),
+            },
+        )
+        .await;
+        match core.wait(qid).await {
+            Reply::Lifecycle(r) => r,
+            Reply::Answer { .. } => {
+                Err(EngineError::BadRequest("internal: mismatched reply".into()))
+            }
+        }
+    };
+    match result? {
+        LifeOutcome::Done => Ok(None),
+        LifeOutcome::Reroute(r) => {
+            let r = *r;
+            let d = route_prepared(
+                core,
+                id,
+                r.prepared,
+                r.mode,
+                r.expected_output_tokens,
+                false,
+                true,
+            )
+            .await?;
+            core.shared.metrics.route(r.mode.name(), "fallback");
+            Ok(Some(d))
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! State every core can reach: settings, registry snapshot, per-worker cells, the load
+//! board, mailboxes + doorbells, metrics. Everything here is `Sync` and lock-free on the
+//! hot path; the only mutex serialises control-plane registry writes.
+
+use super::board::LoadBoard;
+use super::mailbox::Mailbox;
+use super::metrics::Metrics;
+use super::msg::Msg;
+use crate::registry::Registry;
+use crate::settings::Settings;
+use crate::types::WorkerSlot;
+use arc_swap::ArcSwap;
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Per-worker atomics (liveness, integrity, binding generation).
+#[derive(Default)]
+pub struct WorkerCells {
+    /// Milliseconds since service start of the last frame from the worker.
+    pub last_seen_ms: AtomicU64,
+    /// 1 while a binary event connection is bound to the worker.
+    pub connected: AtomicU32,
+    /// Subject to the heartbeat window (registered over the binary protocol).
+    pub heartbeat: AtomicBool,
+    /// Index state suspect (sequence gap, resync pending).
+    pub suspect: AtomicBool,
+    /// Bumped whenever the slot's identity or epoch changes; index messages carrying an
+    /// older generation are dropped by the shards.
+    pub gen: AtomicU64,
+    /// Next event sequence number expected from the worker (resume point).
+    pub next_seq: AtomicU64,
+}
+
+pub struct Shared {
+    pub settings: Settings,
+    pub cores: usize,
+    pub shard_bits: u32,
+    pub mailboxes: Vec<Mailbox<Msg>>,
+    doorbells: Vec<UnixStream>,
+    pub registry: ArcSwap<Registry>,
+    pub registry_write: Mutex<()>,
+    pub workers: Box<[WorkerCells]>,
+    pub board: LoadBoard,
+    pub metrics: Metrics,
+    pub shutdown: AtomicBool,
+    pub inflight: AtomicUsize,
+    pub started: Instant,
+}
+
+impl Shared {
+    /// Builds the shared state; returns the doorbell read ends, one per core.
+    pub fn new(
+        settings: Settings,
+        cores: usize,
+    ) -> std::io::Result<(Arc<Shared>, Vec<UnixStream>)> {
+        let shard_bits = cores.trailing_zeros();
+        let mut doorbells = Vec::new();
+        let mut readers = Vec::new();
+        for _ in 0..cores {
+            let (w, r) = UnixStream::pair()?;
+            w.set_nonblocking(true)?;
+            r.set_nonblocking(true)?;
+            doorbells.push(w);
+            readers.push(r);
+        }
+        let max_workers = settings.limits.max_workers;
+        let depth = settings.limits.queue_depth;
+        let shared = Shared {
+            cores,
+            shard_bits,
+            mailboxes: (0..cores).map(|_| Mailbox::new(depth)).collect(),
+            doorbells,
+            registry: ArcSwap::from_pointee(Registry::new(max_workers)),
+            registry_write: Mutex::new(()),
+            workers: (0..max_workers).map(|_| WorkerCells::default()).collect(),
+            board: LoadBoard::new(cores, max_workers),
+            metrics: Metrics::new(),
+            shutdown: AtomicBool::new(false),
+            inflight: AtomicUsize::new(0),
+            started: Instant::now(),
+            settings,
+        };
+        Ok((Arc::new(shared), readers))
+    }
+
+    pub fn now_us(&self) -> u64 {
+        self.started.elapsed().as_micros() as u64
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Non-blocking enqueue to core `to`. Rings the doorbell if the core may be parked.
+    pub fn try_send(&self, to: usize, msg: Msg) -> Result<(), Msg> {
+        match self.mailboxes[to].push(msg) {
+            Ok(true) => {
+                // A full doorbell socket means a wake-up is already pending.
+                let _ = (&self.doorbells[to]).write(&[1]);
+                Ok(())
+            }
+            Ok(false) => Ok(()),
+            Err(m) => Err(m),
+        }
+    }
+
+    pub fn cells(&self, slot: WorkerSlot) -> Option<&WorkerCells> {
+        self.workers.get(slot as usize)
+    }
+
+    /// Eligible for routing: not subject to heartbeats, or heard from recently.
+    pub fn is_live(&self, slot: WorkerSlot, now_ms: u64) -> bool {
+        match self.cells(slot) {
+            Some(c) => {
+                !c.heartbeat.load(Ordering::Relaxed)
+                    || now_ms.saturating_sub(c.last_seen_ms.load(Ordering::Relaxed))
+                        < self.settings.heartbeat_timeout_ms
+            }
+            None => false,
+        }
+    }
+
+    /// Index shard (= core) owning a block hash.
+    pub fn shard_of(&self, h: u64) -> usize {
+        crate::index::shard_of(h, self.shard_bits)
+    }
+
+    /// Core owning a request's lifecycle state.
+    pub fn owner_of(&self, request_id: &str) -> usize {
+        let h = xxhash_rust::xxh3::xxh3_64(request_id.as_bytes());
+        (h as usize) & (self.cores - 1)
+    }
+}
+
+impl Shared {
+    /// Wakes core `to` if it may be parked.
+    pub fn wake(&self, to: usize) {
+        let _ = (&self.doorbells[to]).write(&[1]);
+    }
+}
