@@ -1,0 +1,184 @@
+//! Test harness: starts the real `kvroute serve` binary on free loopback ports and
+//! talks to it over HTTP (ureq) and the binary protocols (kvroute::client).
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Server {
+    child: Child,
+    pub events: String,
+    pub api: String,
+    pub http: String,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Server {
+    /// Starts `kvroute serve --cores N` plus extra flags; waits for /healthz.
+    pub fn start(cores: usize, extra: &[&str]) -> Server {
+        let (e, a, h) = (free_port(), free_port(), free_port());
+        let events = format!("127.0.0.1:{e}");
+        let api = format!("127.0.0.1:{a}");
+        let http = format!("127.0.0.1:{h}");
+        let child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args([
+                "serve",
+                "--cores",
+                &cores.to_string(),
+                "--events-addr",
+                &events,
+                "--api-addr",
+                &api,
+                "--http-addr",
+                &http,
+            ])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn kvroute");
+        let s = Server {
+            child,
+            events,
+            api,
+            http,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if ureq::get(&s.url("/healthz")).call().is_ok() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "kvroute did not become healthy");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.http, path)
+    }
+
+    /// POST JSON; returns (status, body).
+    pub fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        match ureq::post(&self.url(path)).send_json(body) {
+            Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or(Value::Null)),
+            Err(e) => panic!("POST {path}: {e}"),
+        }
+    }
+
+    pub fn post_raw(&self, path: &str, body: &str) -> (u16, Value) {
+        match ureq::post(&self.url(path))
+            .set("content-type", "application/json")
+            .send_string(body)
+        {
+            Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or(Value::Null)),
+            Err(e) => panic!("POST {path}: {e}"),
+        }
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        match ureq::get(&self.url(path)).call() {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("GET {path}: {e}"),
+        }
+    }
+
+    pub fn delete(&self, path: &str) -> (u16, Value) {
+        match ureq::delete(&self.url(path)).call() {
+            Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or(Value::Null)),
+            Err(e) => panic!("DELETE {path}: {e}"),
+        }
+    }
+
+    pub fn workers(&self) -> Vec<Value> {
+        let (_, body) = self.get("/v1/workers");
+        serde_json::from_str::<Vec<Value>>(&body).unwrap()
+    }
+
+    /// Value of a metric line (first sample whose name+labels start with `prefix`).
+    pub fn metric(&self, prefix: &str) -> f64 {
+        let (_, text) = self.get("/metrics");
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Registers a worker over HTTP.
+    pub fn register(&self, spec: Value) {
+        let (code, body) = self.post("/v1/workers", spec);
+        assert!(code == 200 || code == 201, "register: {code} {body}");
+    }
+
+    /// Stores device blocks for a worker over HTTP.
+    pub fn store(&self, worker: &str, tier: &str, hashes: &[u64]) {
+        let (code, body) = self.post(
+            &format!("/v1/workers/{worker}/events"),
+            serde_json::json!({"events": [{"type": "stored", "tier": tier, "parent": null, "block_hashes": hashes}]}),
+        );
+        assert_eq!(code, 200, "events: {body}");
+    }
+
+    /// Polls until `f` holds (events are applied asynchronously by the shards).
+    pub fn wait_until(&self, what: &str, mut f: impl FnMut(&Server) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f(self) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Cached blocks of a worker as reported by GET /v1/workers.
+    pub fn cached(&self, worker: &str) -> u64 {
+        self.workers()
+            .iter()
+            .find(|w| w["id"] == worker)
+            .and_then(|w| w["cached_blocks"].as_u64())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SIGTERM → graceful shutdown; then make sure it is gone.
+        unsafe {
+            libc_kill(self.child.id() as i32, 15);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// Sequence hashes 0..n mixed (stand-ins for real prefix hashes).
+pub fn hashes(seed: u64, n: usize) -> Vec<u64> {
+    (0..n as u64)
+        .map(|i| kvroute::hash::mix_external_id(seed * 1_000_000 + i))
+        .collect()
+}
