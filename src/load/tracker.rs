@@ -180,11 +180,13 @@ impl LoadTracker {
     /// its prompt blocks on its decode worker.
     pub fn on_route(&mut self, r: NewRequest) -> Result<(), LifecycleError> {
         check_id(&r.id)?;
-        if self.requests.contains_key(r.id.as_str()) {
-            return Err(LifecycleError::Duplicate);
-        }
+        // One hash lookup for the duplicate check and the insertion.
+        let slot = match self.requests.entry(r.id) {
+            hashbrown::hash_map::Entry::Occupied(_) => return Err(LifecycleError::Duplicate),
+            hashbrown::hash_map::Entry::Vacant(v) => v,
+        };
         let effective_isl = r.input_tokens.saturating_sub(r.cached_tokens);
-        let predicted = self.predicted();
+        let predicted = self.model == PrefillLoadModel::Predicted;
         let predicted_us = if predicted {
             self.predictor.predict(effective_isl, r.cached_tokens)
         } else {
@@ -209,7 +211,7 @@ impl LoadTracker {
         self.next_seq += 1;
         self.workers.add_prefill(&req, predicted);
         self.workers.add_decode(&req);
-        self.requests.insert(r.id, req);
+        slot.insert(req);
         Ok(())
     }
 
