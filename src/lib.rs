@@ -24,7 +24,7 @@ pub mod index;
 pub mod load;
 pub mod registry;
 pub mod select;
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod service;
 pub mod settings;
 pub mod sim;

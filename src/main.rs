@@ -1,7 +1,7 @@
 //! The `kvroute` binary: `kvroute serve` runs the router; `kvroute print-config` shows
 //! the effective settings.
 
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", feature = "service"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -34,7 +34,7 @@ fn fail(msg: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", feature = "service"))]
 fn serve(settings: kvroute::settings::Settings) -> ExitCode {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
@@ -63,7 +63,7 @@ fn serve(settings: kvroute::settings::Settings) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(all(target_os = "linux", feature = "service")))]
 fn serve(_: kvroute::settings::Settings) -> ExitCode {
     fail("kvroute serve needs Linux (glommio / io_uring)")
 }
