@@ -28,4 +28,5 @@ pub mod select;
 pub mod service;
 pub mod settings;
 pub mod sim;
+pub mod sync;
 pub mod types;

@@ -6,13 +6,13 @@
 //! full peer mailbox never blocks message handling (and two cores can never deadlock
 //! waiting on each other's queues).
 
-use super::board::Published;
 use super::msg::{IndexOp, LifeOp, LifeOutcome, Msg, Reply, Retained};
 use super::shared::Shared;
 use crate::engine::EngineError;
 use crate::index::{IndexShard, ShardAnswer};
 use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker, NewRequest};
 use crate::select::RrState;
+use crate::sync::board::Published;
 use crate::types::{Tier, WorkerSlot};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;

@@ -8,7 +8,6 @@
 //! - `control`: registry writes; `board`: lock-free per-worker load figures.
 
 pub mod api;
-pub mod board;
 pub mod conn;
 pub mod control;
 pub mod core;
@@ -16,7 +15,6 @@ pub mod errors;
 pub mod http;
 pub mod hyper_io;
 pub mod ingest;
-pub mod mailbox;
 pub mod metrics;
 pub mod msg;
 pub mod router;

@@ -2,12 +2,12 @@
 //! board, mailboxes + doorbells, metrics. Everything here is `Sync` and lock-free on the
 //! hot path; the only mutex serialises control-plane registry writes.
 
-use super::board::LoadBoard;
-use super::mailbox::Mailbox;
 use super::metrics::Metrics;
 use super::msg::Msg;
 use crate::registry::Registry;
 use crate::settings::Settings;
+use crate::sync::board::LoadBoard;
+use crate::sync::mailbox::Mailbox;
 use crate::types::WorkerSlot;
 use arc_swap::ArcSwap;
 use std::io::Write;

@@ -12,8 +12,54 @@
 //! The queue is bounded: `push` hands the message back when full, and the caller
 //! applies backpressure (waits, which stops it reading its socket).
 
+use super::atomic::{AtomicBool, Ordering};
+#[cfg(not(loom))]
 use crossbeam::queue::ArrayQueue;
-use std::sync::atomic::{AtomicBool, Ordering};
+#[cfg(loom)]
+use loom_queue::ArrayQueue;
+
+/// Under loom, a bounded FIFO with crossbeam's `ArrayQueue` interface built on a loom
+/// mutex (crossbeam's queue is not loom-instrumented; the protocol under test is the
+/// sleep flag around it, whose correctness needs only a linearizable queue).
+#[cfg(loom)]
+mod loom_queue {
+    use loom::sync::Mutex;
+    use std::collections::VecDeque;
+
+    pub struct ArrayQueue<T> {
+        q: Mutex<VecDeque<T>>,
+        cap: usize,
+    }
+
+    impl<T> ArrayQueue<T> {
+        pub fn new(cap: usize) -> Self {
+            ArrayQueue {
+                q: Mutex::new(VecDeque::new()),
+                cap,
+            }
+        }
+        pub fn push(&self, v: T) -> Result<(), T> {
+            let mut q = self.q.lock().unwrap();
+            if q.len() >= self.cap {
+                return Err(v);
+            }
+            q.push_back(v);
+            Ok(())
+        }
+        pub fn pop(&self) -> Option<T> {
+            self.q.lock().unwrap().pop_front()
+        }
+        pub fn is_empty(&self) -> bool {
+            self.q.lock().unwrap().is_empty()
+        }
+        pub fn len(&self) -> usize {
+            self.q.lock().unwrap().len()
+        }
+        pub fn capacity(&self) -> usize {
+            self.cap
+        }
+    }
+}
 
 pub struct Mailbox<T> {
     queue: ArrayQueue<T>,
@@ -69,7 +115,7 @@ impl<T> Mailbox<T> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

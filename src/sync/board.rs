@@ -6,9 +6,9 @@
 //! `Relaxed`: a router decision may see a figure a few microseconds stale, never a torn
 //! or invented one (each cell is one atomic word).
 
+use super::atomic::{AtomicU64, Ordering};
 use crate::load::{OldestPrefill, WorkerAgg};
 use crate::types::WorkerSlot;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 const F_ACTIVE: usize = 0;
 const F_PREFILL_REQS: usize = 1;
