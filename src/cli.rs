@@ -46,6 +46,19 @@ pub struct ServeArgs {
     pub heartbeat_timeout_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_SPIN_BEFORE_PARK_US")]
     pub spin_before_park_us: Option<u64>,
+    /// Warm-restart snapshots directory.
+    #[arg(long, env = "KVROUTE_STATE_DIR")]
+    pub state_dir: Option<String>,
+    #[arg(long, env = "KVROUTE_SNAPSHOT_INTERVAL_MS")]
+    pub snapshot_interval_ms: Option<u64>,
+    /// Shared secret required on every port (prefer the env var or a file).
+    #[arg(long, env = "KVROUTE_AUTH_TOKEN", hide_env_values = true)]
+    pub auth_token: Option<String>,
+    #[arg(long, env = "KVROUTE_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<String>,
+    /// Allow non-loopback listen addresses without a token.
+    #[arg(long, env = "KVROUTE_INSECURE")]
+    pub insecure: bool,
     // Limits.
     #[arg(long, env = "KVROUTE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
@@ -167,6 +180,21 @@ impl ServeArgs {
         );
         if self.cores.is_some() {
             s.cores = self.cores;
+        }
+        for (dst, src) in [
+            (&mut s.state_dir, &self.state_dir),
+            (&mut s.auth_token, &self.auth_token),
+            (&mut s.auth_token_file, &self.auth_token_file),
+        ] {
+            if src.is_some() {
+                *dst = src.clone();
+            }
+        }
+        if let Some(v) = self.snapshot_interval_ms {
+            s.snapshot_interval_ms = v;
+        }
+        if self.insecure {
+            s.insecure = true;
         }
         overlay!(
             s.limits,

@@ -28,5 +28,6 @@ pub mod select;
 pub mod service;
 pub mod settings;
 pub mod sim;
+pub mod snapshot;
 pub mod sync;
 pub mod types;

@@ -25,6 +25,19 @@ pub struct Settings {
     /// Microseconds an idle executor spins before parking (0 = park at once). Lowers
     /// cross-core hand-off latency at the price of CPU. Default 50.
     pub spin_before_park_us: u64,
+    /// Directory for warm-restart snapshots (index + registry); none = no persistence.
+    /// Default none.
+    pub state_dir: Option<String>,
+    /// Period of snapshots when `state_dir` is set (one is also taken at shutdown).
+    /// Default 30,000 ms.
+    pub snapshot_interval_ms: u64,
+    /// Shared secret required on the event port, the binary API and HTTP (Bearer).
+    /// Default none (no authentication; loopback only unless `insecure`).
+    pub auth_token: Option<String>,
+    /// File holding the shared secret (first line), instead of `auth_token`.
+    pub auth_token_file: Option<String>,
+    /// Allow listening on a non-loopback address without a token. Default false.
+    pub insecure: bool,
     pub limits: Limits,
     pub router: RouterConfig,
 }
@@ -76,6 +89,11 @@ impl Default for Settings {
             cores: None,
             heartbeat_timeout_ms: 10_000,
             spin_before_park_us: 50,
+            state_dir: None,
+            snapshot_interval_ms: 30_000,
+            auth_token: None,
+            auth_token_file: None,
+            insecure: false,
             limits: Limits::default(),
             router: RouterConfig::default(),
         }
@@ -118,7 +136,47 @@ impl Settings {
         if self.heartbeat_timeout_ms == 0 {
             return Err("heartbeat_timeout_ms must be > 0".into());
         }
+        if self.snapshot_interval_ms < 100 {
+            return Err("snapshot_interval_ms must be >= 100".into());
+        }
+        if self.auth_token.as_deref() == Some("") {
+            return Err("auth_token must not be empty".into());
+        }
+        if self.auth_token.is_none() && self.auth_token_file.is_none() && !self.insecure {
+            for addr in [&self.events_addr, &self.api_addr, &self.http_addr] {
+                let loopback = addr
+                    .parse::<std::net::SocketAddr>()
+                    .map(|a| a.ip().is_loopback())
+                    .unwrap_or(false);
+                if !loopback {
+                    return Err(format!(
+                        "refusing to listen on non-loopback {addr} without an auth token \
+                         (set auth_token / auth_token_file, or pass --insecure)"
+                    ));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The effective shared secret: `auth_token`, or the first line of
+    /// `auth_token_file`.
+    pub fn resolve_token(&self) -> Result<Option<String>, String> {
+        if let Some(t) = &self.auth_token {
+            return Ok(Some(t.clone()));
+        }
+        match &self.auth_token_file {
+            None => Ok(None),
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("reading auth_token_file {path}: {e}"))?;
+                let t = text.lines().next().unwrap_or("").trim().to_string();
+                if t.is_empty() {
+                    return Err(format!("auth_token_file {path} is empty"));
+                }
+                Ok(Some(t))
+            }
+        }
     }
 }
 

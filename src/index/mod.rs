@@ -47,6 +47,17 @@ pub fn mix(h: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Inverse of [`mix`] (each xor-shift and odd multiplication of the finaliser undone).
+#[inline]
+pub fn unmix(z: u64) -> u64 {
+    let mut z = z ^ (z >> 31) ^ (z >> 62);
+    z = z.wrapping_mul(0x3196_42B2_D24D_8EC3);
+    z = z ^ (z >> 27) ^ (z >> 54);
+    z = z.wrapping_mul(0x96DE_1B17_3F11_9089);
+    z = z ^ (z >> 30) ^ (z >> 60);
+    z.wrapping_sub(0x9E37_79B9_7F4A_7C15)
+}
+
 /// Shard owning hash `h` among `1 << shard_bits` shards: the top `shard_bits` bits of
 /// `mix(h)` (0 when `shard_bits == 0`). `shard_bits` is clamped to [`MAX_SHARD_BITS`].
 #[inline]

@@ -79,6 +79,8 @@ impl std::ops::AddAssign for ShardStats {
     }
 }
 
+mod snapshot;
+
 /// Per-worker state of a shard.
 #[derive(Clone, Copy, Debug)]
 struct WorkerState {

@@ -162,7 +162,19 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
         }
     };
     match RequestMsg::decode(&first) {
-        Ok(RequestMsg::Hello { .. }) => {}
+        Ok(RequestMsg::Hello { auth_token }) => {
+            if !sh.authorized(&auth_token) {
+                sh.metrics.protocol_error("unauthorized");
+                ResponseMsg::Error {
+                    corr: 0,
+                    code: ErrorCode::Unauthorized.as_u16(),
+                    message: "wrong or missing auth token".into(),
+                }
+                .encode(&mut out);
+                let _ = s.write_all(&out).await;
+                return;
+            }
+        }
         Ok(_) => {
             sh.metrics.protocol_error("no_hello");
             fatal(&mut s, &mut out, "first frame must be Hello".into()).await;

@@ -65,12 +65,18 @@ pub struct Core {
 }
 
 impl Core {
-    pub fn new(id: usize, shared: Arc<Shared>) -> Core {
+    pub fn new(id: usize, shared: Arc<Shared>, index: IndexShard) -> Core {
         let cfg = &shared.settings.router;
         let slots = shared.settings.limits.max_workers;
-        Core {
+        let mut restored = vec![false; slots];
+        index.for_each_live(|_, w, _| {
+            if let Some(m) = restored.get_mut(w as usize) {
+                *m = true;
+            }
+        });
+        let core = Core {
             st: RefCell::new(CoreState {
-                index: IndexShard::new(),
+                index,
                 active: ActiveBlocksShard::new(),
                 tracker: LoadTracker::new(cfg.block_size, cfg),
                 pending: HashSet::new(),
@@ -86,7 +92,15 @@ impl Core {
             outbox: RefCell::new(VecDeque::new()),
             id,
             shared,
+        };
+        // Restored entries: publish their workers' cached-block figures on first run.
+        {
+            let mut st = core.st.borrow_mut();
+            for (slot, _) in restored.iter().enumerate().filter(|(_, r)| **r) {
+                st.mark(slot as WorkerSlot);
+            }
         }
+        core
     }
 
     // ---- waiting for replies -------------------------------------------------------
@@ -382,6 +396,14 @@ impl Core {
                 self.post(from, Msg::LifecycleDone { qid, result });
             }
             Msg::LifecycleDone { qid, result } => self.complete(qid, Reply::Lifecycle(result)),
+            Msg::Snapshot(collect) => {
+                let mut dump = Vec::new();
+                self.st
+                    .borrow()
+                    .index
+                    .for_each_live(|h, w, t| dump.push((w, t, h)));
+                collect.put(self.id, dump);
+            }
         }
     }
 

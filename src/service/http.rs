@@ -89,7 +89,42 @@ pub async fn handle(
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let resp = match (&method, parts.as_slice()) {
+    if core.shared.auth_enabled() && parts.as_slice() != ["healthz"] {
+        let presented = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !core.shared.authorized(presented) {
+            core.shared.metrics.protocol_error("unauthorized");
+            return Ok(error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or wrong bearer token",
+            ));
+        }
+    }
+    core.shared
+        .inflight
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let resp = route_http(&core, req, &method, &path, &parts).await;
+    core.shared
+        .inflight
+        .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    Ok(resp)
+}
+
+async fn route_http(
+    core: &Rc<Core>,
+    req: Request<Incoming>,
+    method: &Method,
+    path: &str,
+    parts: &[&str],
+) -> Resp {
+    let core = core.clone();
+    let method = method.clone();
+    let resp = match (&method, parts) {
         (&Method::GET, ["healthz"]) => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
         (&Method::GET, ["metrics"]) => {
             let text = super::scrape(&core);
@@ -148,7 +183,7 @@ pub async fn handle(
                 "prefill_failed" => Some(LifeOp::PrefillFailed),
                 "progress" => match body_json::<Progress>(&core, req).await {
                     Ok(p) => Some(LifeOp::Progress(p.output_tokens)),
-                    Err(r) => return Ok(r),
+                    Err(r) => return r,
                 },
                 _ => None,
             };
@@ -186,5 +221,5 @@ pub async fn handle(
             format!("no route {path}"),
         ),
     };
-    Ok(resp)
+    resp
 }

@@ -76,6 +76,20 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
             return;
         }
     };
+    if !sh.authorized(&hello.auth_token) {
+        sh.metrics.protocol_error("unauthorized");
+        log(&format!(
+            "worker {:?}: wrong or missing token; closing",
+            hello.spec.id
+        ));
+        send_error(
+            &mut s,
+            ErrorCode::Unauthorized,
+            "wrong or missing auth token".into(),
+        )
+        .await;
+        return;
+    }
     let worker_id = hello.spec.id.clone();
     let (up, gen) = match control::register(&core, hello.spec, true).await {
         Ok(r) => r,

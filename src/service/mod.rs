@@ -17,6 +17,7 @@ pub mod hyper_io;
 pub mod ingest;
 pub mod metrics;
 pub mod msg;
+pub mod persist;
 pub mod router;
 pub mod shared;
 
@@ -29,7 +30,7 @@ use shared::Shared;
 use std::os::fd::{FromRawFd, IntoRawFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Raises RLIMIT_MEMLOCK's soft limit to the hard limit (io_uring registers memory).
@@ -64,21 +65,28 @@ pub fn effective_cores(requested: Option<usize>) -> usize {
 pub struct Running {
     pub shared: Arc<Shared>,
     handles: Vec<glommio::ExecutorJoinHandle<()>>,
+    snapshotter: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Running {
-    /// Stops accepting, lets in-flight work finish (bounded), and joins the cores.
-    pub fn shutdown(self) {
+    /// Stops accepting, takes the shutdown snapshot (with `state_dir`), lets in-flight
+    /// work finish (bounded), and joins the cores.
+    pub fn shutdown(mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        if let Some(t) = self.snapshotter.take() {
+            let _ = t.join();
+        }
+        if let Some(dir) = &self.shared.settings.state_dir {
+            match persist::take(&self.shared, std::path::Path::new(dir)) {
+                Ok(n) => eprintln!("kvroute: shutdown snapshot: {n} index entries in {dir}"),
+                Err(e) => eprintln!("kvroute: shutdown snapshot failed: {e}"),
+            }
+        }
         self.shared.shutdown.store(true, Ordering::SeqCst);
         for c in 0..self.shared.cores {
             self.shared.wake(c);
         }
-        self.join();
-    }
-
-    /// Waits for the cores to exit (after `shutdown` was requested elsewhere).
-    pub fn join(self) {
-        for h in self.handles {
+        for h in self.handles.drain(..) {
             let _ = h.join();
         }
     }
@@ -87,17 +95,55 @@ impl Running {
 /// Starts the service and returns once every core listens.
 pub fn start(settings: Settings) -> Result<Running, String> {
     settings.validate()?;
+    let token = settings.resolve_token()?;
     raise_memlock();
     let cores = effective_cores(settings.cores);
+    let shard_bits = cores.trailing_zeros();
+    let limits = settings.limits.clone();
+    let (registry, mut shards, saved) = match &settings.state_dir {
+        Some(dir) => {
+            match crate::snapshot::read(std::path::Path::new(dir)).map_err(|e| e.to_string())? {
+                Some(snap) => {
+                    let n: usize = snap.entries.iter().map(|e| e.len()).sum();
+                    eprintln!(
+                        "kvroute: restoring {} workers and {n} index entries from {dir}",
+                        snap.workers.len()
+                    );
+                    persist::restore(snap, limits.max_workers, cores, shard_bits, |c| {
+                        control::cap_per_shard(c, limits.max_blocks_per_worker, cores)
+                    })
+                }
+                None => (
+                    crate::registry::Registry::new(limits.max_workers),
+                    Vec::new(),
+                    Vec::new(),
+                ),
+            }
+        }
+        None => (
+            crate::registry::Registry::new(limits.max_workers),
+            Vec::new(),
+            Vec::new(),
+        ),
+    };
+    shards.resize_with(cores, crate::index::IndexShard::new);
     let (shared, doorbells) =
-        Shared::new(settings, cores).map_err(|e| format!("doorbells: {e}"))?;
-    let ready = Arc::new(Barrier::new(cores + 1));
-    let failed = Arc::new(std::sync::Mutex::new(None::<String>));
+        Shared::new(settings, cores, registry, token).map_err(|e| format!("doorbells: {e}"))?;
+    for (slot, w) in &saved {
+        if let Some(c) = shared.cells(*slot) {
+            c.gen.store(1, Ordering::Release);
+            c.heartbeat.store(w.heartbeat, Ordering::Release);
+            c.next_seq.store(w.next_seq, Ordering::Release);
+            // One heartbeat window to reconnect before leaving routing.
+            c.last_seen_ms.store(0, Ordering::Release);
+        }
+    }
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let mut handles = Vec::new();
-    for (id, bell) in doorbells.into_iter().enumerate() {
+    let mut first_err = None;
+    for ((id, bell), shard) in doorbells.into_iter().enumerate().zip(shards) {
         let sh = shared.clone();
-        let ready = ready.clone();
-        let failed = failed.clone();
+        let ready = ready_tx.clone();
         let spin = sh.settings.spin_before_park_us;
         let mut b = LocalExecutorBuilder::new(Placement::Fixed(id % num_cpus()))
             .name(&format!("kvroute-core-{id}"))
@@ -105,38 +151,64 @@ pub fn start(settings: Settings) -> Result<Running, String> {
         if spin > 0 {
             b = b.spin_before_park(Duration::from_micros(spin));
         }
-        let h = b
-            .spawn(move || async move {
-                let core = Rc::new(Core::new(id, sh.clone()));
-                let bound = bind_all(&sh);
-                let listeners = match bound {
-                    Ok(l) => Some(l),
-                    Err(e) => {
-                        if let Ok(mut f) = failed.lock() {
-                            f.get_or_insert(e);
-                        }
-                        None
-                    }
-                };
-                ready.wait();
-                let Some((ev, api_l, http_l)) = listeners else { return };
-                glommio::spawn_local(accept_loop(core.clone(), ev, "events", ingest::serve)).detach();
-                glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::serve)).detach();
-                glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http)).detach();
-                run_loop(core, bell).await;
-            })
-            .map_err(|e| {
-                format!("cannot start executor {id}: {e} (kvroute needs io_uring: Linux >= 5.8 with io_uring enabled, and RLIMIT_MEMLOCK >= 512 KiB)")
-            })?;
-        handles.push(h);
+        let spawned = b.spawn(move || async move {
+            let core = Rc::new(Core::new(id, sh.clone(), shard));
+            match bind_all(&sh) {
+                Ok((ev, api_l, http_l)) => {
+                    let _ = ready.send(Ok(()));
+                    glommio::spawn_local(accept_loop(core.clone(), ev, "events", ingest::serve))
+                        .detach();
+                    glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::serve))
+                        .detach();
+                    glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http))
+                        .detach();
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                }
+            }
+            run_loop(core, bell).await;
+        });
+        match spawned {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                first_err = Some(format!(
+                    "cannot start executor {id}: {e} (kvroute needs io_uring: Linux >= 5.8 with io_uring enabled, and RLIMIT_MEMLOCK >= 512 KiB)"
+                ));
+                break;
+            }
+        }
     }
-    ready.wait();
-    if let Some(e) = failed.lock().ok().and_then(|mut f| f.take()) {
-        let r = Running { shared, handles };
-        r.shutdown();
+    drop(ready_tx);
+    for _ in 0..handles.len() {
+        match ready_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(_) => {
+                first_err.get_or_insert("a core did not start".into());
+            }
+        }
+    }
+    let mut running = Running {
+        shared,
+        handles,
+        snapshotter: None,
+    };
+    if let Some(e) = first_err {
+        running.shutdown();
         return Err(e);
     }
-    Ok(Running { shared, handles })
+    if let Some(dir) = running.shared.settings.state_dir.clone() {
+        let every = Duration::from_millis(running.shared.settings.snapshot_interval_ms);
+        running.snapshotter = Some(persist::spawn_periodic(
+            running.shared.clone(),
+            dir.into(),
+            every,
+        ));
+    }
+    Ok(running)
 }
 
 fn num_cpus() -> usize {
@@ -171,7 +243,7 @@ where
                 continue;
             }
         };
-        if core.shared.shutdown.load(Ordering::Relaxed) {
+        if core.shared.stopping.load(Ordering::Relaxed) {
             break;
         }
         core.shared

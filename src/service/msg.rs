@@ -131,6 +131,8 @@ pub enum Msg {
         qid: u64,
         result: Result<LifeOutcome, EngineError>,
     },
+    /// Dump this core's shard into the collector (warm-restart snapshot).
+    Snapshot(Arc<super::persist::Collect>),
 }
 
 /// A reply delivered to a waiting task.

@@ -46,6 +46,10 @@ pub struct Shared {
     pub board: LoadBoard,
     pub metrics: Metrics,
     pub shutdown: AtomicBool,
+    /// Stop accepting connections and stop the snapshot thread.
+    pub stopping: AtomicBool,
+    /// Resolved shared secret, if authentication is on.
+    token: Option<String>,
     pub inflight: AtomicUsize,
     pub started: Instant,
 }
@@ -55,6 +59,8 @@ impl Shared {
     pub fn new(
         settings: Settings,
         cores: usize,
+        registry: Registry,
+        token: Option<String>,
     ) -> std::io::Result<(Arc<Shared>, Vec<UnixStream>)> {
         let shard_bits = cores.trailing_zeros();
         let mut doorbells = Vec::new();
@@ -73,12 +79,14 @@ impl Shared {
             shard_bits,
             mailboxes: (0..cores).map(|_| Mailbox::new(depth)).collect(),
             doorbells,
-            registry: ArcSwap::from_pointee(Registry::new(max_workers)),
+            registry: ArcSwap::from_pointee(registry),
             registry_write: Mutex::new(()),
             workers: (0..max_workers).map(|_| WorkerCells::default()).collect(),
             board: LoadBoard::new(cores, max_workers),
             metrics: Metrics::new(),
             shutdown: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            token,
             inflight: AtomicUsize::new(0),
             started: Instant::now(),
             settings,
@@ -136,6 +144,20 @@ impl Shared {
 }
 
 impl Shared {
+    /// Whether a presented token is accepted (constant-time compare; always true when
+    /// authentication is off).
+    pub fn authorized(&self, presented: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        match &self.token {
+            None => true,
+            Some(t) => bool::from(t.as_bytes().ct_eq(presented.as_bytes())),
+        }
+    }
+
+    pub fn auth_enabled(&self) -> bool {
+        self.token.is_some()
+    }
+
     /// Wakes core `to` if it may be parked.
     pub fn wake(&self, to: usize) {
         let _ = (&self.doorbells[to]).write(&[1]);

@@ -63,6 +63,13 @@ impl Server {
         s
     }
 
+    /// Hands over the child process (the harness no longer stops it).
+    pub fn into_child(self) -> Child {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped, so the child is moved out exactly once.
+        unsafe { std::ptr::read(&me.child) }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.http, path)
     }

@@ -1,0 +1,200 @@
+//! Reliability and security of the running service: authentication, warm restart from
+//! `--state-dir`, connection limits, wrong-worker publishing, graceful shutdown.
+
+mod common;
+use common::{hashes, Server};
+use kvroute::client::{ClientError, EventPublisher, RequestClient};
+use kvroute::codec::{ErrorCode, WorkerBound};
+use kvroute::engine::RouteRequest;
+use kvroute::types::{Tier, WorkerSpec};
+use serde_json::json;
+use std::time::Duration;
+
+fn spec(id: &str) -> WorkerSpec {
+    let mut s = WorkerSpec::new(id);
+    s.capacity_blocks = 10_000;
+    s
+}
+
+fn req(id: &str, h: &[u64]) -> RouteRequest {
+    RouteRequest {
+        request_id: id.into(),
+        block_hashes: Some(h.to_vec()),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn token_is_required_everywhere_when_set() {
+    let s = Server::start(2, &["--auth-token", "s3cret"]);
+    // Event port: wrong and missing token refused with Unauthorized.
+    for bad in ["", "wrong"] {
+        match EventPublisher::connect(&s.events, spec("w"), bad) {
+            Err(ClientError::Router { code, .. }) => {
+                assert_eq!(code, ErrorCode::Unauthorized.as_u16())
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("accepted token {bad:?}"),
+        }
+        match RequestClient::connect(&s.api, bad) {
+            Err(ClientError::Router { code, .. }) => {
+                assert_eq!(code, ErrorCode::Unauthorized.as_u16())
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("accepted token {bad:?}"),
+        }
+    }
+    // HTTP: 401 without the bearer token, /healthz stays open for probes.
+    let (code, _) = s.get("/v1/workers");
+    assert_eq!(code, 401);
+    let (code, _) = s.get("/metrics");
+    assert_eq!(code, 401);
+    let r = ureq::get(&s.url("/v1/workers"))
+        .set("authorization", "Bearer s3cret")
+        .call()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // The right token works on both binary ports and routing goes on.
+    let mut w = EventPublisher::connect(&s.events, spec("w"), "s3cret").unwrap();
+    w.stored(Tier::Device, None, &hashes(1, 4));
+    w.flush().unwrap();
+    let mut c = RequestClient::connect(&s.api, "s3cret").unwrap();
+    let mut d = c.route(&req("a", &hashes(1, 4))).unwrap();
+    for _ in 0..100 {
+        if d.overlap.device == 4 {
+            break;
+        }
+        c.finish("a").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        d = c.route(&req("a", &hashes(1, 4))).unwrap();
+    }
+    assert_eq!((d.decode_worker.as_str(), d.overlap.device), ("w", 4));
+}
+
+#[test]
+fn non_loopback_without_token_is_refused() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["serve", "--http-addr", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("non-loopback"));
+}
+
+#[test]
+fn a_connection_cannot_publish_for_another_worker() {
+    let s = Server::start(2, &[]);
+    let mut a = EventPublisher::connect(&s.events, spec("a"), "").unwrap();
+    let mut b = EventPublisher::connect(&s.events, spec("b"), "").unwrap();
+    b.stored(Tier::Device, None, &hashes(2, 3));
+    b.flush().unwrap();
+    s.wait_until("b indexed", |s| s.cached("b") == 3);
+    // A second Hello on a's connection (trying to speak as "b") is a protocol violation.
+    let mut hello = bytes::BytesMut::new();
+    kvroute::codec::EventMsg::Hello(kvroute::codec::EventHello {
+        auth_token: String::new(),
+        spec: spec("b"),
+    })
+    .encode(&mut hello);
+    a.send_raw(&hello).unwrap();
+    match a.poll(Duration::from_secs(5)) {
+        Ok(Some(WorkerBound::Error { code, .. })) => {
+            assert_eq!(code, ErrorCode::ProtocolViolation.as_u16())
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    // b's state is untouched and it keeps publishing.
+    b.stored(Tier::Device, None, &hashes(3, 2));
+    b.flush().unwrap();
+    s.wait_until("b still indexed", |s| s.cached("b") == 5);
+}
+
+#[test]
+fn connection_flood_past_the_limit_is_refused_and_service_goes_on() {
+    let s = Server::start(1, &["--max-connections", "8"]);
+    let mut held = Vec::new();
+    for _ in 0..30 {
+        if let Ok(c) = std::net::TcpStream::connect(&s.api) {
+            held.push(c);
+        }
+    }
+    s.wait_until("refusals counted", |s| {
+        s.metric("kvroute_protocol_errors_total{kind=\"connection_limit\"}") >= 1.0
+    });
+    drop(held);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut c = RequestClient::connect(&s.api, "").unwrap();
+    c.register(spec("w")).unwrap();
+    assert_eq!(
+        c.route(&req("f", &hashes(4, 2))).unwrap().decode_worker,
+        "w"
+    );
+}
+
+#[test]
+fn restart_from_state_dir_keeps_the_index_and_registry() {
+    let dir = std::env::temp_dir().join(format!("kvroute-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().unwrap().to_string();
+    let h = hashes(9, 12);
+    {
+        let s = Server::start(2, &["--state-dir", &d]);
+        let mut w = EventPublisher::connect(&s.events, spec("w"), "").unwrap();
+        let mut other = EventPublisher::connect(&s.events, spec("o"), "").unwrap();
+        w.stored(Tier::Device, None, &h[..10]);
+        w.stored(Tier::Host, None, &h[10..]);
+        other.stored(Tier::Device, None, &h[..2]);
+        w.flush().unwrap();
+        other.flush().unwrap();
+        s.register(json!({"id": "static", "capacity_blocks": 1000}));
+        s.wait_until("index", |s| s.cached("w") == 12 && s.cached("o") == 2);
+        // Server dropped here: SIGTERM → shutdown snapshot.
+    }
+    assert!(dir.join("kvroute.snapshot").exists());
+    let s = Server::start(2, &["--state-dir", &d]);
+    let ids: Vec<String> = s
+        .workers()
+        .iter()
+        .map(|w| w["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert_eq!(s.cached("w"), 12);
+    assert_eq!(s.cached("o"), 2);
+    // Routing uses the restored index right away, before any worker reconnects.
+    let mut c = RequestClient::connect(&s.api, "").unwrap();
+    let dec = c.route(&req("r", &h)).unwrap();
+    assert_eq!(
+        (
+            dec.decode_worker.as_str(),
+            dec.overlap.device,
+            dec.overlap.host
+        ),
+        ("w", 10, 2)
+    );
+    c.finish("r").unwrap();
+    // Same epoch on reconnect: kept, sequence resumes; new epoch: cleared.
+    let w = EventPublisher::connect(&s.events, spec("w"), "").unwrap();
+    assert_eq!(w.seq(), 2);
+    let mut o2 = spec("o");
+    o2.epoch = 7;
+    let _o = EventPublisher::connect(&s.events, o2, "").unwrap();
+    s.wait_until("o cleared", |s| s.cached("o") == 0);
+    assert_eq!(s.cached("w"), 12);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigterm_exits_zero() {
+    let s = Server::start(2, &[]);
+    let mut child = s.into_child();
+    unsafe {
+        kill(child.id() as i32, 15);
+    }
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}
