@@ -1,0 +1,252 @@
+//! The load of `kvroute-bench`: event publisher threads and paced routing clients,
+//! with client-side latency samples and the router's peak RSS.
+
+use crate::Args;
+use kvroute::client::{Answer, EventPublisher, RequestClient};
+use kvroute::engine::RouteRequest;
+use kvroute::types::{Tier, WorkerSpec};
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Serialize)]
+pub struct Result {
+    pub label: String,
+    pub seconds: f64,
+    pub block_events_per_s: f64,
+    pub decisions_per_s: f64,
+    pub errors: u64,
+    pub latency_us_p50: f64,
+    pub latency_us_p99: f64,
+    pub latency_us_p999: f64,
+    pub peak_rss_mib: Option<f64>,
+}
+
+/// Deterministic 64-bit mixing for synthetic hashes.
+fn mix(x: u64) -> u64 {
+    kvroute::index::mix(x ^ 0x5151_5151)
+}
+
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn percentile(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)] as f64
+}
+
+fn publisher(
+    args: &Args,
+    events: &str,
+    w: usize,
+    stop: &AtomicBool,
+    sent: &AtomicU64,
+) -> std::result::Result<(), String> {
+    let mut spec = WorkerSpec::new(format!("bench-w{w}"));
+    spec.capacity_blocks = (args.worker_blocks as u64) * 2;
+    let mut p = EventPublisher::connect(events, spec, "").map_err(|e| e.to_string())?;
+    let per_worker_rate = args.event_rate as f64 / args.workers.max(1) as f64;
+    let started = Instant::now();
+    let mut live: VecDeque<Vec<u64>> = VecDeque::new();
+    let mut held = 0usize;
+    let mut n = 0u64;
+    let mut my_sent = 0u64;
+    let mut last_hb = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..16 {
+            let batch: Vec<u64> = (0..args.blocks_per_event as u64)
+                .map(|i| mix(((w as u64) << 40) ^ (n << 8) ^ i))
+                .collect();
+            n += 1;
+            p.stored(Tier::Device, None, &batch);
+            held += batch.len();
+            my_sent += batch.len() as u64;
+            live.push_back(batch);
+            while held > args.worker_blocks {
+                if let Some(old) = live.pop_front() {
+                    held -= old.len();
+                    my_sent += old.len() as u64;
+                    p.removed(Tier::Device, &old);
+                }
+            }
+        }
+        if last_hb.elapsed() > Duration::from_millis(500) {
+            p.heartbeat(0, held as u64, args.worker_blocks as u64 * 2);
+            last_hb = Instant::now();
+        }
+        p.flush().map_err(|e| e.to_string())?;
+        sent.fetch_add(std::mem::take(&mut my_sent), Ordering::Relaxed);
+        if per_worker_rate > 0.0 {
+            let due = Duration::from_secs_f64(sent_total(n, args) as f64 / per_worker_rate);
+            let el = started.elapsed();
+            if due > el {
+                std::thread::sleep(due - el);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn sent_total(batches: u64, args: &Args) -> u64 {
+    batches * args.blocks_per_event as u64
+}
+
+fn client(
+    args: &Args,
+    api: &str,
+    c: usize,
+    stop: &AtomicBool,
+    lat: &mut Vec<u32>,
+    errors: &AtomicU64,
+) -> std::result::Result<u64, String> {
+    let mut rc = RequestClient::connect(api, "").map_err(|e| e.to_string())?;
+    let per_client = args.rate as f64 / args.clients.max(1) as f64;
+    let interval = Duration::from_secs_f64(1.0 / per_client.max(0.001));
+    let mut next = Instant::now()
+        + Duration::from_micros((c as u64 * 997) % (interval.as_micros().max(1) as u64));
+    let mut done = 0u64;
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        }
+        next += interval;
+        // Shared prefixes: 32 groups, each request extends a group's prefix.
+        let group = (i * 7 + c as u64) % 32;
+        let hashes: Vec<u64> = (0..args.request_blocks as u64)
+            .map(|b| {
+                if b < args.request_blocks as u64 / 2 {
+                    mix((group << 20) ^ b)
+                } else {
+                    mix(((c as u64) << 40) ^ (i << 12) ^ b)
+                }
+            })
+            .collect();
+        let id = format!("b{c}-{i}");
+        i += 1;
+        let req = RouteRequest {
+            request_id: id.clone(),
+            block_hashes: Some(hashes),
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        rc.send_route(&req).map_err(|e| e.to_string())?;
+        rc.flush().map_err(|e| e.to_string())?;
+        match rc.recv().map_err(|e| e.to_string())? {
+            Answer::Decision(..) => {
+                lat.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                done += 1;
+                rc.send_lifecycle(kvroute::codec::LifecycleOp::Finish, &id, 0)
+                    .map_err(|e| e.to_string())?;
+                rc.flush().map_err(|e| e.to_string())?;
+                if let Answer::Error(..) = rc.recv().map_err(|e| e.to_string())? {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Answer::Error(..) | Answer::Ack(_) => {
+                errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    Ok(done)
+}
+
+pub fn run(
+    args: &Args,
+    events: &str,
+    api: &str,
+    pid: Option<u32>,
+    label: String,
+) -> std::result::Result<Result, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let duration = Duration::from_secs(args.duration.clamp(1, 3600));
+    let (results, secs, block_events) = std::thread::scope(|s| {
+        let mut pubs = Vec::new();
+        for w in 0..args.workers {
+            let (stop, sent) = (stop.clone(), sent.clone());
+            pubs.push(s.spawn(move || publisher(args, events, w, &stop, &sent)));
+        }
+        // Register at least one worker before routing starts.
+        std::thread::sleep(Duration::from_millis(300));
+        let mut clients = Vec::new();
+        let started = Instant::now();
+        let base = sent.load(Ordering::Relaxed);
+        for c in 0..args.clients {
+            let (stop, errors) = (stop.clone(), errors.clone());
+            clients.push(s.spawn(move || {
+                let mut lat = Vec::new();
+                let r = client(args, api, c, &stop, &mut lat, &errors);
+                (r, lat)
+            }));
+        }
+        std::thread::sleep(duration);
+        stop.store(true, Ordering::Relaxed);
+        let secs = started.elapsed().as_secs_f64();
+        let block_events = sent.load(Ordering::Relaxed) - base;
+        let mut out = Vec::new();
+        for c in clients {
+            if let Ok(x) = c.join() {
+                out.push(x);
+            }
+        }
+        for p in pubs {
+            if let Ok(Err(e)) = p.join() {
+                eprintln!("kvroute-bench: publisher: {e}");
+            }
+        }
+        (out, secs, block_events)
+    });
+    let mut lat: Vec<u32> = Vec::new();
+    let mut decisions = 0u64;
+    for (r, l) in results {
+        match r {
+            Ok(n) => decisions += n,
+            Err(e) => return Err(format!("client: {e}")),
+        }
+        lat.extend(l);
+    }
+    lat.sort_unstable();
+    Ok(Result {
+        label,
+        seconds: secs,
+        block_events_per_s: block_events as f64 / secs,
+        decisions_per_s: decisions as f64 / secs,
+        errors: errors.load(Ordering::Relaxed),
+        latency_us_p50: percentile(&lat, 0.5),
+        latency_us_p99: percentile(&lat, 0.99),
+        latency_us_p999: percentile(&lat, 0.999),
+        peak_rss_mib: pid.and_then(peak_rss_mib),
+    })
+}
+
+pub fn table(rs: &[Result]) -> String {
+    let mut s = String::from("| run | block events/s | decisions/s | p50 µs | p99 µs | p999 µs | errors | peak RSS MiB |\n|---|---|---|---|---|---|---|---|\n");
+    for r in rs {
+        s += &format!(
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} |\n",
+            r.label,
+            r.block_events_per_s,
+            r.decisions_per_s,
+            r.latency_us_p50,
+            r.latency_us_p99,
+            r.latency_us_p999,
+            r.errors,
+            r.peak_rss_mib
+                .map(|m| format!("{m:.0}"))
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+    s
+}

@@ -1,0 +1,178 @@
+//! `kvroute-bench`: the service benchmark. Drives a running (or spawned) `kvroute serve`
+//! over its real binary protocols, from many connections at once:
+//! - sustained KV event ingest from `--workers` event connections (each keeps its
+//!   indexed blocks bounded by removing its oldest batches, like a real cache);
+//! - routing decisions at `--rate` per second over `--clients` request connections
+//!   (route + finish per request), latency measured at the client;
+//! and reports events/s, decisions/s, decision latency p50/p99/p999 and the router's
+//! peak RSS. `--spawn PATH --cores 1,2` starts the router itself once per core count
+//! (on free loopback ports) to show scaling. Loopback only; every loop is bounded by
+//! `--duration`.
+
+mod load;
+
+use clap::Parser;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "kvroute-bench",
+    about = "Service benchmark for kvroute (loopback)"
+)]
+pub struct Args {
+    /// Event address of a running router (ignored with --spawn).
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    pub events: String,
+    /// Binary API address of a running router (ignored with --spawn).
+    #[arg(long, default_value = "127.0.0.1:7401")]
+    pub api: String,
+    /// Start this kvroute binary for each --cores value instead of using a running one.
+    #[arg(long)]
+    pub spawn: Option<String>,
+    /// Core counts to compare with --spawn, e.g. "1,2".
+    #[arg(long, default_value = "2")]
+    pub cores: String,
+    /// PID of a running router, to report its peak RSS.
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Event connections (simulated workers).
+    #[arg(long, default_value_t = 16)]
+    pub workers: usize,
+    /// Block hashes per Stored event.
+    #[arg(long, default_value_t = 64)]
+    pub blocks_per_event: usize,
+    /// Indexed blocks each worker keeps (oldest batches removed beyond it).
+    #[arg(long, default_value_t = 200_000)]
+    pub worker_blocks: usize,
+    /// Target block events/s over all workers (0 = as fast as the router accepts).
+    #[arg(long, default_value_t = 0)]
+    pub event_rate: u64,
+    /// Request connections.
+    #[arg(long, default_value_t = 64)]
+    pub clients: usize,
+    /// Target routing decisions/s over all clients.
+    #[arg(long, default_value_t = 20_000)]
+    pub rate: u64,
+    /// Blocks per routing request.
+    #[arg(long, default_value_t = 64)]
+    pub request_blocks: usize,
+    /// Seconds of measurement.
+    #[arg(long, default_value_t = 10)]
+    pub duration: u64,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<String>,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+struct Spawned {
+    child: Child,
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(path: &str, cores: usize) -> Result<(Spawned, String, String), String> {
+    let p = |_| free_port().map_err(|e| e.to_string());
+    let (e, a, h) = (p(0)?, p(1)?, p(2)?);
+    let events = format!("127.0.0.1:{e}");
+    let api = format!("127.0.0.1:{a}");
+    let http = format!("127.0.0.1:{h}");
+    let child = Command::new(path)
+        .args([
+            "serve",
+            "--cores",
+            &cores.to_string(),
+            "--events-addr",
+            &events,
+            "--api-addr",
+            &api,
+        ])
+        .args(["--http-addr", &http, "--max-blocks-per-worker", "100000000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {path}: {e}"))?;
+    let s = Spawned { child };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(&api).is_err() {
+        if Instant::now() > deadline {
+            return Err("router did not start".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((s, events, api))
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let mut results = Vec::new();
+    let run = |args: &Args, events: &str, api: &str, pid: Option<u32>, label: String| {
+        eprintln!(
+            "kvroute-bench: {label}: {} workers, {} clients at {}/s, {} s",
+            args.workers, args.clients, args.rate, args.duration
+        );
+        load::run(args, events, api, pid, label)
+    };
+    if let Some(path) = &args.spawn {
+        for c in args.cores.split(',') {
+            let Ok(cores) = c.trim().parse::<usize>() else {
+                eprintln!("kvroute-bench: bad --cores value {c:?}");
+                return std::process::ExitCode::from(2);
+            };
+            match spawn(path, cores) {
+                Ok((s, ev, api)) => {
+                    let pid = s.child.id();
+                    match run(&args, &ev, &api, Some(pid), format!("cores={cores}")) {
+                        Ok(r) => results.push(r),
+                        Err(e) => {
+                            eprintln!("kvroute-bench: {e}");
+                            return std::process::ExitCode::FAILURE;
+                        }
+                    }
+                }
+                Err(e) => {
+                    eprintln!("kvroute-bench: {e}");
+                    return std::process::ExitCode::FAILURE;
+                }
+            }
+        }
+    } else {
+        match run(&args, &args.events, &args.api, args.pid, "router".into()) {
+            Ok(r) => results.push(r),
+            Err(e) => {
+                eprintln!("kvroute-bench: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    }
+    println!("{}", load::table(&results));
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&results).unwrap_or_default();
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("kvroute-bench: writing {path}: {e}");
+        }
+    }
+    std::process::ExitCode::SUCCESS
+}
