@@ -3,8 +3,9 @@
 //! - sustained KV event ingest from `--workers` event connections (each keeps its
 //!   indexed blocks bounded by removing its oldest batches, like a real cache);
 //! - routing decisions at `--rate` per second over `--clients` request connections
-//!   (route + finish per request), latency measured at the client;
-//! and reports events/s, decisions/s, decision latency p50/p99/p999 and the router's
+//!   (route + finish per request), latency measured at the client.
+//!
+//! It reports events/s, decisions/s, decision latency p50/p99/p999 and the router's
 //! peak RSS. `--spawn PATH --cores 1,2` starts the router itself once per core count
 //! (on free loopback ports) to show scaling. Loopback only; every loop is bounded by
 //! `--duration`.
