@@ -22,6 +22,20 @@ pub struct Result {
     pub latency_us_p99: f64,
     pub latency_us_p999: f64,
     pub peak_rss_mib: Option<f64>,
+    /// Requests sent whose connection failed before an answer arrived.
+    pub decisions_lost: u64,
+    /// Router error answers by code name.
+    pub errors_by_kind: std::collections::BTreeMap<String, u64>,
+    pub reconnects: u64,
+    pub rss_mib_after_warmup: Option<f64>,
+    pub rss_mib_end: Option<f64>,
+}
+
+fn rss_mib(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
 }
 
 /// Deterministic 64-bit mixing for synthetic hashes.
@@ -44,16 +58,40 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)] as f64
 }
 
+fn connect_retry(
+    events: &str,
+    spec: &WorkerSpec,
+    stop: &AtomicBool,
+) -> std::result::Result<EventPublisher, String> {
+    let mut last = String::new();
+    for _ in 0..500 {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        match EventPublisher::connect(events, spec.clone(), "") {
+            Ok(p) => return Ok(p),
+            // The router has not noticed the previous connection closing yet.
+            Err(e) => last = e.to_string(),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Err(format!("cannot reconnect: {last}"))
+}
+
 fn publisher(
     args: &Args,
     events: &str,
     w: usize,
     stop: &AtomicBool,
     sent: &AtomicU64,
+    reconnects: &AtomicU64,
 ) -> std::result::Result<(), String> {
     let mut spec = WorkerSpec::new(format!("bench-w{w}"));
     spec.capacity_blocks = (args.worker_blocks as u64) * 2;
-    let mut p = EventPublisher::connect(events, spec, "").map_err(|e| e.to_string())?;
+    let mut p = connect_retry(events, &spec, stop)?;
+    let mut rng = mix(w as u64 + 99);
+    let span = args.drop_every.max(1) * 2000;
+    let mut next_drop = Instant::now() + Duration::from_millis(1000 + rng % span);
     let per_worker_rate = args.event_rate as f64 / args.workers.max(1) as f64;
     let started = Instant::now();
     let mut live: VecDeque<Vec<u64>> = VecDeque::new();
@@ -85,6 +123,17 @@ fn publisher(
         }
         p.flush().map_err(|e| e.to_string())?;
         sent.fetch_add(std::mem::take(&mut my_sent), Ordering::Relaxed);
+        if args.soak && Instant::now() >= next_drop {
+            // Drop the connection mid-stream and come back with the same epoch: the
+            // router keeps our blocks and we resume at the sequence it expects.
+            drop(p);
+            std::thread::sleep(Duration::from_millis(50));
+            p = connect_retry(events, &spec, stop)?;
+            reconnects.fetch_add(1, Ordering::Relaxed);
+            rng = mix(rng);
+            next_drop =
+                Instant::now() + Duration::from_millis(500 + rng % (args.drop_every.max(1) * 2000));
+        }
         if per_worker_rate > 0.0 {
             let due = Duration::from_secs_f64(sent_total(n, args) as f64 / per_worker_rate);
             let el = started.elapsed();
@@ -100,6 +149,19 @@ fn sent_total(batches: u64, args: &Args) -> u64 {
     batches * args.blocks_per_event as u64
 }
 
+type Kinds = std::sync::Mutex<std::collections::BTreeMap<String, u64>>;
+
+fn count(kinds: &Kinds, e: &kvroute::client::ClientError) {
+    let name = match e {
+        kvroute::client::ClientError::Router { name, .. } => name.to_string(),
+        other => format!("{other}"),
+    };
+    if let Ok(mut k) = kinds.lock() {
+        *k.entry(name).or_insert(0) += 1;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn client(
     args: &Args,
     api: &str,
@@ -107,6 +169,8 @@ fn client(
     stop: &AtomicBool,
     lat: &mut Vec<u32>,
     errors: &AtomicU64,
+    kinds: &Kinds,
+    lost: &AtomicU64,
 ) -> std::result::Result<u64, String> {
     let mut rc = RequestClient::connect(api, "").map_err(|e| e.to_string())?;
     let per_client = args.rate as f64 / args.clients.max(1) as f64;
@@ -141,19 +205,34 @@ fn client(
         };
         let t0 = Instant::now();
         rc.send_route(&req).map_err(|e| e.to_string())?;
-        rc.flush().map_err(|e| e.to_string())?;
-        match rc.recv().map_err(|e| e.to_string())? {
+        if let Err(e) = rc.flush() {
+            lost.fetch_add(1, Ordering::Relaxed);
+            return Err(e.to_string());
+        }
+        let answer = match rc.recv() {
+            Ok(a) => a,
+            Err(e) => {
+                lost.fetch_add(1, Ordering::Relaxed);
+                return Err(e.to_string());
+            }
+        };
+        match answer {
             Answer::Decision(..) => {
                 lat.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
                 done += 1;
                 rc.send_lifecycle(kvroute::codec::LifecycleOp::Finish, &id, 0)
                     .map_err(|e| e.to_string())?;
                 rc.flush().map_err(|e| e.to_string())?;
-                if let Answer::Error(..) = rc.recv().map_err(|e| e.to_string())? {
+                if let Answer::Error(_, e) = rc.recv().map_err(|e| e.to_string())? {
                     errors.fetch_add(1, Ordering::Relaxed);
+                    count(kinds, &e);
                 }
             }
-            Answer::Error(..) | Answer::Ack(_) => {
+            Answer::Error(_, e) => {
+                errors.fetch_add(1, Ordering::Relaxed);
+                count(kinds, &e);
+            }
+            Answer::Ack(_) => {
                 errors.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -171,12 +250,16 @@ pub fn run(
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
+    let lost = Arc::new(AtomicU64::new(0));
+    let reconnects = Arc::new(AtomicU64::new(0));
+    let kinds: Arc<Kinds> = Arc::new(Default::default());
+    let mut rss_warm = None;
     let duration = Duration::from_secs(args.duration.clamp(1, 3600));
     let (results, secs, block_events) = std::thread::scope(|s| {
         let mut pubs = Vec::new();
         for w in 0..args.workers {
-            let (stop, sent) = (stop.clone(), sent.clone());
-            pubs.push(s.spawn(move || publisher(args, events, w, &stop, &sent)));
+            let (stop, sent, rc) = (stop.clone(), sent.clone(), reconnects.clone());
+            pubs.push(s.spawn(move || publisher(args, events, w, &stop, &sent, &rc)));
         }
         // Register at least one worker before routing starts.
         std::thread::sleep(Duration::from_millis(300));
@@ -184,14 +267,18 @@ pub fn run(
         let started = Instant::now();
         let base = sent.load(Ordering::Relaxed);
         for c in 0..args.clients {
-            let (stop, errors) = (stop.clone(), errors.clone());
+            let (stop, errors, kinds, lost) =
+                (stop.clone(), errors.clone(), kinds.clone(), lost.clone());
             clients.push(s.spawn(move || {
                 let mut lat = Vec::new();
-                let r = client(args, api, c, &stop, &mut lat, &errors);
+                let r = client(args, api, c, &stop, &mut lat, &errors, &kinds, &lost);
                 (r, lat)
             }));
         }
-        std::thread::sleep(duration);
+        let warm = (duration / 10).max(Duration::from_secs(1)).min(duration);
+        std::thread::sleep(warm);
+        rss_warm = pid.and_then(rss_mib);
+        std::thread::sleep(duration - warm);
         stop.store(true, Ordering::Relaxed);
         let secs = started.elapsed().as_secs_f64();
         let block_events = sent.load(Ordering::Relaxed) - base;
@@ -228,14 +315,19 @@ pub fn run(
         latency_us_p99: percentile(&lat, 0.99),
         latency_us_p999: percentile(&lat, 0.999),
         peak_rss_mib: pid.and_then(peak_rss_mib),
+        decisions_lost: lost.load(Ordering::Relaxed),
+        errors_by_kind: kinds.lock().map(|k| k.clone()).unwrap_or_default(),
+        reconnects: reconnects.load(Ordering::Relaxed),
+        rss_mib_after_warmup: rss_warm,
+        rss_mib_end: pid.and_then(rss_mib),
     })
 }
 
 pub fn table(rs: &[Result]) -> String {
-    let mut s = String::from("| run | block events/s | decisions/s | p50 µs | p99 µs | p999 µs | errors | peak RSS MiB |\n|---|---|---|---|---|---|---|---|\n");
+    let mut s = String::from("| run | block events/s | decisions/s | p50 µs | p99 µs | p999 µs | errors | lost | reconnects | RSS MiB warm→end (peak) |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rs {
         s += &format!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} |\n",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} {:?} | {} | {} | {} → {} ({}) |\n",
             r.label,
             r.block_events_per_s,
             r.decisions_per_s,
@@ -243,6 +335,15 @@ pub fn table(rs: &[Result]) -> String {
             r.latency_us_p99,
             r.latency_us_p999,
             r.errors,
+            r.errors_by_kind,
+            r.decisions_lost,
+            r.reconnects,
+            r.rss_mib_after_warmup
+                .map(|m| format!("{m:.0}"))
+                .unwrap_or_else(|| "-".into()),
+            r.rss_mib_end
+                .map(|m| format!("{m:.0}"))
+                .unwrap_or_else(|| "-".into()),
             r.peak_rss_mib
                 .map(|m| format!("{m:.0}"))
                 .unwrap_or_else(|| "-".into())

@@ -61,6 +61,13 @@ pub struct Args {
     /// Seconds of measurement.
     #[arg(long, default_value_t = 10)]
     pub duration: u64,
+    /// Soak mode: worker connections are dropped and restored at random (about one
+    /// drop per worker every `--drop-every` seconds); reports lost decisions, errors by
+    /// kind and the router's RSS after warm-up and at the end.
+    #[arg(long)]
+    pub soak: bool,
+    #[arg(long, default_value_t = 20)]
+    pub drop_every: u64,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<String>,
