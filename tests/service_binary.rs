@@ -200,7 +200,7 @@ fn sequence_gap_marks_suspect_and_resync_restores() {
 
 #[test]
 fn heartbeat_timeout_takes_worker_out_until_it_returns() {
-    let s = Server::start(2, &["--heartbeat-timeout-ms", "300"]);
+    let s = Server::start(2, &["--heartbeat-timeout-ms", "1000"]);
     let mut w = EventPublisher::connect(&s.events, spec("w"), "").unwrap();
     let mut c = RequestClient::connect(&s.api, "").unwrap();
     c.register(spec("static")).unwrap();
@@ -208,9 +208,11 @@ fn heartbeat_timeout_takes_worker_out_until_it_returns() {
     w.stored(Tier::Device, None, &h);
     w.flush().unwrap();
     s.wait_until("index", |s| s.cached("w") == 4);
+    w.heartbeat(0, 4, 10_000);
+    w.flush().unwrap();
     assert_eq!(c.route(&req("h1", &h)).unwrap().decode_worker, "w");
     c.finish("h1").unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(1500));
     assert!(s
         .workers()
         .iter()

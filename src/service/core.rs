@@ -11,7 +11,6 @@ use super::shared::Shared;
 use crate::engine::EngineError;
 use crate::index::{IndexShard, ShardAnswer};
 use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker, NewRequest};
-use crate::select::RrState;
 use crate::sync::board::Published;
 use crate::types::{Tier, WorkerSlot};
 use rand::rngs::SmallRng;
@@ -32,7 +31,6 @@ pub struct CoreState {
     pub pending: HashSet<String>,
     pub retained: HashMap<String, Retained>,
     pub rng: SmallRng,
-    pub rr: RrState,
     scratch: Vec<u64>,
     dirty: Vec<WorkerSlot>,
     dirty_mark: Vec<bool>,
@@ -82,7 +80,6 @@ impl Core {
                 pending: HashSet::new(),
                 retained: HashMap::new(),
                 rng: SmallRng::seed_from_u64(0x6b76_726f_7574_6500 ^ id as u64),
-                rr: RrState::default(),
                 scratch: Vec::new(),
                 dirty: Vec::new(),
                 dirty_mark: vec![false; slots],

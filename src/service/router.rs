@@ -173,11 +173,16 @@ async fn route_prepared(
         prefill_failed,
         explain,
     };
-    let decided = {
-        let mut st = core.st.borrow_mut();
-        let st = &mut *st;
-        decide(&input, &mut st.rng, &mut st.rr)
+    // One round-robin cursor for the whole service (a per-core cursor would cycle
+    // each core's share of the requests separately).
+    let mut rr = crate::select::RrState {
+        counter: if mode == Mode::RoundRobin {
+            sh.rr.fetch_add(1, Ordering::Relaxed)
+        } else {
+            0
+        },
     };
+    let decided = decide(&input, &mut core.st.borrow_mut().rng, &mut rr);
     let d = match decided {
         Ok(d) => d,
         Err(e) => {

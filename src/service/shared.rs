@@ -51,6 +51,8 @@ pub struct Shared {
     /// Resolved shared secret, if authentication is on.
     token: Option<String>,
     pub inflight: AtomicUsize,
+    /// Round-robin cursor shared by all cores.
+    pub rr: AtomicU64,
     pub started: Instant,
 }
 
@@ -88,6 +90,7 @@ impl Shared {
             stopping: AtomicBool::new(false),
             token,
             inflight: AtomicUsize::new(0),
+            rr: AtomicU64::new(0),
             started: Instant::now(),
             settings,
         };
