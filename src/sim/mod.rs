@@ -35,8 +35,8 @@ pub use cache::{CacheEvent, KvCache};
 pub use driver::{
     run_offline, FleetSpec, RouteQuery, Routed, RouterApi, SimWorkerSpec, TimedRouter,
 };
-pub use router_impls::{EngineRouter, Pace, ServiceRouter};
 pub use report::{svg_chart, table, Percentiles, Recorder, Report};
+pub use router_impls::{EngineRouter, Pace, ServiceRouter};
 pub use synth::{generate, LenRange, SynthSpec};
 pub use timing::TimingModel;
 pub use trace::{mooncake_hashes, parse_mooncake, read_mooncake, TraceError, TraceOptions};

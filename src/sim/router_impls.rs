@@ -329,7 +329,12 @@ mod tests {
         let r = reqs(40);
         let mut er = EngineRouter::new(RouterConfig::default(), 1).unwrap();
         let rep = run_offline(&mut er, &fleet, &r, Mode::Kv, 1).unwrap();
-        assert_eq!((rep.errors, rep.finished), (0, 40), "{:?}", rep.error_samples);
+        assert_eq!(
+            (rep.errors, rep.finished),
+            (0, 40),
+            "{:?}",
+            rep.error_samples
+        );
         assert!(rep.hit_rate > 0.5, "hit rate {}", rep.hit_rate);
         assert_eq!(er.engine.active_requests(), 0);
         // Round-robin scatters the conversations: fewer hits than kv.
