@@ -175,16 +175,14 @@ fn run(cli: Cli) -> Result<(), String> {
     }
 }
 
-fn prepare(
-    c: &Common,
-) -> Result<
-    (
-        Vec<SimRequest>,
-        kvroute::sim::FleetSpec,
-        Vec<(String, String)>,
-    ),
-    String,
-> {
+/// The workload, the fleet and the validated base knobs of a subcommand.
+type Prepared = (
+    Vec<SimRequest>,
+    kvroute::sim::FleetSpec,
+    Vec<(String, String)>,
+);
+
+fn prepare(c: &Common) -> Result<Prepared, String> {
     let reqs = c.work.load()?;
     let fleet = c.fleet.fleet(c.work.block_size)?;
     let knobs = parse_pairs(&c.knobs)?;
