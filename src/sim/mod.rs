@@ -13,6 +13,8 @@
 //! - [`worker`]: a discrete-event simulated worker (prefill queue, decode batch).
 //! - [`driver`]: the offline driver over virtual time, talking to a router through
 //!   the [`driver::RouterApi`] trait.
+//! - [`router_impls`]: the engine in-process and a running service over TCP as
+//!   [`driver::RouterApi`]s.
 //! - [`report`]: the per-run report, its text table and an SVG chart.
 //!
 //! Everything here is pure and single-threaded: time is virtual (µs), the only I/O is
@@ -22,6 +24,7 @@ pub mod bound;
 pub mod cache;
 pub mod driver;
 pub mod report;
+pub mod router_impls;
 pub mod synth;
 pub mod timing;
 pub mod trace;
@@ -33,6 +36,7 @@ pub use driver::{
     run_offline, FleetSpec, RouteQuery, Routed, RouterApi, SimWorkerSpec, TimedRouter,
 };
 pub use report::{svg_chart, table, Percentiles, Recorder, Report};
+pub use router_impls::{EngineRouter, Pace, ServiceRouter};
 pub use synth::{generate, LenRange, SynthSpec};
 pub use timing::TimingModel;
 pub use trace::{mooncake_hashes, parse_mooncake, read_mooncake, TraceError, TraceOptions};

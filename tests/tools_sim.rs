@@ -1,0 +1,155 @@
+//! The bundled load tool `kvroute-sim` end to end: a slice of the Mooncake trace
+//! through the REAL service (fleet simulator on the event protocol + load generator on
+//! the request protocol, in real time), and the offline A/B path. Checks the figures
+//! are sane: every request finished, no errors, kv hits on the workers.
+
+mod common;
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+const SLICE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/data/mooncake_slice.jsonl"
+);
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("kvroute-tools-{}-{name}", std::process::id()))
+}
+
+fn sim(args: &[&str]) -> (String, Value) {
+    let json = tmp(&format!("{}.json", args[0]));
+    let out = Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "kvroute-sim {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    (stdout, v)
+}
+
+fn check_sane(r: &Value, n: u64) {
+    assert_eq!(r["requests"], n, "{r}");
+    assert_eq!(r["finished"], n, "{r}");
+    assert_eq!(r["errors"], 0, "{}", r["error_samples"]);
+    assert!(r["ttft_us"]["p50"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn realtime_run_through_the_real_service() {
+    let s = common::Server::start(1, &[]);
+    let (stdout, v) = sim(&[
+        "run",
+        "--trace",
+        SLICE,
+        "--limit",
+        "150",
+        "--workers",
+        "4",
+        "--speed",
+        "2",
+        "--time-scale",
+        "40",
+        "--router-api",
+        &s.api,
+        "--router-events",
+        &s.events,
+        "--no-progress",
+    ]);
+    let r = &v["reports"][0];
+    check_sane(r, 150);
+    assert!(
+        r["hit_rate"].as_f64().unwrap() > 0.01,
+        "kv hit rate {}",
+        r["hit_rate"]
+    );
+    assert!(r["events"].as_u64().unwrap() > 0);
+    assert!(r["decision_us"]["count"].as_u64().unwrap() == 150);
+    assert!(stdout.contains("real time x40"), "{stdout}");
+    // The simulated workers registered by their handshakes and are live.
+    let workers = s.workers();
+    assert_eq!(workers.len(), 4, "{workers:?}");
+    // Their cache events came over the binary event protocol.
+    assert!(s.metric("kvroute_events_total{kind=\"stored\"}") > 0.0);
+}
+
+#[test]
+fn offline_ab_compares_modes_on_the_slice() {
+    let svg = tmp("ab.svg");
+    let (stdout, v) = sim(&[
+        "ab",
+        "--offline",
+        "--trace",
+        SLICE,
+        "--limit",
+        "400",
+        "--workers",
+        "4",
+        "--kv-variant",
+        "overlap_score_credit=0.5",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    let reps = v["reports"].as_array().unwrap();
+    let names: Vec<&str> = reps.iter().map(|r| r["label"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "kv",
+            "round-robin",
+            "random",
+            "least-loaded",
+            "kv[overlap_score_credit=0.5]"
+        ]
+    );
+    for r in reps {
+        check_sane(r, 400);
+    }
+    let hit = |i: usize| reps[i]["hit_rate"].as_f64().unwrap();
+    assert!(
+        hit(0) > hit(1) && hit(0) > hit(2),
+        "kv {} rr {} random {}",
+        hit(0),
+        hit(1),
+        hit(2)
+    );
+    assert!(v["bound"]["ratio"].as_f64().unwrap() >= hit(0));
+    assert!(stdout.contains("least-loaded"));
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(chart.starts_with("<svg") || chart.contains("<svg"));
+    let _ = std::fs::remove_file(&svg);
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))
+        .args(["offline", "--trace", "/nonexistent.jsonl"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("kvroute-sim:") && !err.contains("panicked"),
+        "{err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))
+        .args([
+            "offline",
+            "--trace",
+            SLICE,
+            "--knobs",
+            "overlap_score_credit=9",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}

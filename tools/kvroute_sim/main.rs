@@ -1,0 +1,304 @@
+//! `kvroute-sim`: the bundled load tools (DESIGN §4, issue 4).
+//!
+//! - `offline`: one routing mode, the engine in-process on virtual time (deterministic
+//!   for `--seed`; a whole trace in seconds).
+//! - `ab`: the same workload under each routing mode (kv, round-robin, random,
+//!   least-loaded; device-aware-weighted on a mixed fleet; kv with `--kv-variant`
+//!   knobs), one comparison table and an SVG chart. Offline by default; with
+//!   `--spawn-router PATH` each row runs in real time against a private `kvroute serve
+//!   --mode X` the tool starts and stops; with `--router-api/--router-events` every row
+//!   reuses one running router and picks the mode per request.
+//! - `run`: real time against a running router: a simulated fleet on the binary event
+//!   protocol plus the frontend load generator, a progress bar, a table and `--json`.
+//!
+//! Every figure is computed by `kvroute::sim` (one model for all paths); hit rate is
+//! measured on the simulated workers. Errors are reported, never panics.
+
+mod runner;
+mod setup;
+
+use clap::{Args, Parser, Subcommand};
+use kvroute::config::Mode;
+use kvroute::sim::{hit_rate_bound, svg_chart, table, Report, SimRequest};
+use runner::{RouterAddrs, Variant};
+use setup::{parse_pairs, FleetArgs, WorkloadArgs};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "kvroute-sim",
+    version,
+    about = "kvroute load tools: simulated fleet, trace replay, A/B of routing modes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// One mode, engine in-process on virtual time.
+    Offline(OfflineArgs),
+    /// Every routing mode on the same workload; one table and an SVG chart.
+    Ab(AbArgs),
+    /// Real time against a running router (fleet + frontend over the binary protocols).
+    Run(RunArgs),
+}
+
+/// Output and knob flags shared by the subcommands.
+#[derive(Args, Clone, Debug)]
+struct Common {
+    #[command(flatten)]
+    work: WorkloadArgs,
+    #[command(flatten)]
+    fleet: FleetArgs,
+    /// Router knobs for every mode, `key=value,...` (RouterConfig fields).
+    #[arg(long, default_value = "")]
+    knobs: String,
+    /// Write the reports (and the hit-rate bound) as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct OfflineArgs {
+    #[command(flatten)]
+    c: Common,
+    #[arg(long, default_value = "kv", value_parser = parse_mode)]
+    mode: Mode,
+}
+
+#[derive(Args)]
+struct AbArgs {
+    #[command(flatten)]
+    c: Common,
+    /// Run offline (the default unless a router is given).
+    #[arg(long, conflicts_with_all = ["spawn_router", "router_api"])]
+    offline: bool,
+    /// Start `PATH serve --mode X` per row on free loopback ports (real time).
+    #[arg(long)]
+    spawn_router: Option<String>,
+    /// Reuse this running router's request port (real time, mode per request).
+    #[arg(long, requires = "router_events")]
+    router_api: Option<String>,
+    #[arg(long, requires = "router_api")]
+    router_events: Option<String>,
+    #[arg(long, default_value = "")]
+    auth_token: String,
+    /// An extra `kv` row with these knobs (`key=value,...`); repeatable.
+    #[arg(long)]
+    kv_variant: Vec<String>,
+    /// Real time: model time runs this many times faster than the wall clock.
+    #[arg(long, default_value_t = 60.0)]
+    time_scale: f64,
+    /// Write the SVG chart (TTFT distribution, hit rate per mode) here.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    c: Common,
+    #[arg(long)]
+    router_api: String,
+    #[arg(long)]
+    router_events: String,
+    #[arg(long, default_value = "")]
+    auth_token: String,
+    /// Mode sent with every request (the router's own default applies otherwise).
+    #[arg(long, default_value = "kv", value_parser = parse_mode)]
+    mode: Mode,
+    /// Model time runs this many times faster than the wall clock.
+    #[arg(long, default_value_t = 60.0)]
+    time_scale: f64,
+    #[arg(long)]
+    no_progress: bool,
+}
+
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    Mode::parse(s).ok_or_else(|| format!("unknown mode {s:?}"))
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kvroute-sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    match cli.cmd {
+        Cmd::Offline(a) => {
+            let (reqs, fleet, knobs) = prepare(&a.c)?;
+            let v = Variant {
+                label: a.mode.name().to_string(),
+                mode: a.mode,
+                knobs,
+            };
+            let rep = runner::offline(&v, &fleet, &reqs, a.c.work.seed)?;
+            emit(&a.c, &reqs, &[rep], &[])
+        }
+        Cmd::Run(a) => {
+            let (reqs, fleet, knobs) = prepare(&a.c)?;
+            if !knobs.is_empty() {
+                eprintln!("note: --knobs are the running router's business; ignored by run");
+            }
+            let v = Variant {
+                label: a.mode.name().to_string(),
+                mode: a.mode,
+                knobs: Vec::new(),
+            };
+            let addrs = RouterAddrs {
+                api: a.router_api,
+                events: a.router_events,
+                auth_token: a.auth_token,
+            };
+            let (rep, pacing) = runner::realtime(
+                &v,
+                &fleet,
+                &reqs,
+                a.c.work.seed,
+                &addrs,
+                a.time_scale,
+                !a.no_progress,
+            )?;
+            emit(&a.c, &reqs, &[rep], &[pacing])
+        }
+        Cmd::Ab(a) => ab(a),
+    }
+}
+
+/// The workload, the fleet and the validated base knobs of a subcommand.
+type Prepared = (
+    Vec<SimRequest>,
+    kvroute::sim::FleetSpec,
+    Vec<(String, String)>,
+);
+
+fn prepare(c: &Common) -> Result<Prepared, String> {
+    let reqs = c.work.load()?;
+    let fleet = c.fleet.fleet(c.work.block_size)?;
+    let knobs = parse_pairs(&c.knobs)?;
+    // Validate the knobs once up front, whatever path uses them.
+    setup::router_config(c.work.block_size, &knobs)?;
+    Ok((reqs, fleet, knobs))
+}
+
+fn ab(a: AbArgs) -> Result<(), String> {
+    let (reqs, fleet, knobs) = prepare(&a.c)?;
+    let mut modes = vec![Mode::Kv, Mode::RoundRobin, Mode::Random, Mode::LeastLoaded];
+    if FleetArgs::mixed(&fleet) {
+        modes.push(Mode::DeviceAwareWeighted);
+    }
+    let mut variants: Vec<Variant> = modes
+        .into_iter()
+        .map(|m| Variant {
+            label: m.name().to_string(),
+            mode: m,
+            knobs: knobs.clone(),
+        })
+        .collect();
+    for kv in &a.kv_variant {
+        let extra = parse_pairs(kv)?;
+        let mut all = knobs.clone();
+        all.extend(extra.iter().cloned());
+        setup::router_config(a.c.work.block_size, &all)?;
+        let desc: Vec<String> = extra.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        variants.push(Variant {
+            label: format!("kv[{}]", desc.join(",")),
+            mode: Mode::Kv,
+            knobs: all,
+        });
+    }
+    let shared = match (&a.router_api, &a.router_events) {
+        (Some(api), Some(ev)) => Some(RouterAddrs {
+            api: api.clone(),
+            events: ev.clone(),
+            auth_token: a.auth_token.clone(),
+        }),
+        _ => None,
+    };
+    if shared.is_some() && variants.iter().any(|v| !v.knobs.is_empty()) {
+        return Err("knobs need their own router: use --spawn-router (or --offline)".into());
+    }
+    let seed = a.c.work.seed;
+    let mut reports = Vec::new();
+    let mut pacings = Vec::new();
+    for v in &variants {
+        let rep = if let Some(addrs) = &shared {
+            let (r, p) =
+                runner::realtime(v, &fleet, &reqs, seed, addrs, a.time_scale, !a.no_progress)?;
+            pacings.push(p);
+            r
+        } else if let Some(bin) = &a.spawn_router {
+            let s = runner::Spawned::start(bin, v.mode, &v.knobs)?;
+            let (r, p) = runner::realtime(
+                v,
+                &fleet,
+                &reqs,
+                seed,
+                &s.addrs,
+                a.time_scale,
+                !a.no_progress,
+            )?;
+            pacings.push(p);
+            r
+        } else {
+            runner::offline(v, &fleet, &reqs, seed)?
+        };
+        reports.push(rep);
+    }
+    if let Some(p) = &a.svg {
+        std::fs::write(p, svg_chart(&reports)).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    emit(&a.c, &reqs, &reports, &pacings)
+}
+
+/// Prints the bound, the table and pacing lines; writes JSON if asked.
+fn emit(
+    c: &Common,
+    reqs: &[SimRequest],
+    reports: &[Report],
+    pacings: &[runner::Pacing],
+) -> Result<(), String> {
+    let bound = hit_rate_bound(reqs, c.work.block_size);
+    let fleet = c.fleet.fleet(c.work.block_size)?;
+    println!(
+        "{} requests, {} workers; hit-rate bound (one shared unlimited cache): {:.1}%",
+        reqs.len(),
+        fleet.workers.len(),
+        bound.ratio * 100.0
+    );
+    print!("{}", table(reports));
+    for (r, p) in reports.iter().zip(pacings) {
+        println!(
+            "{}: real time x{} in {:.1} s wall; pacing lag p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs",
+            r.name(),
+            p.time_scale,
+            p.wall_s,
+            p.lag_p50_us,
+            p.lag_p99_us,
+            p.lag_max_us
+        );
+    }
+    for r in reports.iter().filter(|r| r.errors > 0) {
+        println!("{} errors: {:?}", r.name(), r.error_samples);
+    }
+    if let Some(path) = &c.json {
+        let v = serde_json::json!({
+            "bound": bound,
+            "reports": reports,
+            "pacing": pacings,
+        });
+        let text = serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}

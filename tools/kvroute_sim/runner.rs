@@ -1,0 +1,199 @@
+//! Running one routing variant (a mode plus knobs) over a workload, offline or in real
+//! time against a router, and spawning a private `kvroute serve` per variant.
+//!
+//! Both paths call the same `kvroute::sim::run_offline` driver and simulated workers;
+//! they differ only in the router behind the `RouterApi` (engine in-process on virtual
+//! time, or the service over TCP paced to the wall clock).
+
+use indicatif::{ProgressBar, ProgressStyle};
+use kvroute::config::Mode;
+use kvroute::sim::{
+    run_offline, EngineRouter, FleetSpec, Pace, Report, ServiceRouter, SimRequest, TimedRouter,
+};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One row of a comparison: a mode and the knobs it runs with.
+#[derive(Clone, Debug)]
+pub struct Variant {
+    pub label: String,
+    pub mode: Mode,
+    /// Router knobs (`RouterConfig` field, value), base knobs first.
+    pub knobs: Vec<(String, String)>,
+}
+
+/// Offline: the engine in-process on virtual time; deterministic for `seed`.
+pub fn offline(
+    v: &Variant,
+    fleet: &FleetSpec,
+    reqs: &[SimRequest],
+    seed: u64,
+) -> Result<Report, String> {
+    let cfg = crate::setup::router_config(fleet.block_size, &v.knobs)?;
+    let t0 = Instant::now();
+    let mut r = TimedRouter::new(EngineRouter::new(cfg, seed)?, move || {
+        t0.elapsed().as_nanos() as u64
+    });
+    let mut rep = run_offline(&mut r, fleet, reqs, v.mode, seed)?;
+    rep.set_decision_latencies(r.latencies_us());
+    rep.label = v.label.clone();
+    Ok(rep)
+}
+
+/// Where a real-time run finds its router.
+#[derive(Clone, Debug)]
+pub struct RouterAddrs {
+    pub api: String,
+    pub events: String,
+    pub auth_token: String,
+}
+
+/// Real-time figures that are not part of the shared report.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Pacing {
+    pub time_scale: f64,
+    pub wall_s: f64,
+    /// How late paced calls went out, µs of wall time (p50 / p99 / max).
+    pub lag_p50_us: f64,
+    pub lag_p99_us: f64,
+    pub lag_max_us: f64,
+}
+
+/// Real time: the simulated fleet and the frontend talk to a running router over TCP,
+/// paced `time_scale` times faster than model time.
+pub fn realtime(
+    v: &Variant,
+    fleet: &FleetSpec,
+    reqs: &[SimRequest],
+    seed: u64,
+    addrs: &RouterAddrs,
+    time_scale: f64,
+    progress: bool,
+) -> Result<(Report, Pacing), String> {
+    // A fresh epoch per run: a reused router forgets the previous run's workers' state.
+    let epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    // Registration happens before the first arrival; give it a head start.
+    let pace = Pace {
+        start: Instant::now() + Duration::from_millis(300),
+        time_scale,
+    };
+    let mut r = ServiceRouter::connect(
+        &addrs.api,
+        &addrs.events,
+        &addrs.auth_token,
+        epoch,
+        Some(pace),
+    )?;
+    let bar = if progress {
+        let b = ProgressBar::new(reqs.len() as u64);
+        if let Ok(style) = ProgressStyle::with_template(
+            "{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} finished ({eta})",
+        ) {
+            b.set_style(style);
+        }
+        b.set_prefix(v.label.clone());
+        Some(b)
+    } else {
+        None
+    };
+    if let Some(b) = bar.clone() {
+        r.on_finish = Some(Box::new(move || b.inc(1)));
+    }
+    let wall = Instant::now();
+    let out = run_offline(&mut r, fleet, reqs, v.mode, seed);
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let mut rep = out?;
+    rep.set_decision_latencies(r.latencies_us());
+    rep.label = v.label.clone();
+    let lag = kvroute::sim::Percentiles::of(r.lag_us());
+    Ok((
+        rep,
+        Pacing {
+            time_scale,
+            wall_s: wall.elapsed().as_secs_f64(),
+            lag_p50_us: lag.p50,
+            lag_p99_us: lag.p99,
+            lag_max_us: lag.max,
+        },
+    ))
+}
+
+/// A `kvroute serve` started by the tool on free loopback ports; stopped on drop.
+pub struct Spawned {
+    child: Child,
+    pub addrs: RouterAddrs,
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
+}
+
+impl Spawned {
+    /// Starts `bin serve` with `--mode` and one flag per knob; waits (≤ 20 s) until its
+    /// request port accepts a connection.
+    pub fn start(bin: &str, mode: Mode, knobs: &[(String, String)]) -> Result<Spawned, String> {
+        let events = format!("127.0.0.1:{}", free_port()?);
+        let api = format!("127.0.0.1:{}", free_port()?);
+        let http = format!("127.0.0.1:{}", free_port()?);
+        let mut cmd = Command::new(bin);
+        cmd.args(["serve", "--cores", "1", "--events-addr", &events])
+            .args([
+                "--api-addr",
+                &api,
+                "--http-addr",
+                &http,
+                "--mode",
+                mode.name(),
+            ]);
+        for (k, v) in knobs {
+            cmd.arg(format!("--{}", k.replace('_', "-"))).arg(v);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("spawn {bin}: {e}"))?;
+        let s = Spawned {
+            child,
+            addrs: RouterAddrs {
+                api,
+                events,
+                auth_token: String::new(),
+            },
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&s.addrs.api).is_err() {
+            if Instant::now() > deadline {
+                return Err(format!("{bin} did not start listening on {}", s.addrs.api));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(s)
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        // SIGTERM for a graceful stop, then make sure it is gone (bounded wait).
+        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
