@@ -27,6 +27,10 @@ pub struct Settings {
     pub spin_before_park_us: u64,
     pub limits: Limits,
     pub router: RouterConfig,
+    /// vLLM / SGLang engines to subscribe to over ZMQ (`[[engines]]`), each bound to a
+    /// worker (README "Pointing kvroute at a vLLM fleet").
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub engines: Vec<crate::engines::config::EngineEndpoint>,
 }
 
 /// Bounds that keep memory and latency finite under any input.
@@ -78,6 +82,7 @@ impl Default for Settings {
             spin_before_park_us: 50,
             limits: Limits::default(),
             router: RouterConfig::default(),
+            engines: Vec::new(),
         }
     }
 }
@@ -118,6 +123,7 @@ impl Settings {
         if self.heartbeat_timeout_ms == 0 {
             return Err("heartbeat_timeout_ms must be > 0".into());
         }
+        crate::engines::config::validate_all(&self.engines)?;
         Ok(())
     }
 }

@@ -9,6 +9,7 @@
 //! - [`adapter`]: recomputes kvroute's own sequence hashes (DESIGN §1) from each
 //!   event's `token_ids` and keeps the engine-hash → kvroute-hash map (bounded by the
 //!   worker's capacity) so removals resolve.
+//! - [`config`]: the `[[engines]]` / `--engine` endpoint settings.
 //! - [`stream`]: the per-endpoint sequence state machine (gaps, replay, restarts) and the
 //!   parsing of ZMQ multipart frames.
 //!
@@ -27,6 +28,7 @@
 //!   first block the same way with the whole value.
 
 pub mod adapter;
+pub mod config;
 pub mod stream;
 pub mod vllm;
 

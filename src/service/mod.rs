@@ -5,7 +5,8 @@
 //! - `ingest`: binary event connections → index operations fanned out to shards;
 //! - `api` / `http`: binary and JSON request APIs → `router` (scatter/gather/decide);
 //! - `core`: per-core state and the cross-core message handler;
-//! - `control`: registry writes; `board`: lock-free per-worker load figures.
+//! - `control`: registry writes; `board`: lock-free per-worker load figures;
+//! - `zmq_ingest`: OS threads subscribed to vLLM / SGLang KV events over ZMQ.
 
 pub mod api;
 pub mod board;
@@ -21,6 +22,7 @@ pub mod metrics;
 pub mod msg;
 pub mod router;
 pub mod shared;
+pub mod zmq_ingest;
 
 use self::core::Core;
 use crate::settings::Settings;
@@ -66,6 +68,7 @@ pub fn effective_cores(requested: Option<usize>) -> usize {
 pub struct Running {
     pub shared: Arc<Shared>,
     handles: Vec<glommio::ExecutorJoinHandle<()>>,
+    engines: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Running {
@@ -81,6 +84,9 @@ impl Running {
     /// Waits for the cores to exit (after `shutdown` was requested elsewhere).
     pub fn join(self) {
         for h in self.handles {
+            let _ = h.join();
+        }
+        for h in self.engines {
             let _ = h.join();
         }
     }
@@ -134,11 +140,20 @@ pub fn start(settings: Settings) -> Result<Running, String> {
     }
     ready.wait();
     if let Some(e) = failed.lock().ok().and_then(|mut f| f.take()) {
-        let r = Running { shared, handles };
+        let r = Running {
+            shared,
+            handles,
+            engines: Vec::new(),
+        };
         r.shutdown();
         return Err(e);
     }
-    Ok(Running { shared, handles })
+    let engines = zmq_ingest::start(&shared);
+    Ok(Running {
+        shared,
+        handles,
+        engines,
+    })
 }
 
 fn num_cpus() -> usize {
