@@ -187,11 +187,7 @@ impl Adapter {
         for i in 0..complete {
             let mut local = local_block_hash(&s.token_ids[i * bs..(i + 1) * bs]);
             match (per_block, &s.extra_keys) {
-                (Some(keys), _) => {
-                    if !keys[i].is_nil() {
-                        local = salt_local(local, &keys[i]);
-                    }
-                }
+                (Some(keys), _) if !keys[i].is_nil() => local = salt_local(local, &keys[i]),
                 (None, Some(whole)) if i == 0 => local = salt_local(local, whole),
                 _ => {}
             }

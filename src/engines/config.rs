@@ -117,7 +117,9 @@ fn check_endpoint(ep: &str) -> Result<(), String> {
         .rsplit_once(':')
         .ok_or_else(|| format!("endpoint {ep:?} has no port"))?;
     if host.is_empty() || host == "*" || port.parse::<u16>().is_err() {
-        return Err(format!("endpoint {ep:?} must be tcp://host:port (connect, not bind)"));
+        return Err(format!(
+            "endpoint {ep:?} must be tcp://host:port (connect, not bind)"
+        ));
     }
     Ok(())
 }
@@ -153,7 +155,10 @@ mod tests {
         assert_eq!(e.block_size, Some(16));
         assert_eq!(e.taints, vec!["a".to_string(), "b".into()]);
         validate_all(std::slice::from_ref(&e)).unwrap();
-        assert!(validate_all(&[e.clone(), e.clone()]).is_err(), "duplicate id");
+        assert!(
+            validate_all(&[e.clone(), e.clone()]).is_err(),
+            "duplicate id"
+        );
         for bad in [
             "endpoint=tcp://127.0.0.1:5557",
             "worker_id=w1",

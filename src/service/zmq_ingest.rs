@@ -131,7 +131,10 @@ impl Stream {
 
     /// Follows a re-registration or removal of the worker done elsewhere (HTTP).
     fn check_identity(&mut self) -> bool {
-        let current = self.sh.cells(self.slot).map(|c| c.gen.load(Ordering::Acquire));
+        let current = self
+            .sh
+            .cells(self.slot)
+            .map(|c| c.gen.load(Ordering::Acquire));
         if current == Some(self.gen) {
             return true;
         }
@@ -183,7 +186,8 @@ impl Stream {
                     if !complete {
                         log(&self.cfg, &format!("replay from {from} failed"));
                     }
-                    self.session.replay_done(complete, seq, payload, &mut self.out);
+                    self.session
+                        .replay_done(complete, seq, payload, &mut self.out);
                 }
                 if !self.deliver() {
                     return;
@@ -199,7 +203,8 @@ impl Stream {
             let mut opts = SocketOptions::default();
             opts.connect_timeout(CONNECT_TIMEOUT);
             let mut sub = SubSocket::with_options(opts);
-            let r = tokio::time::timeout(CONNECT_TIMEOUT * 2, sub.connect(&self.cfg.endpoint)).await;
+            let r =
+                tokio::time::timeout(CONNECT_TIMEOUT * 2, sub.connect(&self.cfg.endpoint)).await;
             match r {
                 Ok(Ok(())) => match sub.subscribe(&self.cfg.topic).await {
                     Ok(()) => return Some(sub),
