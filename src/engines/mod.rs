@@ -34,6 +34,8 @@ pub mod vllm;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_stream;
 
 use crate::hash::{chain, local_block_hash, SEED};
 use crate::types::Tier;
