@@ -118,6 +118,16 @@ pub struct ServeArgs {
     pub topology_penalty: Option<f64>,
     #[arg(long, env = "KVROUTE_PREDICTOR_MIN_SAMPLES")]
     pub predictor_min_samples: Option<u32>,
+    /// A vLLM / SGLang engine to subscribe to over ZMQ, repeatable; replaces the file's
+    /// `[[engines]]` when given. Compact form:
+    /// `worker_id=w1,endpoint=tcp://127.0.0.1:5557[,replay_endpoint=...,role=...,device=...,
+    /// model=...,capacity_blocks=...,dp_rank=...,block_size=...,lora=...,topic=...]`
+    #[arg(long = "engine", value_parser = parse_engine)]
+    pub engines: Vec<crate::engines::config::EngineEndpoint>,
+}
+
+fn parse_engine(s: &str) -> Result<crate::engines::config::EngineEndpoint, String> {
+    crate::engines::config::EngineEndpoint::parse_compact(s)
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -232,6 +242,9 @@ impl ServeArgs {
         );
         if self.busy_threshold.is_some() {
             s.router.busy_threshold = self.busy_threshold;
+        }
+        if !self.engines.is_empty() {
+            s.engines = self.engines.clone();
         }
     }
 }

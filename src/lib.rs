@@ -19,6 +19,7 @@ pub mod client;
 pub mod codec;
 pub mod config;
 pub mod engine;
+pub mod engines;
 pub mod hash;
 pub mod index;
 pub mod load;

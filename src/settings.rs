@@ -40,6 +40,10 @@ pub struct Settings {
     pub insecure: bool,
     pub limits: Limits,
     pub router: RouterConfig,
+    /// vLLM / SGLang engines to subscribe to over ZMQ (`[[engines]]`), each bound to a
+    /// worker (README "Pointing kvroute at a vLLM fleet").
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub engines: Vec<crate::engines::config::EngineEndpoint>,
 }
 
 /// Bounds that keep memory and latency finite under any input.
@@ -96,6 +100,7 @@ impl Default for Settings {
             insecure: false,
             limits: Limits::default(),
             router: RouterConfig::default(),
+            engines: Vec::new(),
         }
     }
 }
@@ -156,6 +161,7 @@ impl Settings {
                 }
             }
         }
+        crate::engines::config::validate_all(&self.engines)?;
         Ok(())
     }
 

@@ -7,6 +7,7 @@
 use super::core::Core;
 use super::msg::{Hashes, IndexOp, Msg};
 use super::router::ApiError;
+use super::shared::Shared;
 use crate::engine::{EngineError, KvEvent, WorkerState, WorkerStatus};
 use crate::registry::Upsert;
 use crate::types::{WorkerSlot, WorkerSpec};
@@ -28,26 +29,7 @@ pub async fn register(
 ) -> Result<(Upsert, u64), ApiError> {
     let sh = &core.shared;
     let capacity = spec.capacity_blocks;
-    let (up, gen) = {
-        let _guard = sh
-            .registry_write
-            .lock()
-            .map_err(|_| EngineError::BadRequest("registry lock poisoned".into()))?;
-        let mut reg = (**sh.registry.load()).clone();
-        let up = reg.upsert(spec).map_err(EngineError::from)?;
-        let cells = sh
-            .cells(up.slot())
-            .ok_or_else(|| EngineError::BadRequest("slot out of range".into()))?;
-        if !matches!(up, Upsert::SameEpoch(_)) {
-            cells.gen.fetch_add(1, Ordering::AcqRel);
-            cells.next_seq.store(0, Ordering::Release);
-            cells.suspect.store(false, Ordering::Release);
-        }
-        cells.heartbeat.store(heartbeat, Ordering::Release);
-        cells.last_seen_ms.store(sh.now_ms(), Ordering::Release);
-        sh.registry.store(Arc::new(reg));
-        (up, cells.gen.load(Ordering::Acquire))
-    };
+    let (up, gen) = upsert(sh, spec, heartbeat)?;
     let slot = up.slot();
     if let Upsert::NewEpoch(_) = up {
         broadcast(core, |_| Msg::Forget { slot }).await;
@@ -56,6 +38,79 @@ pub async fn register(
     index_ops(core, slot, gen, vec![IndexOp::SetCap(cap)]).await;
     sh.metrics.workers.set(sh.registry.load().len() as i64);
     Ok((up, gen))
+}
+
+/// The registry write of a registration: new snapshot, slot generation and cells.
+fn upsert(sh: &Shared, spec: WorkerSpec, heartbeat: bool) -> Result<(Upsert, u64), ApiError> {
+    let _guard = sh
+        .registry_write
+        .lock()
+        .map_err(|_| EngineError::BadRequest("registry lock poisoned".into()))?;
+    let mut reg = (**sh.registry.load()).clone();
+    let up = reg.upsert(spec).map_err(EngineError::from)?;
+    let cells = sh
+        .cells(up.slot())
+        .ok_or_else(|| EngineError::BadRequest("slot out of range".into()))?;
+    if !matches!(up, Upsert::SameEpoch(_)) {
+        cells.gen.fetch_add(1, Ordering::AcqRel);
+        cells.next_seq.store(0, Ordering::Release);
+        cells.suspect.store(false, Ordering::Release);
+    }
+    cells.heartbeat.store(heartbeat, Ordering::Release);
+    cells.last_seen_ms.store(sh.now_ms(), Ordering::Release);
+    sh.registry.store(Arc::new(reg));
+    Ok((up, cells.gen.load(Ordering::Acquire)))
+}
+
+/// `register` for plain OS threads (ZMQ ingest): the same registry write, then the same
+/// messages through the mailboxes with [`send_blocking`]. Errors if shutdown started
+/// before they were delivered.
+pub fn register_blocking(
+    sh: &Shared,
+    spec: WorkerSpec,
+    heartbeat: bool,
+) -> Result<(Upsert, u64), ApiError> {
+    let capacity = spec.capacity_blocks;
+    let (up, gen) = upsert(sh, spec, heartbeat)?;
+    let slot = up.slot();
+    let cap = cap_per_shard(capacity, sh.settings.limits.max_blocks_per_worker, sh.cores);
+    let ops: Arc<[IndexOp]> = vec![IndexOp::SetCap(cap)].into();
+    for to in 0..sh.cores {
+        if let Upsert::NewEpoch(_) = up {
+            if !send_blocking(sh, to, Msg::Forget { slot }) {
+                return Err(EngineError::BadRequest("shutting down".into()).into());
+            }
+        }
+        let m = Msg::Index {
+            slot,
+            gen,
+            ops: ops.clone(),
+        };
+        if !send_blocking(sh, to, m) {
+            return Err(EngineError::BadRequest("shutting down".into()).into());
+        }
+    }
+    sh.metrics.workers.set(sh.registry.load().len() as i64);
+    Ok((up, gen))
+}
+
+/// Enqueues to core `to` from a thread outside the executors, sleeping briefly while its
+/// mailbox is full (backpressure). False if shutdown started first.
+pub fn send_blocking(sh: &Shared, to: usize, mut msg: Msg) -> bool {
+    let mut pause = std::time::Duration::from_micros(20);
+    loop {
+        match sh.try_send(to, msg) {
+            Ok(()) => return true,
+            Err(m) => {
+                if sh.shutdown.load(Ordering::Relaxed) {
+                    return false;
+                }
+                msg = m;
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(2));
+            }
+        }
+    }
 }
 
 /// Removes a worker and everything known about it.

@@ -30,6 +30,13 @@ pub struct ListenerLabel {
     pub listener: &'static str,
 }
 
+/// Engine (ZMQ) stream events: gap, replay, replay_failure, clear, restart, ...
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EngineStreamLabels {
+    pub worker: String,
+    pub kind: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WorkerLabel {
     pub worker: String,
@@ -55,6 +62,7 @@ pub struct Metrics {
     pub worker_decode_blocks: Family<WorkerLabel, Gauge>,
     pub worker_cached_blocks: Family<WorkerLabel, Gauge>,
     pub worker_live: Family<WorkerLabel, Gauge>,
+    pub engine_stream: Family<EngineStreamLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -87,6 +95,7 @@ impl Metrics {
             worker_decode_blocks: Family::default(),
             worker_cached_blocks: Family::default(),
             worker_live: Family::default(),
+            engine_stream: Family::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -170,6 +179,11 @@ impl Metrics {
                 "worker_live",
                 "1 if the worker is eligible for routing",
                 m.worker_live.clone(),
+            );
+            r.register(
+                "engine_stream",
+                "ZMQ engine event streams: gaps, replays, replay failures, clears, restarts, batches",
+                m.engine_stream.clone(),
             );
         }
         m

@@ -5,7 +5,8 @@
 //! - `ingest`: binary event connections → index operations fanned out to shards;
 //! - `api` / `http`: binary and JSON request APIs → `router` (scatter/gather/decide);
 //! - `core`: per-core state and the cross-core message handler;
-//! - `control`: registry writes; `board`: lock-free per-worker load figures.
+//! - `control`: registry writes; `board`: lock-free per-worker load figures;
+//! - `zmq_ingest`: OS threads subscribed to vLLM / SGLang KV events over ZMQ.
 
 pub mod api;
 pub mod conn;
@@ -20,6 +21,7 @@ pub mod msg;
 pub mod persist;
 pub mod router;
 pub mod shared;
+pub mod zmq_ingest;
 
 use self::core::Core;
 use crate::settings::Settings;
@@ -66,6 +68,7 @@ pub struct Running {
     pub shared: Arc<Shared>,
     handles: Vec<glommio::ExecutorJoinHandle<()>>,
     snapshotter: Option<std::thread::JoinHandle<()>>,
+    engines: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Running {
@@ -87,6 +90,9 @@ impl Running {
             self.shared.wake(c);
         }
         for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+        for h in self.engines {
             let _ = h.join();
         }
     }
@@ -195,6 +201,7 @@ pub fn start(settings: Settings) -> Result<Running, String> {
         shared,
         handles,
         snapshotter: None,
+        engines: Vec::new(),
     };
     if let Some(e) = first_err {
         running.shutdown();
@@ -208,6 +215,7 @@ pub fn start(settings: Settings) -> Result<Running, String> {
             every,
         ));
     }
+    running.engines = zmq_ingest::start(&running.shared);
     Ok(running)
 }
 

@@ -1,0 +1,248 @@
+//! One engine endpoint's event stream, sans I/O: sequence numbers, gaps, replay,
+//! engine restarts, and the parsing of ZMQ multipart messages.
+//!
+//! Messages carry an 8-byte big-endian sequence number, from 0. For each live message
+//! [`Session::live`] either applies it or asks the caller to replay from the first
+//! missing sequence number; the caller then feeds the replayed messages to
+//! [`Session::replayed`] and reports the end with [`Session::replay_done`], which also
+//! handles the message that revealed the gap. Rules:
+//! - the first message is accepted as the baseline; if it is not seq 0 and a replay
+//!   endpoint exists, the buffered history is replayed first (initial sync);
+//! - seq == expected: apply; seq < expected: duplicate (replay overlap), skipped;
+//! - seq > expected: gap → replay if available, else the worker is cleared (counted)
+//!   and the stream continues from this message;
+//! - seq 0, or a jump back of more than [`RESTART_BACKJUMP`]: the engine restarted →
+//!   clear the worker and continue from this message;
+//! - a replay that fails (timeout, hole in the engine's buffer, no end marker) clears
+//!   the worker unless nothing had been applied yet.
+
+use super::adapter::{Adapter, Change};
+use super::vllm::decode_batch;
+
+/// Sequence number of the replay end marker (-1 as 8 bytes big-endian).
+pub const END_SEQ: u64 = u64::MAX;
+
+/// A backwards jump larger than this is an engine restart, not a replay duplicate.
+pub const RESTART_BACKJUMP: u64 = 1 << 16;
+
+/// Counters of one stream (monotonic).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamCounters {
+    pub batches: u64,
+    pub events: u64,
+    pub skipped_events: u64,
+    pub bad_payloads: u64,
+    pub duplicates: u64,
+    pub gaps: u64,
+    pub replays: u64,
+    pub replayed_batches: u64,
+    pub replay_failures: u64,
+    pub clears: u64,
+    pub restarts: u64,
+    pub dp_rank_mismatch: u64,
+}
+
+/// What the caller must do after a live message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    Done,
+    /// Replay from this sequence number, then call `replay_done`.
+    Replay {
+        from: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Replaying {
+    expected: u64,
+    initial: bool,
+    hole: bool,
+}
+
+/// State of one endpoint's stream.
+pub struct Session {
+    next: Option<u64>,
+    replay_available: bool,
+    replaying: Option<Replaying>,
+    applied_any: bool,
+    dp_rank: Option<u32>,
+    pub adapter: Adapter,
+    pub counters: StreamCounters,
+}
+
+impl Session {
+    /// `dp_rank`: if set, batches announcing another rank are still applied but counted.
+    pub fn new(adapter: Adapter, replay_available: bool, dp_rank: Option<u32>) -> Session {
+        Session {
+            next: None,
+            replay_available,
+            replaying: None,
+            applied_any: false,
+            dp_rank,
+            adapter,
+            counters: StreamCounters::default(),
+        }
+    }
+
+    /// Next sequence number expected (None before the first message).
+    pub fn next_seq(&self) -> Option<u64> {
+        self.next
+    }
+
+    /// Forgets the stream position and the adapter state (the worker was re-registered).
+    pub fn reset(&mut self) {
+        self.next = None;
+        self.replaying = None;
+        self.applied_any = false;
+        self.adapter.clear();
+    }
+
+    /// A message from the live (SUB) stream.
+    pub fn live(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Change>) -> Step {
+        if seq == END_SEQ {
+            self.counters.bad_payloads += 1;
+            return Step::Done;
+        }
+        match self.next {
+            None => {
+                if seq > 0 && self.replay_available {
+                    return self.start_replay(0, true);
+                }
+                self.apply(payload, out);
+                self.next = Some(seq + 1);
+            }
+            Some(n) if seq == n => {
+                self.apply(payload, out);
+                self.next = Some(seq + 1);
+            }
+            Some(n) if seq > n => {
+                self.counters.gaps += 1;
+                if self.replay_available {
+                    return self.start_replay(n, false);
+                }
+                self.clear(out);
+                self.apply(payload, out);
+                self.next = Some(seq + 1);
+            }
+            Some(n) => {
+                if seq == 0 || n - seq > RESTART_BACKJUMP {
+                    self.counters.restarts += 1;
+                    self.clear(out);
+                    self.apply(payload, out);
+                    self.next = Some(seq + 1);
+                } else {
+                    self.counters.duplicates += 1;
+                }
+            }
+        }
+        Step::Done
+    }
+
+    fn start_replay(&mut self, from: u64, initial: bool) -> Step {
+        self.counters.replays += 1;
+        self.replaying = Some(Replaying {
+            expected: from,
+            initial,
+            hole: false,
+        });
+        Step::Replay { from }
+    }
+
+    /// A replayed message (not the end marker). Returns false once the replay is
+    /// unusable (a hole in the engine's buffer); the caller should stop and report.
+    pub fn replayed(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Change>) -> bool {
+        let Some(mut r) = self.replaying else {
+            return false;
+        };
+        if r.hole {
+            return false;
+        }
+        if seq < r.expected {
+            self.counters.duplicates += 1;
+        } else if seq == r.expected || (r.initial && !self.applied_any) {
+            // An initial sync may start wherever the engine's buffer starts.
+            self.counters.replayed_batches += 1;
+            self.apply(payload, out);
+            r.expected = seq + 1;
+        } else {
+            r.hole = true;
+        }
+        self.replaying = Some(r);
+        !r.hole
+    }
+
+    /// End of a replay. `complete`: the end marker arrived. `seq`/`payload`: the live
+    /// message that triggered it, handled now.
+    pub fn replay_done(&mut self, complete: bool, seq: u64, payload: &[u8], out: &mut Vec<Change>) {
+        let Some(r) = self.replaying.take() else {
+            return;
+        };
+        let ok = complete && !r.hole && seq <= r.expected;
+        if ok {
+            if seq == r.expected {
+                self.apply(payload, out);
+                self.next = Some(seq + 1);
+            } else {
+                self.counters.duplicates += 1;
+                self.next = Some(r.expected);
+            }
+            return;
+        }
+        self.counters.replay_failures += 1;
+        if self.applied_any {
+            self.clear(out);
+        }
+        self.apply(payload, out);
+        self.next = Some(seq + 1);
+    }
+
+    fn clear(&mut self, out: &mut Vec<Change>) {
+        self.counters.clears += 1;
+        self.adapter.clear();
+        out.push(Change::Cleared { tier: None });
+    }
+
+    fn apply(&mut self, payload: &[u8], out: &mut Vec<Change>) {
+        self.counters.batches += 1;
+        match decode_batch(payload) {
+            Ok(b) => {
+                if let (Some(want), Some(got)) = (self.dp_rank, b.dp_rank) {
+                    if want != got {
+                        self.counters.dp_rank_mismatch += 1;
+                    }
+                }
+                self.counters.skipped_events += b.skipped as u64;
+                self.counters.events += b.events.len() as u64;
+                for ev in &b.events {
+                    self.adapter.apply(ev, out);
+                }
+                self.applied_any = true;
+            }
+            Err(_) => self.counters.bad_payloads += 1,
+        }
+    }
+}
+
+/// Why a multipart message was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameError {
+    TooFewFrames,
+    BadSeq,
+}
+
+/// `(seq, payload)` of a live `[topic, seq, payload]` message or a replayed
+/// `[delimiter?, topic?, seq, payload]` one: the last two frames, whatever precedes them.
+pub fn parse_multipart<F: AsRef<[u8]>>(frames: &[F]) -> Result<(u64, &[u8]), FrameError> {
+    let n = frames.len();
+    if n < 2 {
+        return Err(FrameError::TooFewFrames);
+    }
+    let seq = frames[n - 2].as_ref();
+    let seq: [u8; 8] = seq.try_into().map_err(|_| FrameError::BadSeq)?;
+    Ok((u64::from_be_bytes(seq), frames[n - 1].as_ref()))
+}
+
+/// The replay request: the start sequence, 8 bytes big-endian.
+pub fn replay_request(from: u64) -> [u8; 8] {
+    from.to_be_bytes()
+}
