@@ -192,8 +192,13 @@ fn query(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(3));
     g.warm_up_time(Duration::from_secs(1));
     let mut rng = SmallRng::seed_from_u64(7);
-    for workers in [16u16, 1024] {
-        let idx = build_fleet(workers, 1 << 20, &mut rng);
+    for (workers, entries, tag) in [
+        (16u16, 1u64 << 20, "1M"),
+        (1024, 1 << 20, "1M"),
+        (16, 10_000_000, "10M"),
+        (1024, 10_000_000, "10M"),
+    ] {
+        let idx = build_fleet(workers, entries, &mut rng);
         let st = idx.stats();
         eprintln!(
             "query fleet: {workers} workers, {} entries, {} blocks",
@@ -210,7 +215,10 @@ fn query(c: &mut Criterion) {
             let mut k = 0;
             g.throughput(Throughput::Elements(1));
             g.bench_function(
-                BenchmarkId::new(format!("{n}_blocks"), format!("{workers}_workers")),
+                BenchmarkId::new(
+                    format!("{n}_blocks"),
+                    format!("{tag}_entries/{workers}_workers"),
+                ),
                 |b| {
                     b.iter(|| {
                         idx.query(&reqs[k % reqs.len()], |w| w == u16::MAX, &mut out);
