@@ -3,6 +3,9 @@
 //! - `ingest/{1,2}_shards`: steady-state stored/removed events (64-block batches, 16
 //!   workers, ~64K live entries), shards run sequentially in process; throughput is in
 //!   block events.
+//! - `ingest_threads/shards/{1,2}`: one thread per shard, each applying its
+//!   pre-partitioned share of a Mooncake-derived store/remove stream (as the service
+//!   does); throughput is in block events of the whole stream.
 //! - `query/{64,512}_blocks/{16,1024}_workers`: scatter + per-shard query + merge over
 //!   2 shards holding ~1M entries (workers cache random prefixes of 2048 documents of
 //!   512 blocks sharing an 8-block system prompt, some continuations on host).
@@ -10,12 +13,13 @@
 //!   heap bytes per entry; nothing is timed.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kvroute::index::{MergeResult, ShardedIndex};
+use kvroute::index::{shard_of, IndexShard, MergeResult, ShardedIndex};
+use kvroute::sim::trace::{read_mooncake, TraceOptions};
 use kvroute::types::Tier;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const BATCH: u64 = 64;
 
@@ -50,6 +54,99 @@ fn ingest(c: &mut Criterion) {
                 let r = idx.removed((old % 16) as u16, Tier::Device, &batch);
                 i += 1;
                 black_box((a, r))
+            })
+        });
+    }
+    g.finish();
+}
+
+/// One cache event of the threaded ingest stream: `(worker, store?, hashes)`.
+type Event = (u16, bool, Vec<u64>);
+
+/// A Mooncake-derived event stream: the trace slice's requests replayed `rounds` times
+/// (hashes salted per round, so each round is new content with the trace's prefix
+/// sharing), each request stored on worker `i % 16` and removed 256 requests later;
+/// ends with every block removed, so a pass leaves the index empty.
+fn mooncake_stream(rounds: u64) -> Vec<Event> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/mooncake_slice.jsonl"
+    );
+    let reqs =
+        read_mooncake(std::path::Path::new(path), &TraceOptions::default()).unwrap_or_default();
+    let mut seqs = Vec::new();
+    for r in 0..rounds {
+        let salt = r.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        for q in &reqs {
+            seqs.push(q.hashes.iter().map(|h| h ^ salt).collect::<Vec<u64>>());
+        }
+    }
+    const WINDOW: usize = 256;
+    let mut out = Vec::new();
+    for (i, h) in seqs.iter().enumerate() {
+        out.push(((i % 16) as u16, true, h.clone()));
+        if i >= WINDOW {
+            out.push((((i - WINDOW) % 16) as u16, false, seqs[i - WINDOW].clone()));
+        }
+    }
+    let start = seqs.len().saturating_sub(WINDOW);
+    for (i, h) in seqs.iter().enumerate().skip(start) {
+        out.push(((i % 16) as u16, false, h.clone()));
+    }
+    out
+}
+
+/// The part of `stream` owned by shard `s` of `1 << bits`.
+fn partition(stream: &[Event], bits: u32, s: usize) -> Vec<Event> {
+    stream
+        .iter()
+        .map(|(w, st, h)| {
+            let mine = h.iter().copied().filter(|&x| shard_of(x, bits) == s);
+            (*w, *st, mine.collect::<Vec<u64>>())
+        })
+        .filter(|e| !e.2.is_empty())
+        .collect()
+}
+
+fn apply(shard: &mut IndexShard, events: &[Event]) -> u64 {
+    let mut n = 0u64;
+    for (w, store, h) in events {
+        n += if *store {
+            u64::from(shard.stored(*w, Tier::Device, h).added)
+        } else {
+            u64::from(shard.removed(*w, Tier::Device, h))
+        };
+    }
+    n
+}
+
+/// `ingest_threads/shards/{1,2}`: the service's layout — one shard per thread, each
+/// fed its pre-partitioned share of a Mooncake-derived stream. Throughput counts every
+/// block event (stores and removes) of the whole stream.
+fn ingest_threads(c: &mut Criterion) {
+    let stream = mooncake_stream(8);
+    let total: u64 = stream.iter().map(|e| e.2.len() as u64).sum();
+    let mut g = c.benchmark_group("ingest_threads");
+    g.measurement_time(Duration::from_secs(4));
+    g.warm_up_time(Duration::from_secs(1));
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(total));
+    for bits in [0u32, 1] {
+        let parts: Vec<Vec<Event>> = (0..1usize << bits)
+            .map(|s| partition(&stream, bits, s))
+            .collect();
+        let mut shards: Vec<IndexShard> = parts.iter().map(|_| IndexShard::new()).collect();
+        g.bench_function(BenchmarkId::new("shards", 1u32 << bits), |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    std::thread::scope(|sc| {
+                        for (shard, part) in shards.iter_mut().zip(&parts) {
+                            sc.spawn(move || black_box(apply(shard, part)));
+                        }
+                    });
+                }
+                t.elapsed()
             })
         });
     }
@@ -95,8 +192,13 @@ fn query(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(3));
     g.warm_up_time(Duration::from_secs(1));
     let mut rng = SmallRng::seed_from_u64(7);
-    for workers in [16u16, 1024] {
-        let idx = build_fleet(workers, 1 << 20, &mut rng);
+    for (workers, entries, tag) in [
+        (16u16, 1u64 << 20, "1M"),
+        (1024, 1 << 20, "1M"),
+        (16, 10_000_000, "10M"),
+        (1024, 10_000_000, "10M"),
+    ] {
+        let idx = build_fleet(workers, entries, &mut rng);
         let st = idx.stats();
         eprintln!(
             "query fleet: {workers} workers, {} entries, {} blocks",
@@ -113,7 +215,10 @@ fn query(c: &mut Criterion) {
             let mut k = 0;
             g.throughput(Throughput::Elements(1));
             g.bench_function(
-                BenchmarkId::new(format!("{n}_blocks"), format!("{workers}_workers")),
+                BenchmarkId::new(
+                    format!("{n}_blocks"),
+                    format!("{tag}_entries/{workers}_workers"),
+                ),
                 |b| {
                     b.iter(|| {
                         idx.query(&reqs[k % reqs.len()], |w| w == u16::MAX, &mut out);
@@ -153,5 +258,5 @@ fn memory(_c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, ingest, query, memory);
+criterion_group!(benches, ingest, ingest_threads, query, memory);
 criterion_main!(benches);

@@ -17,7 +17,7 @@ use crate::config::{Mode, RouterConfig};
 use crate::index::{shard_of, MergeResult, ShardedIndex};
 use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker, NewRequest};
 use crate::registry::{Registry, RegistryError, Upsert};
-use crate::select::{decide, Filters, RequestShape, RouteError, RouteInput, RrState};
+use crate::select::{decide, Filters, Fleet, RequestShape, RouteError, RouteInput, RrState};
 use crate::types::{Role, Tier, WorkerSlot, WorkerSpec};
 use plan::RowFigures;
 use rand::rngs::SmallRng;
@@ -89,6 +89,8 @@ pub struct Engine {
     rng: SmallRng,
     rr: RrState,
     merge: MergeResult,
+    /// Static filter data of the registry, rebuilt on first use after a change.
+    fleet: Option<Fleet>,
 }
 
 impl Engine {
@@ -117,6 +119,7 @@ impl Engine {
             rng: SmallRng::seed_from_u64(seed),
             rr: RrState::default(),
             merge: MergeResult::default(),
+            fleet: None,
             cfg,
             limits,
         })
@@ -135,6 +138,7 @@ impl Engine {
     pub fn register(&mut self, spec: WorkerSpec) -> Result<Upsert, EngineError> {
         let cap = spec.capacity_blocks.min(self.limits.max_blocks_per_worker);
         let up = self.registry.upsert(spec)?;
+        self.fleet = None;
         let slot = up.slot();
         let n = self.registry.slot_bound();
         self.live.resize(n, false);
@@ -154,6 +158,7 @@ impl Engine {
             .registry
             .remove(id)
             .ok_or_else(|| EngineError::UnknownWorker(id.into()))?;
+        self.fleet = None;
         self.forget_worker_state(slot);
         self.live[slot as usize] = false;
         Ok(())
@@ -245,6 +250,9 @@ impl Engine {
         let shared = |s: WorkerSlot| reg.get(s).is_some_and(|e| e.spec.role == Role::Shared);
         self.index.query(&prepared.hashes, shared, &mut self.merge);
         let reuse = self.reuse_counts(&prepared.hashes);
+        let fleet = self
+            .fleet
+            .get_or_insert_with(|| Fleet::new(reg.iter().map(|e| &e.spec)));
         let mut rows = Vec::with_capacity(self.registry.len());
         let model = self.cfg.prefill_load_model;
         plan::rows(
@@ -273,6 +281,7 @@ impl Engine {
             },
             filters: &prepared.filters,
             workers: &rows,
+            fleet: Some(fleet),
             prefill_failed,
             explain,
         };

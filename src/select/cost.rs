@@ -159,33 +159,34 @@ impl CostModel {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Scorer<'a> {
     pub model: CostModel,
-    /// `Some((domain, penalty))` when cross-domain candidates pay `penalty`.
-    pub prefer: Option<(&'a str, f64)>,
+    /// `Some((topology ids of the rows, domain id, penalty))` when cross-domain
+    /// candidates pay `penalty`.
+    pub prefer: Option<(&'a [u32], u32, f64)>,
 }
 
 impl Scorer<'_> {
-    /// Topology penalty of the worker (0 when not applicable).
+    /// Topology penalty of worker `i` (0 when not applicable).
     #[inline]
-    pub fn penalty(&self, row: &WorkerRow) -> f64 {
+    pub fn penalty(&self, i: usize) -> f64 {
         match self.prefer {
-            Some((domain, penalty)) if row.spec.topology != domain => penalty,
+            Some((topo, domain, penalty)) if topo.get(i) != Some(&domain) => penalty,
             _ => 0.0,
         }
     }
 
-    /// Cost terms of the worker, with the topology penalty folded into `cost`.
+    /// Cost terms of worker `i`, with the topology penalty folded into `cost`.
     #[inline]
-    pub fn terms(&self, row: &WorkerRow) -> CostTerms {
+    pub fn terms(&self, i: usize, row: &WorkerRow) -> CostTerms {
         let mut t = self.model.terms(row);
-        t.cost += self.penalty(row);
+        t.cost += self.penalty(i);
         t
     }
 
     /// The value selection compares. Non-finite costs (impossible with sane load
     /// figures) are mapped to `f64::MAX` so they lose without poisoning min/max.
     #[inline(always)]
-    pub fn cost(&self, row: &WorkerRow) -> f64 {
-        let c = self.terms(row).cost;
+    pub fn cost(&self, i: usize, row: &WorkerRow) -> f64 {
+        let c = self.model.terms(row).cost + self.penalty(i);
         if c.is_finite() {
             c
         } else {

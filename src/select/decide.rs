@@ -28,6 +28,7 @@
 
 use super::cost::{CostModel, Scorer};
 use super::filter::{role_bit, Rejection, RejectionCounts, ScanStats, StageFilter};
+use super::fleet::{Fleet, UNKNOWN};
 use super::pick::{run_stage, Outcome, Pick, StageRun};
 use super::{RequestShape, Stage, WorkerRow};
 use crate::config::{Mode, RouterConfig, TopologyPolicy};
@@ -46,6 +47,10 @@ pub struct RouteInput<'a> {
     pub filters: &'a super::Filters,
     /// Every registered worker (any model, role, liveness) with its per-request figures.
     pub workers: &'a [WorkerRow<'a>],
+    /// The static filter data of `workers` (same specs, same order), built once per
+    /// registry change. `None`, or a fleet of another length, makes `decide` build one
+    /// from the rows' specs for this call (allocating).
+    pub fleet: Option<&'a Fleet>,
     /// The frontend reports that this request's prefill failed: route decode-only.
     pub prefill_failed: bool,
     /// Fill [`Decision::candidates`] and [`Decision::rejected`].
@@ -154,6 +159,7 @@ const POOL_DECODE: u8 = role_bit(Role::Decode);
 /// Builds one stage. `pin` says whether the request's pin applies to this stage.
 fn stage<'x>(
     input: &'x RouteInput,
+    fleet: &'x Fleet,
     stage: Stage,
     cfg: &'x RouterConfig,
     pool: u8,
@@ -165,14 +171,17 @@ fn stage<'x>(
     let model = CostModel::new(cfg, &input.req);
     StageRun {
         filter: StageFilter {
+            fleet,
             stage,
-            model: &f.model,
+            model: fleet.model_id(&f.model),
             pool,
             split,
             pin,
+            pin_id: pin.map_or(UNKNOWN, |p| fleet.id_of(p)),
             allow: f.allow.as_deref(),
             dp: f.dp,
             tolerations: &f.tolerations,
+            tolerated: fleet.tolerations(&f.tolerations),
             domain: None,
             busy: cfg.busy_threshold.map(|t| (t, model)),
         },
@@ -216,7 +225,7 @@ fn stage_error(input: &RouteInput, run: &StageRun, stats: &ScanStats) -> RouteEr
     if stats.rejections.get(Rejection::Busy) > 0 {
         return RouteError::AllBusy { stage: f.stage };
     }
-    if let (Some(domain), true) = (f.domain, stats.rejections.get(Rejection::Topology) > 0) {
+    if let (Some((domain, _)), true) = (f.domain, stats.rejections.get(Rejection::Topology) > 0) {
         return RouteError::NoDecodeInDomain {
             domain: domain.to_owned(),
         };
@@ -237,10 +246,10 @@ struct Records {
 /// Appends the explain records of one stage.
 fn explain_stage(run: &StageRun, rows: &[WorkerRow], d: &mut Records) {
     use super::filter::Eval;
-    for row in rows {
-        match run.filter.eval(row) {
+    for (i, row) in rows.iter().enumerate() {
+        match run.filter.eval(i, row) {
             Eval::Pass(_) => {
-                let t = run.scorer.terms(row);
+                let t = run.scorer.terms(i, row);
                 d.candidates.push(Explain {
                     worker: row.slot,
                     stage: run.filter.stage,
@@ -270,7 +279,7 @@ fn single(
     records: Records,
 ) -> Decision {
     let row = &input.workers[p.index];
-    let t = run.scorer.terms(row);
+    let t = run.scorer.terms(p.index, row);
     Decision {
         decode_worker: row.slot,
         prefill_worker: None,
@@ -298,8 +307,17 @@ pub fn decide(
         return Err(RouteError::DirectNeedsPin);
     }
     let rows = input.workers;
+    let owned;
+    let fleet = match input.fleet {
+        Some(f) if f.len() == rows.len() => f,
+        _ => {
+            owned = Fleet::new(rows.iter().map(|r| r.spec));
+            &owned
+        }
+    };
     let probe = stage(
         input,
+        fleet,
         Stage::Aggregated,
         input.cfg,
         POOL_AGG,
@@ -316,7 +334,7 @@ pub fn decide(
             single(input, &probe, p, Fallback::None, records)
         }
         Outcome::Empty => return Err(stage_error(input, &probe, &stats)),
-        Outcome::Split => disaggregated(input, rng, rr.counter)?,
+        Outcome::Split => disaggregated(input, fleet, rng, rr.counter)?,
     };
     if input.mode == Mode::RoundRobin {
         rr.counter = rr.counter.wrapping_add(1);
@@ -327,13 +345,14 @@ pub fn decide(
 /// Two-stage routing, or the decode-only fallback.
 fn disaggregated(
     input: &RouteInput,
+    fleet: &Fleet,
     rng: &mut impl Rng,
     counter: u64,
 ) -> Result<Decision, RouteError> {
     let rows = input.workers;
     let pcfg = input.cfg.prefill_stage();
     let dcfg = input.cfg.decode_stage();
-    let prun = stage(input, Stage::Prefill, &pcfg, POOL_PREFILL, 0, false);
+    let prun = stage(input, fleet, Stage::Prefill, &pcfg, POOL_PREFILL, 0, false);
     let mut prefill = None;
     let fallback = if input.prefill_failed {
         Fallback::PrefillFailed
@@ -358,6 +377,7 @@ fn disaggregated(
         // Decode-only: Decode and Aggregated workers, base config, as a single stage.
         let run = stage(
             input,
+            fleet,
             Stage::Aggregated,
             input.cfg,
             POOL_AGG | POOL_DECODE,
@@ -375,15 +395,21 @@ fn disaggregated(
     };
 
     let prow = &rows[pp.index];
-    let pterms = prun.scorer.terms(prow);
-    let mut drun = stage(input, Stage::Decode, &dcfg, POOL_DECODE, 0, true);
+    let pterms = prun.scorer.terms(pp.index, prow);
+    let mut drun = stage(input, fleet, Stage::Decode, &dcfg, POOL_DECODE, 0, true);
     let domain = prow.spec.topology.as_str();
     if !domain.is_empty() {
         match input.cfg.topology_policy {
             TopologyPolicy::None => {}
-            TopologyPolicy::Restrict => drun.filter.domain = Some(domain),
+            TopologyPolicy::Restrict => {
+                drun.filter.domain = Some((domain, fleet.topology_id(domain)))
+            }
             TopologyPolicy::Prefer => {
-                drun.scorer.prefer = Some((domain, input.cfg.topology_penalty))
+                drun.scorer.prefer = Some((
+                    &fleet.topology,
+                    fleet.topology_id(domain),
+                    input.cfg.topology_penalty,
+                ))
             }
         }
     }
@@ -401,7 +427,7 @@ fn disaggregated(
         dp_rank: dp.dp_rank,
         prefill_dp_rank: Some(pp.dp_rank),
         overlap: pterms.overlap,
-        cost: drun.scorer.terms(drow).cost,
+        cost: drun.scorer.terms(dp.index, drow).cost,
         prefill_cost: Some(pterms.cost),
         fallback: Fallback::None,
         candidates: records.candidates,

@@ -10,6 +10,7 @@
 //! pin naming no worker at all is told apart from a pinned worker that is filtered.
 
 use super::cost::CostModel;
+use super::fleet::Fleet;
 use super::{Stage, WorkerRow};
 use crate::types::Role;
 use serde::{Deserialize, Serialize};
@@ -167,79 +168,81 @@ pub(crate) const fn role_bit(r: Role) -> u8 {
     1 << (r as u8)
 }
 
-/// The hard filters of one stage, resolved once per decision so the per-worker check
-/// is a handful of comparisons.
+/// The hard filters of one stage, resolved once per decision against the [`Fleet`]'s
+/// interned names, so the per-worker check is a handful of integer comparisons.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StageFilter<'a> {
+    pub fleet: &'a Fleet,
     pub stage: Stage,
-    pub model: &'a str,
+    /// Interned model ([`UNKNOWN`]: no worker serves it).
+    pub model: u32,
     /// Roles whose workers are candidates of this stage.
     pub pool: u8,
     /// Roles that reveal a disaggregated fleet (only when probing the aggregated stage).
     pub split: u8,
+    /// The pin as given (error messages) and its interned id.
     pub pin: Option<&'a str>,
+    pub pin_id: u32,
     pub allow: Option<&'a [String]>,
     pub dp: Option<DpBounds>,
     pub tolerations: &'a [String],
-    /// `topology_policy = restrict`: only workers of this domain.
-    pub domain: Option<&'a str>,
+    /// `tolerations` as a bitmask of the fleet's interned taints.
+    pub tolerated: u64,
+    /// `topology_policy = restrict`: only workers of this domain (name and id).
+    pub domain: Option<(&'a str, u32)>,
     /// `busy_threshold` and the stage cost model whose active-block rule measures load.
     pub busy: Option<(f64, CostModel)>,
 }
 
-/// Equality of short strings with the common empty-vs-empty case kept free of a
-/// `memcmp` call (most fleets serve the default model under the empty name).
-#[inline(always)]
-fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len() && (a.is_empty() || a == b)
-}
-
 impl StageFilter<'_> {
-    /// Filters one worker. Pure and allocation-free.
+    /// Filters worker `i` (its static data in the fleet, its figures in `row`). Pure and
+    /// allocation-free.
     #[inline(always)]
-    pub fn eval(&self, row: &WorkerRow) -> Eval {
-        let spec = row.spec;
-        if !same(&spec.model, self.model) {
+    pub fn eval(&self, i: usize, row: &WorkerRow) -> Eval {
+        let fleet = self.fleet;
+        if fleet.model[i] != self.model {
             return Eval::Skip;
         }
-        let bit = role_bit(spec.role);
+        let bit = fleet.role_bit(i);
         if self.split & bit != 0 {
             return Eval::Split;
         }
         if self.pool & bit == 0 {
             return Eval::Skip;
         }
-        if let Some(pin) = self.pin {
-            if spec.id != pin {
-                return Eval::Reject(Rejection::Pin);
-            }
+        if self.pin.is_some() && fleet.id[i] != self.pin_id {
+            return Eval::Reject(Rejection::Pin);
         }
         if !row.live {
             return Eval::Reject(Rejection::NotLive);
         }
         if let Some(allow) = self.allow {
-            if !allow.contains(&spec.id) {
+            if !allow.contains(&fleet.names[i]) {
                 return Eval::Reject(Rejection::AllowList);
             }
         }
+        let (lo, hi) = (fleet.dp_lo[i], fleet.dp_hi[i]);
         let dp = match self.dp {
-            None => spec.dp_ranks.lo,
-            Some(b) => match spec.dp_ranks.intersect(b.lo, b.hi) {
-                Some(r) => r.lo,
-                None => return Eval::Reject(Rejection::DpRanks),
-            },
+            None => lo,
+            Some(b) => {
+                let (l, h) = (lo.max(b.lo), hi.min(b.hi));
+                if l > h {
+                    return Eval::Reject(Rejection::DpRanks);
+                }
+                l
+            }
         };
-        if !spec.taints.is_empty() && !spec.taints.iter().all(|t| self.tolerations.contains(t)) {
+        if fleet.untolerated(i, self.tolerated, self.tolerations) {
             return Eval::Reject(Rejection::Taint);
         }
-        if let Some(domain) = self.domain {
-            if spec.topology != domain {
+        if let Some((_, domain)) = self.domain {
+            if fleet.topology[i] != domain {
                 return Eval::Reject(Rejection::Topology);
             }
         }
         if let Some((threshold, model)) = &self.busy {
             // blocks / capacity >= threshold, without a division.
-            if model.active_blocks(row) >= threshold * spec.capacity_blocks as f64 {
+            if model.active_blocks(row) >= threshold * fleet.capacity[i] {
                 return Eval::Reject(Rejection::Busy);
             }
         }

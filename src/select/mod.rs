@@ -23,6 +23,7 @@
 mod cost;
 mod decide;
 mod filter;
+mod fleet;
 mod pick;
 #[cfg(test)]
 mod tests;
@@ -30,6 +31,7 @@ mod tests;
 pub use cost::{cost_terms, CostTerms};
 pub use decide::{decide, Decision, Explain, Fallback, Rejected, RouteError, RouteInput, RrState};
 pub use filter::{DpBounds, Filters, Rejection, RejectionCounts};
+pub use fleet::Fleet;
 
 use crate::types::{Overlap, WorkerSlot, WorkerSpec};
 use serde::Serialize;

@@ -69,7 +69,7 @@ fn survey<'r>(
     let mut rejections = RejectionCounts::default();
     let mut split = false;
     for (i, row) in rows.iter().enumerate() {
-        match filter.eval(row) {
+        match filter.eval(i, row) {
             Eval::Skip => {}
             Eval::Split => {
                 split = true;
@@ -102,7 +102,7 @@ fn each_eligible<'r>(
     mut f: impl FnMut(usize, &'r WorkerRow<'r>, u32) -> bool,
 ) {
     for (i, row) in rows.iter().enumerate() {
-        if let Eval::Pass(dp) = filter.eval(row) {
+        if let Eval::Pass(dp) = filter.eval(i, row) {
             if f(i, row, dp) {
                 return;
             }
@@ -198,7 +198,7 @@ pub(crate) fn run_stage(
         Mode::Kv => {
             let mut m = MinTies::new();
             let ok = survey(filter, rows, stats, |index, row, dp_rank| {
-                let c = run.scorer.cost(row);
+                let c = run.scorer.cost(index, row);
                 m.offer(c, Pick { index, dp_rank }, rng, cost_cmp);
             });
             if !ok {
@@ -261,7 +261,7 @@ fn softmax(
     let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
     let mut first = None;
     let ok = survey(filter, rows, stats, |index, row, dp_rank| {
-        let c = run.scorer.cost(row);
+        let c = run.scorer.cost(index, row);
         lo = lo.min(c);
         hi = hi.max(c);
         first.get_or_insert(Pick { index, dp_rank });
@@ -283,7 +283,7 @@ fn softmax(
     let mut total = 0.0f64;
     let mut chosen = first;
     each_eligible(filter, rows, |index, row, dp_rank| {
-        let w = exp_neg(-(run.scorer.cost(row) - lo) * scale);
+        let w = exp_neg(-(run.scorer.cost(index, row) - lo) * scale);
         total += w;
         if total > 0.0 && rng.random::<f64>() * total < w {
             chosen = Pick { index, dp_rank };
@@ -305,8 +305,9 @@ fn device_aware(
     let filter = &run.filter;
     // [gpu, cpu]: (Σ active requests, count)
     let mut groups = [(0u64, 0u32); 2];
-    let ok = survey(filter, rows, stats, |_, row, _| {
-        let g = &mut groups[usize::from(row.spec.device == DeviceClass::Cpu)];
+    let cpu = &filter.fleet.cpu;
+    let ok = survey(filter, rows, stats, |i, row, _| {
+        let g = &mut groups[usize::from(cpu[i])];
         g.0 += u64::from(row.load.active_requests);
         g.1 += 1;
     });
@@ -329,7 +330,7 @@ fn device_aware(
     };
     let mut m = MinTies::new();
     each_eligible(filter, rows, |index, row, dp_rank| {
-        if row.spec.device == class {
+        if cpu[index] == (class == DeviceClass::Cpu) {
             let a = row.load.active_requests;
             m.offer(a, Pick { index, dp_rank }, rng, |x, y| x.cmp(&y));
         }

@@ -13,10 +13,14 @@ use crate::engine::plan::{self, RowFigures};
 use crate::engine::{EngineError, Prepared, RouteDecision, RouteRequest};
 use crate::index::{merge, MergeResult, ShardAnswer};
 use crate::load::NewRequest;
-use crate::select::{decide, RequestShape, RouteError, RouteInput};
+use crate::registry::Registry;
+use crate::select::{decide, Fleet, RequestShape, RouteError, RouteInput};
 use crate::types::{Role, WorkerSlot};
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Errors of the service API: engine errors plus overload.
@@ -26,6 +30,27 @@ pub enum ApiError {
     Engine(#[from] EngineError),
     #[error("overloaded: {0}")]
     Overloaded(String),
+}
+
+thread_local! {
+    /// This core's [`Fleet`] of the registry snapshot it was built from. Holding the
+    /// snapshot keeps its address from being reused, so pointer equality is sound.
+    static FLEET: RefCell<Option<(Arc<Registry>, Rc<Fleet>)>> = const { RefCell::new(None) };
+}
+
+/// The fleet of registry snapshot `reg`, rebuilt only when the snapshot changed.
+fn fleet_of(reg: &Arc<Registry>) -> Rc<Fleet> {
+    FLEET.with(|c| {
+        let mut c = c.borrow_mut();
+        match &*c {
+            Some((r, f)) if Arc::ptr_eq(r, reg) => f.clone(),
+            _ => {
+                let f = Rc::new(Fleet::new(reg.iter().map(|e| &e.spec)));
+                *c = Some((reg.clone(), f.clone()));
+                f
+            }
+        }
+    })
 }
 
 /// Routes one request (from the binary API or HTTP).
@@ -143,6 +168,7 @@ async fn route_prepared(
     let cfg = &sh.settings.router;
     let now_us = sh.now_us();
     let now_ms = now_us / 1000;
+    let fleet = fleet_of(&reg);
     let mut rows = Vec::with_capacity(reg.len());
     plan::rows(
         &reg,
@@ -170,6 +196,7 @@ async fn route_prepared(
         },
         filters: &prepared.filters,
         workers: &rows,
+        fleet: Some(&fleet),
         prefill_failed,
         explain,
     };

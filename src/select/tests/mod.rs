@@ -189,6 +189,7 @@ impl Case {
             req: self.req,
             filters: &self.filters,
             workers: &rows,
+            fleet: None,
             prefill_failed: self.prefill_failed,
             explain: self.explain,
         };
