@@ -30,16 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 const WORKERS: [&str; 4] = ["w0", "w1", "w2", "w3"];
 const REQUESTS: [&str; 6] = ["r0", "r1", "r2", "r3", "r4", "r5"];
-const HASHES: [u64; 8] = [
-    11,
-    22,
-    33,
-    44,
-    55,
-    66,
-    0x9e37_79b9_7f4a_7c15,
-    u64::MAX,
-];
+const HASHES: [u64; 8] = [11, 22, 33, 44, 55, 66, 0x9e37_79b9_7f4a_7c15, u64::MAX];
 const MAX_WORKERS: usize = 3;
 const MAX_HASHES: usize = 8;
 const BLOCK_SIZE: u32 = 4;
@@ -90,7 +81,11 @@ impl Model {
                 continue;
             }
             let s = shard_of(h, bits);
-            let in_shard = w.blocks.iter().filter(|(b, _)| shard_of(*b, bits) == s).count();
+            let in_shard = w
+                .blocks
+                .iter()
+                .filter(|(b, _)| shard_of(*b, bits) == s)
+                .count();
             if (in_shard as u64) < cap {
                 w.blocks.insert((h, tier));
             }
@@ -198,7 +193,10 @@ fn step(u: &mut Unstructured, e: &mut Engine, m: &mut Model, now: &mut u64) -> R
         0 => {
             let mut spec = WorkerSpec::new(w);
             spec.epoch = u.int_in_range(0..=2)?;
-            spec.role = *pick(u, &[Role::Aggregated, Role::Prefill, Role::Decode, Role::Shared])?;
+            spec.role = *pick(
+                u,
+                &[Role::Aggregated, Role::Prefill, Role::Decode, Role::Shared],
+            )?;
             spec.capacity_blocks = *pick(u, &[1, 3, 1 << 20])?;
             let cap = spec.capacity_blocks.min(m.max_blocks);
             let epoch = spec.epoch;
@@ -280,7 +278,11 @@ fn step(u: &mut Unstructured, e: &mut Engine, m: &mut Model, now: &mut u64) -> R
                 },
                 expected_output_tokens: u.arbitrary::<Option<u8>>()?.map(u32::from),
                 pin: if u.ratio(1, 4)? { Some(w.into()) } else { None },
-                mode: if u.ratio(1, 3)? { Some(*pick(u, &Mode::ALL)?) } else { None },
+                mode: if u.ratio(1, 3)? {
+                    Some(*pick(u, &Mode::ALL)?)
+                } else {
+                    None
+                },
                 explain: u.arbitrary()?,
                 ..RouteRequest::default()
             };
@@ -354,10 +356,19 @@ fn check(e: &Engine, m: &Model, now: u64) {
     assert_eq!(ids, want, "registered workers");
     for s in &ws {
         let mw = &m.workers[&s.id];
-        assert_eq!(s.cached_blocks, mw.blocks.len() as u64, "cached blocks of {}", s.id);
+        assert_eq!(
+            s.cached_blocks,
+            mw.blocks.len() as u64,
+            "cached blocks of {}",
+            s.id
+        );
         assert_eq!(s.epoch, mw.epoch);
         let decoding = m.reqs.values().filter(|r| r.decode == s.id).count();
-        assert_eq!(s.active_requests as usize, decoding, "active requests of {}", s.id);
+        assert_eq!(
+            s.active_requests as usize, decoding,
+            "active requests of {}",
+            s.id
+        );
         if decoding == 0 {
             assert_eq!(s.decode_blocks, 0.0, "leaked decode blocks on {}", s.id);
         }
