@@ -3,8 +3,22 @@
 //! Each core owns one row of cells per worker slot and is its only writer; readers sum
 //! the rows of all cores (the figures are additive, see `load::WorkerAgg`), except the
 //! "oldest active prefill" triple, where the oldest across cores wins. Reads are
-//! `Relaxed`: a router decision may see a figure a few microseconds stale, never a torn
-//! or invented one (each cell is one atomic word).
+//! `Relaxed`: a router decision may see a figure a few microseconds stale.
+//!
+//! What a reader is guaranteed (checked by `tests/loom_board.rs`):
+//! - every field it sees in a (core, slot) row is a value the row's writer published
+//!   for that field (or the initial zero / "none"): no torn or invented values, since
+//!   each field is one atomic word and `publish` writes only final values;
+//! - per field, reads never go back in time (a later read of the same cell returns the
+//!   same or a later publication: atomics are coherent).
+//!
+//! What it is NOT guaranteed: fields of one row are not a consistent snapshot. A read
+//! racing with `publish` may combine fields from two consecutive publications, e.g.
+//! `active_requests` of the newer one with `blocks_total` of the older, or an oldest
+//! prefill whose `started_us` and `tokens` come from different requests. Each field is
+//! still a real, recent figure of that worker, which is what the cost function needs;
+//! the mix lasts only while one publication is in progress and the next read repairs
+//! it. (The loom test `fields_are_not_a_snapshot` demonstrates such a mix.)
 
 use super::atomic::{AtomicU64, Ordering};
 use crate::load::{OldestPrefill, WorkerAgg};
@@ -70,6 +84,12 @@ impl LoadBoard {
         };
         let a = &p.agg;
         let c = &self.cells[b..b + FIELDS];
+        #[cfg(loom)]
+        if super::faults::active(super::faults::Fault::BoardResetFirst) {
+            for cell in c {
+                cell.store(0, Ordering::Relaxed);
+            }
+        }
         c[F_ACTIVE].store(a.active_requests as u64, Ordering::Relaxed);
         c[F_PREFILL_REQS].store(a.prefill_requests as u64, Ordering::Relaxed);
         c[F_PREFILL_TOKENS].store(a.prefill_tokens, Ordering::Relaxed);
@@ -116,8 +136,7 @@ impl LoadBoard {
         out
     }
 
-    /// Zeroes every core's row of a slot (slot freed). Only safe when the cores have
-    /// already forgotten the worker; each core then republishes zeros anyway.
+    /// Worker slots per core.
     pub fn slots(&self) -> usize {
         self.slots
     }

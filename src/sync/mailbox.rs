@@ -8,7 +8,10 @@
 //!   only if it is still empty does it park on the doorbell.
 //!
 //! With SeqCst on both sides a message can never be left in the queue while the
-//! consumer sleeps (no lost wake-up); spurious wake-ups are harmless.
+//! consumer sleeps (no lost wake-up); spurious wake-ups are harmless. (The flag store
+//! and the queue check form a store-buffering pattern: with weaker orderings each side
+//! could miss the other's write. loom treats SeqCst as AcqRel, so the loom models check
+//! the protocol's steps, including the re-check, via injected faults, not this part.)
 //! The queue is bounded: `push` hands the message back when full, and the caller
 //! applies backpressure (waits, which stops it reading its socket).
 
@@ -77,6 +80,12 @@ impl<T> Mailbox<T> {
     /// Enqueues `msg`. `Ok(true)` means the consumer may be asleep: ring its doorbell.
     /// `Err(msg)` when the queue is full.
     pub fn push(&self, msg: T) -> Result<bool, T> {
+        #[cfg(loom)]
+        if super::faults::active(super::faults::Fault::FlagBeforePush) {
+            let was = self.sleeping.swap(false, Ordering::SeqCst);
+            self.queue.push(msg)?;
+            return Ok(was);
+        }
         self.queue.push(msg)?;
         Ok(self.sleeping.swap(false, Ordering::SeqCst))
     }
@@ -89,6 +98,10 @@ impl<T> Mailbox<T> {
     /// when messages arrived meanwhile.
     pub fn try_sleep(&self) -> bool {
         self.sleeping.store(true, Ordering::SeqCst);
+        #[cfg(loom)]
+        if super::faults::active(super::faults::Fault::SkipRecheck) {
+            return true;
+        }
         if self.queue.is_empty() {
             true
         } else {

@@ -5,9 +5,12 @@
 //! - [`board`]: per-worker load figures, one writer per core, readers everywhere.
 //!
 //! Under `cfg(loom)` the atomics come from loom (and the mailbox queue is a
-//! loom-instrumented bounded queue) so every interleaving of the protocols is explored.
+//! loom-instrumented bounded queue) so every interleaving of the protocols is explored,
+//! and [`faults`] lets each model inject a deliberate bug to show it is caught.
 
 pub mod board;
+#[cfg(loom)]
+pub mod faults;
 pub mod mailbox;
 
 #[cfg(loom)]
