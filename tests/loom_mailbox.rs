@@ -104,6 +104,9 @@ impl<T> Inbox<T> {
             if self.mb.try_sleep() {
                 self.park();
                 self.mb.awake();
+            } else {
+                // Announced but not yet pushed: retry (the service yields its task).
+                thread::yield_now();
             }
         }
     }
@@ -114,6 +117,9 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     if b.preemption_bound.is_none() {
         b.preemption_bound = Some(3);
     }
+    // Every mailbox operation is a read-modify-write of the state word, and the
+    // retry paths (announced, not yet pushed) spin with yield: more branches per run.
+    b.max_branches = b.max_branches.max(5_000);
     b.check(f);
 }
 
@@ -163,7 +169,6 @@ fn mailbox_model() {
 }
 
 #[test]
-#[ignore = "loom reports a lost wake-up here (push swaps `sleeping` and reads false after try_sleep stored true); not yet classified as a real bug or a model/loom artifact"]
 fn mailbox_no_lost_wakeup() {
     mailbox_model();
 }
@@ -210,7 +215,7 @@ fn handoff_model() {
 }
 
 #[test]
-#[ignore = "loom reports a lost wake-up here (push swaps `sleeping` and reads false after try_sleep stored true); not yet classified as a real bug or a model/loom artifact"]
+#[ignore = "with the single-word mailbox protocol this model exceeds loom's branch budget and CI's time; run with --ignored"]
 fn shard_handoff_keeps_order() {
     handoff_model();
 }
@@ -295,7 +300,7 @@ fn gather_model() {
 }
 
 #[test]
-#[ignore = "loom reports a lost wake-up here (push swaps `sleeping` and reads false after try_sleep stored true); not yet classified as a real bug or a model/loom artifact"]
+#[ignore = "with the single-word mailbox protocol this model exceeds loom's branch budget and CI's time; run with --ignored"]
 fn gather_sees_every_reply_once() {
     gather_model();
 }
@@ -370,7 +375,6 @@ fn generation_model(check_gen: bool) {
 }
 
 #[test]
-#[ignore = "loom reports a lost wake-up here (push swaps `sleeping` and reads false after try_sleep stored true); not yet classified as a real bug or a model/loom artifact"]
 fn generation_swap_drops_stale_messages() {
     generation_model(true);
 }
@@ -399,7 +403,7 @@ fn shutdown_model(recheck: bool) {
                 inbox.sender_done();
             })
         };
-        // `run_loop`, minus in-flight tracking (the service loads the flag Relaxed).
+        // `run_loop`, minus in-flight tracking (the service loads the flag with Acquire).
         let mut got = Vec::new();
         loop {
             let mut n = 0;
@@ -413,9 +417,13 @@ fn shutdown_model(recheck: bool) {
                 }
                 continue;
             }
-            if n == 0 && inbox.mb.try_sleep() {
-                inbox.park();
-                inbox.mb.awake();
+            if n == 0 {
+                if inbox.mb.try_sleep() {
+                    inbox.park();
+                    inbox.mb.awake();
+                } else {
+                    thread::yield_now();
+                }
             }
         }
         sender.join().unwrap();

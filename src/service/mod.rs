@@ -310,7 +310,7 @@ async fn run_loop(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
         }
         core.publish();
         let flushed = core.flush();
-        if core.shared.shutdown.load(Ordering::Relaxed) {
+        if core.shared.shutdown.load(Ordering::Acquire) {
             let since = *shutdown_since.get_or_insert_with(std::time::Instant::now);
             let idle =
                 core.shared.inflight.load(Ordering::SeqCst) == 0 && mailbox.is_empty() && flushed;
@@ -330,6 +330,9 @@ async fn run_loop(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
             mailbox.awake();
         } else if n > 0 {
             glommio::yield_if_needed().await;
+        } else {
+            // A message is announced but not yet in the queue: let other tasks run.
+            futures_lite::future::yield_now().await;
         }
     }
 }

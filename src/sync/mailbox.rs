@@ -1,21 +1,24 @@
 //! A core's inbox: a bounded lock-free MPMC queue plus a "sleeping" flag that tells
 //! producers when the consumer must be woken.
 //!
-//! Protocol (the loom model in `tests/loom_mailbox.rs` checks it):
-//! - producer: `push` the message, then `swap(sleeping, false)`; if it was `true` the
-//!   consumer may be parked, so the producer rings the doorbell;
-//! - consumer: drains, then `try_sleep`: sets `sleeping = true` and re-checks the queue;
-//!   only if it is still empty does it park on the doorbell.
+//! Protocol (the loom models in `tests/loom_mailbox.rs` check it). One atomic word
+//! holds both the number of announced messages (upper bits) and the consumer's
+//! SLEEPING bit, so every decision is a read-modify-write of the same location and
+//! needs no store-load (Dekker) ordering between two locations:
+//! - producer: `fetch_add` one message, then push it; if the word it replaced had
+//!   SLEEPING set, clear the bit (`fetch_and`) and ring the doorbell if it was the one
+//!   that cleared it;
+//! - consumer: pops (each pop subtracts one), then `try_sleep` = compare-exchange of
+//!   `0 → SLEEPING`: it can only park when no message is announced, so a message is
+//!   never left behind a parked consumer (no lost wake-up). A message announced but
+//!   not yet pushed makes the consumer retry instead of parking; spurious wake-ups are
+//!   harmless.
 //!
-//! With SeqCst on both sides a message can never be left in the queue while the
-//! consumer sleeps (no lost wake-up); spurious wake-ups are harmless. (The flag store
-//! and the queue check form a store-buffering pattern: with weaker orderings each side
-//! could miss the other's write. loom treats SeqCst as AcqRel, so the loom models check
-//! the protocol's steps, including the re-check, via injected faults, not this part.)
-//! The queue is bounded: `push` hands the message back when full, and the caller
-//! applies backpressure (waits, which stops it reading its socket).
+//! The queue is bounded: `push` hands the message back when full (and withdraws its
+//! announcement), and the caller applies backpressure (waits, which stops it reading
+//! its socket).
 
-use super::atomic::{AtomicBool, Ordering};
+use super::atomic::{AtomicUsize, Ordering};
 #[cfg(not(loom))]
 use crossbeam::queue::ArrayQueue;
 #[cfg(loom)]
@@ -66,53 +69,69 @@ mod loom_queue {
 
 pub struct Mailbox<T> {
     queue: ArrayQueue<T>,
-    sleeping: AtomicBool,
+    /// `announced messages << 1 | SLEEPING`.
+    state: AtomicUsize,
 }
+
+const SLEEPING: usize = 1;
+const ONE: usize = 2;
 
 impl<T> Mailbox<T> {
     pub fn new(capacity: usize) -> Mailbox<T> {
         Mailbox {
             queue: ArrayQueue::new(capacity.max(1)),
-            sleeping: AtomicBool::new(false),
+            state: AtomicUsize::new(0),
         }
     }
 
-    /// Enqueues `msg`. `Ok(true)` means the consumer may be asleep: ring its doorbell.
+    /// Enqueues `msg`. `Ok(true)` means the consumer was asleep: ring its doorbell.
     /// `Err(msg)` when the queue is full.
     pub fn push(&self, msg: T) -> Result<bool, T> {
         #[cfg(loom)]
         if super::faults::active(super::faults::Fault::FlagBeforePush) {
-            let was = self.sleeping.swap(false, Ordering::SeqCst);
-            self.queue.push(msg)?;
-            return Ok(was);
+            // Bug: decides from a plain load taken before announcing the message.
+            let asleep = self.state.load(Ordering::Acquire) & SLEEPING != 0;
+            self.state.fetch_add(ONE, Ordering::AcqRel);
+            if let Err(m) = self.queue.push(msg) {
+                self.state.fetch_sub(ONE, Ordering::AcqRel);
+                return Err(m);
+            }
+            return Ok(asleep && self.state.fetch_and(!SLEEPING, Ordering::AcqRel) & SLEEPING != 0);
         }
-        self.queue.push(msg)?;
-        Ok(self.sleeping.swap(false, Ordering::SeqCst))
+        let prev = self.state.fetch_add(ONE, Ordering::AcqRel);
+        if let Err(m) = self.queue.push(msg) {
+            self.state.fetch_sub(ONE, Ordering::AcqRel);
+            return Err(m);
+        }
+        if prev & SLEEPING == 0 {
+            return Ok(false);
+        }
+        Ok(self.state.fetch_and(!SLEEPING, Ordering::AcqRel) & SLEEPING != 0)
     }
 
     pub fn pop(&self) -> Option<T> {
-        self.queue.pop()
+        let m = self.queue.pop()?;
+        self.state.fetch_sub(ONE, Ordering::AcqRel);
+        Some(m)
     }
 
     /// Consumer side: announce the intent to park. Returns `false` (and stays awake)
-    /// when messages arrived meanwhile.
+    /// when a message is announced (possibly not yet in the queue: retry soon).
     pub fn try_sleep(&self) -> bool {
-        self.sleeping.store(true, Ordering::SeqCst);
         #[cfg(loom)]
         if super::faults::active(super::faults::Fault::SkipRecheck) {
+            // Bug: raises the bit without checking for announced messages.
+            self.state.fetch_or(SLEEPING, Ordering::AcqRel);
             return true;
         }
-        if self.queue.is_empty() {
-            true
-        } else {
-            self.sleeping.store(false, Ordering::SeqCst);
-            false
-        }
+        self.state
+            .compare_exchange(0, SLEEPING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 
     /// Consumer side: woke up (doorbell or spuriously).
     pub fn awake(&self) {
-        self.sleeping.store(false, Ordering::SeqCst);
+        self.state.fetch_and(!SLEEPING, Ordering::AcqRel);
     }
 
     pub fn len(&self) -> usize {
@@ -142,5 +161,8 @@ mod tests {
         assert_eq!(m.push(2), Ok(true), "consumer asleep: wake it");
         assert_eq!(m.push(3), Ok(false), "already woken");
         assert_eq!(m.push(4), Err(4), "bounded");
+        assert_eq!((m.pop(), m.pop(), m.pop()), (Some(2), Some(3), None));
+        m.awake();
+        assert!(m.try_sleep(), "a refused push withdrew its announcement");
     }
 }
