@@ -333,26 +333,25 @@ impl Engine {
     }
 
     fn add_active(&mut self, w: WorkerSlot, hashes: &[u64]) {
-        let bits = self.shard_bits;
-        for (s, a) in self.active.iter_mut().enumerate() {
-            let mine: Vec<u64> = hashes
-                .iter()
-                .copied()
-                .filter(|&h| shard_of(h, bits) == s)
-                .collect();
-            a.add(w, &mine);
-        }
+        self.update_active(w, hashes, true);
     }
 
     fn remove_active(&mut self, w: WorkerSlot, hashes: &[u64]) {
+        self.update_active(w, hashes, false);
+    }
+
+    /// Adds or removes a request's hashes in the active-block shard owning each.
+    fn update_active(&mut self, w: WorkerSlot, hashes: &[u64], add: bool) {
         let bits = self.shard_bits;
+        let mut mine = Vec::with_capacity(hashes.len());
         for (s, a) in self.active.iter_mut().enumerate() {
-            let mine: Vec<u64> = hashes
-                .iter()
-                .copied()
-                .filter(|&h| shard_of(h, bits) == s)
-                .collect();
-            a.remove(w, &mine);
+            mine.clear();
+            mine.extend(hashes.iter().copied().filter(|&h| shard_of(h, bits) == s));
+            if add {
+                a.add(w, &mine);
+            } else {
+                a.remove(w, &mine);
+            }
         }
     }
 
@@ -427,26 +426,17 @@ impl Engine {
                     WorkerState::Live
                 };
                 let unique: u64 = self.active.iter().map(|a| a.unique_blocks(e.slot)).sum();
-                WorkerStatus {
-                    id: e.spec.id.clone(),
-                    role: e.spec.role,
-                    device: e.spec.device,
-                    model: e.spec.model.clone(),
-                    dp_ranks: e.spec.dp_ranks,
-                    taints: e.spec.taints.clone(),
-                    topology: e.spec.topology.clone(),
-                    capacity_blocks: e.spec.capacity_blocks,
-                    epoch: e.spec.epoch,
+                WorkerStatus::new(
+                    &e.spec,
                     state,
-                    cached_blocks: self.index.worker_blocks(e.slot),
-                    active_requests: load.active_requests,
-                    prefill_tokens: load.prefill_tokens,
-                    decode_blocks: if self.cfg.assume_kv_reuse {
+                    self.index.worker_blocks(e.slot),
+                    &load,
+                    if self.cfg.assume_kv_reuse {
                         unique as f64
                     } else {
                         load.blocks_total
                     },
-                }
+                )
             })
             .collect()
     }

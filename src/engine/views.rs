@@ -74,6 +74,34 @@ pub struct WorkerStatus {
     pub decode_blocks: f64,
 }
 
+impl WorkerStatus {
+    /// A status row from a worker's spec and its fleet-wide figures.
+    pub fn new(
+        spec: &crate::types::WorkerSpec,
+        state: WorkerState,
+        cached_blocks: u64,
+        load: &crate::load::WorkerLoad,
+        decode_blocks: f64,
+    ) -> WorkerStatus {
+        WorkerStatus {
+            id: spec.id.clone(),
+            role: spec.role,
+            device: spec.device,
+            model: spec.model.clone(),
+            dp_ranks: spec.dp_ranks,
+            taints: spec.taints.clone(),
+            topology: spec.topology.clone(),
+            capacity_blocks: spec.capacity_blocks,
+            epoch: spec.epoch,
+            state,
+            cached_blocks,
+            active_requests: load.active_requests,
+            prefill_tokens: load.prefill_tokens,
+            decode_blocks,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -244,26 +244,17 @@ pub fn workers(core: &Core) -> Vec<WorkerStatus> {
             } else {
                 WorkerState::Live
             };
-            WorkerStatus {
-                id: e.spec.id.clone(),
-                role: e.spec.role,
-                device: e.spec.device,
-                model: e.spec.model.clone(),
-                dp_ranks: e.spec.dp_ranks,
-                taints: e.spec.taints.clone(),
-                topology: e.spec.topology.clone(),
-                capacity_blocks: e.spec.capacity_blocks,
-                epoch: e.spec.epoch,
+            WorkerStatus::new(
+                &e.spec,
                 state,
-                cached_blocks: p.cached_blocks,
-                active_requests: load.active_requests,
-                prefill_tokens: load.prefill_tokens,
-                decode_blocks: if cfg.assume_kv_reuse {
+                p.cached_blocks,
+                &load,
+                if cfg.assume_kv_reuse {
                     p.blocks_unique as f64
                 } else {
                     load.blocks_total
                 },
-            }
+            )
         })
         .collect()
 }
