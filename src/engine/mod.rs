@@ -15,7 +15,7 @@ pub use views::{EventBatch, KvEvent, WorkerState, WorkerStatus};
 
 use crate::config::{Mode, RouterConfig};
 use crate::index::{shard_of, MergeResult, ShardedIndex};
-use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker, NewRequest};
+use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker};
 use crate::registry::{Registry, RegistryError, Upsert};
 use crate::select::{decide, Filters, Fleet, RequestShape, RouteError, RouteInput, RrState};
 use crate::types::{Role, Tier, WorkerSlot, WorkerSpec};
@@ -288,19 +288,16 @@ impl Engine {
         let d = decide(&input, &mut self.rng, &mut self.rr)?;
         let out = plan::to_output(&self.registry, id, &d, explain);
         drop(rows);
-        let cached = plan::cached_tokens(d.overlap, self.cfg.block_size, prepared.input_tokens);
         self.tracker
-            .on_route(NewRequest {
-                id: id.to_string(),
-                decode_worker: d.decode_worker,
-                prefill_worker: d.prefill_worker,
-                input_tokens: prepared.input_tokens,
-                cached_tokens: cached,
-                prompt_blocks: prepared.prompt_blocks,
-                hashes: prepared.hashes.clone(),
-                expected_output_tokens: osl,
+            .on_route(plan::new_request(
+                id,
+                &d,
+                &prepared,
+                prepared.hashes.clone(),
+                self.cfg.block_size,
+                osl,
                 now_us,
-            })
+            ))
             .map_err(|e| lifecycle_err(e, id))?;
         self.add_active(d.decode_worker, &prepared.hashes);
         if d.prefill_worker.is_some() {

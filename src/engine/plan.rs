@@ -93,6 +93,30 @@ pub fn to_output(reg: &Registry, request_id: &str, d: &Decision, explain: bool) 
     }
 }
 
+/// The load-tracker record of a routed request: the decision's workers, the prompt's
+/// shape, and the tokens already cached on the prefill-side worker.
+pub fn new_request(
+    id: &str,
+    d: &Decision,
+    prepared: &super::request::Prepared,
+    hashes: Vec<u64>,
+    block_size: u32,
+    osl: Option<u32>,
+    now_us: u64,
+) -> crate::load::NewRequest {
+    crate::load::NewRequest {
+        id: id.to_string(),
+        decode_worker: d.decode_worker,
+        prefill_worker: d.prefill_worker,
+        input_tokens: prepared.input_tokens,
+        cached_tokens: cached_tokens(d.overlap, block_size, prepared.input_tokens),
+        prompt_blocks: prepared.prompt_blocks,
+        hashes,
+        expected_output_tokens: osl,
+        now_us,
+    }
+}
+
 /// Tokens of the prompt already cached on the worker doing the prefill.
 pub fn cached_tokens(overlap: Overlap, block_size: u32, input_tokens: u32) -> u32 {
     (overlap.own() as u64 * block_size as u64).min(input_tokens as u64) as u32

@@ -12,7 +12,6 @@ use crate::config::Mode;
 use crate::engine::plan::{self, RowFigures};
 use crate::engine::{EngineError, Prepared, RouteDecision, RouteRequest};
 use crate::index::{merge, MergeResult, ShardAnswer};
-use crate::load::NewRequest;
 use crate::registry::Registry;
 use crate::select::{decide, Fleet, RequestShape, RouteError, RouteInput};
 use crate::types::{Role, WorkerSlot};
@@ -94,7 +93,7 @@ pub async fn route(core: &Core, req: &RouteRequest) -> Result<RouteDecision, Api
 async fn route_prepared(
     core: &Core,
     id: &str,
-    prepared: Prepared,
+    mut prepared: Prepared,
     mode: Mode,
     osl: Option<u32>,
     explain: bool,
@@ -225,23 +224,13 @@ async fn route_prepared(
     drop(rows);
     sh.metrics.request_blocks.inc_by(n as u64);
     sh.metrics.overlap_blocks.inc_by(d.overlap.own() as u64);
-    let cached = plan::cached_tokens(d.overlap, cfg.block_size, prepared.input_tokens);
     let retained = d.prefill_worker.is_some().then(|| Retained {
         prepared: prepared.clone(),
         mode,
         expected_output_tokens: osl,
     });
-    let req = NewRequest {
-        id: id.to_string(),
-        decode_worker: d.decode_worker,
-        prefill_worker: d.prefill_worker,
-        input_tokens: prepared.input_tokens,
-        cached_tokens: cached,
-        prompt_blocks: prepared.prompt_blocks,
-        hashes: prepared.hashes,
-        expected_output_tokens: osl,
-        now_us,
-    };
+    let hashes = std::mem::take(&mut prepared.hashes);
+    let req = plan::new_request(id, &d, &prepared, hashes, cfg.block_size, osl, now_us);
     core.commit_at(owner, req, retained).await;
     Ok(out)
 }
