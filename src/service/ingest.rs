@@ -150,19 +150,13 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
         cells.last_seen_ms.store(sh.now_ms(), Ordering::Release);
         let mut ops = Vec::new();
         loop {
-            let frame = match rd.next_frame() {
-                Ok(Some(f)) => f,
+            // Framing and message errors alike leave the stream unrecoverable.
+            let decoded = rd
+                .next_frame()
+                .and_then(|f| f.map(|f| EventMsg::decode(&f)).transpose());
+            let msg = match decoded {
+                Ok(Some(m)) => m,
                 Ok(None) => break,
-                Err(e) => {
-                    sh.metrics.protocol_error(error_kind(&e));
-                    log(&format!("worker {worker_id:?}: {e}; closing"));
-                    control::index_ops(&core, slot, gen, ops).await;
-                    send_error(&mut s, ErrorCode::ProtocolViolation, e.to_string()).await;
-                    break 'conn;
-                }
-            };
-            let msg = match EventMsg::decode(&frame) {
-                Ok(m) => m,
                 Err(e) => {
                     sh.metrics.protocol_error(error_kind(&e));
                     log(&format!("worker {worker_id:?}: {e}; closing"));
