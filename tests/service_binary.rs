@@ -2,27 +2,13 @@
 //! request API routing on it, and bad input closing only the offending connection.
 
 mod common;
-use common::{hashes, Server};
+use common::{hashes, req, spec, Server};
 use kvroute::client::{ClientError, EventPublisher, RequestClient};
 use kvroute::codec::{ErrorCode, WorkerBound};
 use kvroute::engine::RouteRequest;
-use kvroute::types::{Tier, WorkerSpec};
+use kvroute::types::Tier;
 use std::io::{Read, Write};
 use std::time::Duration;
-
-fn spec(id: &str) -> WorkerSpec {
-    let mut s = WorkerSpec::new(id);
-    s.capacity_blocks = 10_000;
-    s
-}
-
-fn req(id: &str, h: &[u64]) -> RouteRequest {
-    RouteRequest {
-        request_id: id.into(),
-        block_hashes: Some(h.to_vec()),
-        ..Default::default()
-    }
-}
 
 fn events_then_routing(cores: usize) -> Vec<(String, u32)> {
     let s = Server::start(cores, &[]);

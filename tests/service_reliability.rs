@@ -2,27 +2,12 @@
 //! `--state-dir`, connection limits, wrong-worker publishing, graceful shutdown.
 
 mod common;
-use common::{hashes, Server};
+use common::{hashes, req, spec, Server};
 use kvroute::client::{ClientError, EventPublisher, RequestClient};
 use kvroute::codec::{ErrorCode, WorkerBound};
-use kvroute::engine::RouteRequest;
-use kvroute::types::{Tier, WorkerSpec};
+use kvroute::types::Tier;
 use serde_json::json;
 use std::time::Duration;
-
-fn spec(id: &str) -> WorkerSpec {
-    let mut s = WorkerSpec::new(id);
-    s.capacity_blocks = 10_000;
-    s
-}
-
-fn req(id: &str, h: &[u64]) -> RouteRequest {
-    RouteRequest {
-        request_id: id.into(),
-        block_hashes: Some(h.to_vec()),
-        ..Default::default()
-    }
-}
 
 #[test]
 fn token_is_required_everywhere_when_set() {

@@ -189,3 +189,19 @@ pub fn hashes(seed: u64, n: usize) -> Vec<u64> {
         .map(|i| kvroute::hash::mix_external_id(seed * 1_000_000 + i))
         .collect()
 }
+
+/// A worker spec with a capacity small enough for tests.
+pub fn spec(id: &str) -> kvroute::types::WorkerSpec {
+    let mut s = kvroute::types::WorkerSpec::new(id);
+    s.capacity_blocks = 10_000;
+    s
+}
+
+/// A route request by precomputed block hashes.
+pub fn req(id: &str, h: &[u64]) -> kvroute::engine::RouteRequest {
+    kvroute::engine::RouteRequest {
+        request_id: id.into(),
+        block_hashes: Some(h.to_vec()),
+        ..Default::default()
+    }
+}
