@@ -72,10 +72,21 @@ pub fn local_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
 
 /// Sequence hashes of every complete block of `tokens`, appended to `out`.
 pub fn sequence_hashes_into(tokens: &[u32], block_size: usize, out: &mut Vec<u64>) {
+    sequence_hashes_after(None, tokens, block_size, out);
+}
+
+/// Like [`sequence_hashes_into`], continuing the chain after `parent` (`None` = start of
+/// the prompt; a salt such as a LoRA name's hash starts a separate hash space).
+pub fn sequence_hashes_after(
+    parent: Option<u64>,
+    tokens: &[u32],
+    block_size: usize,
+    out: &mut Vec<u64>,
+) {
     if block_size == 0 {
         return;
     }
-    let mut prev: Option<u64> = None;
+    let mut prev = parent;
     for block in tokens.chunks_exact(block_size) {
         let l = local_block_hash(block);
         let s = match prev {

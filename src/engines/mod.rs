@@ -37,7 +37,7 @@ mod tests;
 #[cfg(test)]
 mod tests_stream;
 
-use crate::hash::{chain, local_block_hash, SEED};
+use crate::hash::SEED;
 use crate::types::Tier;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -118,19 +118,7 @@ pub fn salt_local(local: u64, extra: &rmpv::Value) -> u64 {
 /// cached under LoRA `lora` (None = plain DESIGN §1 hashes). For frontends that route
 /// LoRA requests by precomputed hashes.
 pub fn salted_sequence_hashes(tokens: &[u32], block_size: usize, lora: Option<&str>) -> Vec<u64> {
-    if block_size == 0 {
-        return Vec::new();
-    }
-    let mut prev = lora.map(lora_salt);
-    let mut out = Vec::with_capacity(tokens.len() / block_size);
-    for block in tokens.chunks_exact(block_size) {
-        let l = local_block_hash(block);
-        let s = match prev {
-            None => l,
-            Some(p) => chain(p, l),
-        };
-        out.push(s);
-        prev = Some(s);
-    }
+    let mut out = Vec::with_capacity(tokens.len() / block_size.max(1));
+    crate::hash::sequence_hashes_after(lora.map(lora_salt), tokens, block_size, &mut out);
     out
 }
