@@ -381,6 +381,15 @@ macro_rules! le_list {
                 })
             }
 
+            /// Consecutive sub-lists of at most `items` items each (at least one item
+            /// per sub-list), sharing this list's bytes: no copy.
+            pub fn chunks(&self, items: usize) -> impl Iterator<Item = Self> + '_ {
+                let step = items.max(1) * $width;
+                (0..self.bytes.len()).step_by(step).map(move |at| $name {
+                    bytes: self.bytes.slice(at..(at + step).min(self.bytes.len())),
+                })
+            }
+
             /// Copies the items out.
             pub fn to_vec(&self) -> Vec<$ty> {
                 self.iter().collect()

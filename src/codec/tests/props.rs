@@ -266,6 +266,15 @@ proptest! {
     }
 
     #[test]
+    fn hash_list_chunks_concatenate_to_the_list(items in vec(any::<u64>(), 0..40), per in 0usize..9) {
+        let list = HashList::from_slice(&items);
+        let chunks: Vec<HashList> = list.chunks(per).collect();
+        prop_assert!(chunks.iter().all(|c| !c.is_empty() && c.len() <= per.max(1)));
+        let joined: Vec<u64> = chunks.iter().flat_map(|c| c.to_vec()).collect();
+        prop_assert_eq!(joined, items);
+    }
+
+    #[test]
     fn arbitrary_payloads_never_panic_and_are_canonical(k in any::<u8>(), payload in vec(any::<u8>(), 0..64)) {
         check_canonical::<EventMsg>(k, &payload);
         check_canonical::<WorkerBound>(k, &payload);
