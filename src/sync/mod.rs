@@ -2,6 +2,7 @@
 //! model-checked with loom (`RUSTFLAGS="--cfg loom"`, see `tests/loom_*.rs`).
 //!
 //! - [`mailbox`]: a core's bounded inbox plus the sleep/wake flag protocol;
+//! - [`lanes`]: two mailboxes (urgent, bulk) sharing one consumer and doorbell;
 //! - [`board`]: per-worker load figures, one writer per core, readers everywhere.
 //!
 //! Under `cfg(loom)` the atomics come from loom (and the mailbox queue is a
@@ -11,6 +12,7 @@
 pub mod board;
 #[cfg(loom)]
 pub mod faults;
+pub mod lanes;
 pub mod mailbox;
 
 #[cfg(loom)]
