@@ -1,8 +1,10 @@
 //! Binary event connections (workers → router, port 7400).
 //!
 //! Per connection: the worker's `Hello` registers it (heartbeat-tracked) and binds the
-//! connection to it exclusively; then every decoded read's events become one batch of
-//! index operations fanned out to all shards, in order. Sequence numbers are checked:
+//! connection to it exclusively; then every decoded read's events become batches of
+//! index operations fanned out to all shards, in order. A batch holds at most
+//! [`BATCH_HASHES`] block hashes (a long event is split, zero-copy), which bounds how
+//! long a shard spends on one batch and so how long a routing query can wait behind it. Sequence numbers are checked:
 //! a gap marks the worker suspect (overlap counted as zero) and asks it to resync; a
 //! full re-announce between `ResyncBegin` and `ResyncEnd` rebuilds its index state.
 //! A malformed, oversized or out-of-protocol frame closes only this connection, with
@@ -33,6 +35,43 @@ async fn send_error(s: &mut TcpStream, code: ErrorCode, message: String) {
 
 fn log(msg: &str) {
     eprintln!("kvroute: events: {msg}");
+}
+
+/// Most block hashes in one index batch. A shard applies a batch without yielding, so
+/// this bounds the wait of an urgent message behind index work: 1,024 hashes are about
+/// 25–50 µs of shard work split over the cores, and still amortise the per-batch cost
+/// (one `Arc` and one message per core) over many hashes.
+pub const BATCH_HASHES: usize = 1024;
+
+/// Index operations of one connection waiting to be fanned out.
+#[derive(Default)]
+struct Batch {
+    ops: Vec<IndexOp>,
+    hashes: usize,
+}
+
+impl Batch {
+    /// Adds a Stored/Removed event's hashes, split so no batch exceeds
+    /// [`BATCH_HASHES`]; returns full batches ready to send.
+    fn add_hashes(
+        &mut self,
+        hashes: crate::codec::HashList,
+        make: impl Fn(Hashes) -> IndexOp,
+        full: &mut Vec<Vec<IndexOp>>,
+    ) {
+        for part in hashes.chunks(BATCH_HASHES) {
+            if self.hashes + part.len() > BATCH_HASHES && !self.ops.is_empty() {
+                full.push(self.take());
+            }
+            self.hashes += part.len();
+            self.ops.push(make(Hashes::Wire(part)));
+        }
+    }
+
+    fn take(&mut self) -> Vec<IndexOp> {
+        self.hashes = 0;
+        std::mem::take(&mut self.ops)
+    }
 }
 
 pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
@@ -148,8 +187,12 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
             break;
         }
         cells.last_seen_ms.store(sh.now_ms(), Ordering::Release);
-        let mut ops = Vec::new();
+        let mut batch = Batch::default();
+        let mut full = Vec::new();
         loop {
+            for ops in full.drain(..) {
+                control::index_ops(&core, slot, gen, ops).await;
+            }
             // Framing and message errors alike leave the stream unrecoverable.
             let decoded = rd
                 .next_frame()
@@ -160,14 +203,14 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
                 Err(e) => {
                     sh.metrics.protocol_error(error_kind(&e));
                     log(&format!("worker {worker_id:?}: {e}; closing"));
-                    control::index_ops(&core, slot, gen, ops).await;
+                    control::index_ops(&core, slot, gen, batch.take()).await;
                     send_error(&mut s, ErrorCode::ProtocolViolation, e.to_string()).await;
                     break 'conn;
                 }
             };
             let Some(seq) = msg.seq() else {
                 sh.metrics.protocol_error("second_hello");
-                control::index_ops(&core, slot, gen, ops).await;
+                control::index_ops(&core, slot, gen, batch.take()).await;
                 send_error(
                     &mut s,
                     ErrorCode::ProtocolViolation,
@@ -195,30 +238,31 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
             match msg {
                 EventMsg::Stored { tier, hashes, .. } => {
                     sh.metrics.event("stored", 1);
-                    ops.push(IndexOp::Stored {
-                        tier,
-                        hashes: Hashes::Wire(hashes),
-                    });
+                    batch.add_hashes(hashes, |hashes| IndexOp::Stored { tier, hashes }, &mut full);
                 }
                 EventMsg::Removed { tier, hashes, .. } => {
                     sh.metrics.event("removed", 1);
-                    ops.push(IndexOp::Removed {
-                        tier,
-                        hashes: Hashes::Wire(hashes),
-                    });
+                    batch.add_hashes(
+                        hashes,
+                        |hashes| IndexOp::Removed { tier, hashes },
+                        &mut full,
+                    );
                 }
                 EventMsg::Cleared { tier, .. } => {
                     sh.metrics.event("cleared", 1);
-                    ops.push(IndexOp::Cleared { tier });
+                    batch.ops.push(IndexOp::Cleared { tier });
                 }
                 EventMsg::Heartbeat { .. } => sh.metrics.event("heartbeat", 1),
                 EventMsg::ResyncBegin { .. } => {
                     sh.metrics.event("resync_begin", 1);
-                    ops.push(IndexOp::Cleared { tier: None });
+                    batch.ops.push(IndexOp::Cleared { tier: None });
                 }
                 EventMsg::ResyncEnd { .. } => {
                     sh.metrics.event("resync_end", 1);
-                    control::index_ops(&core, slot, gen, std::mem::take(&mut ops)).await;
+                    for ops in full.drain(..) {
+                        control::index_ops(&core, slot, gen, ops).await;
+                    }
+                    control::index_ops(&core, slot, gen, batch.take()).await;
                     cells.suspect.store(false, Ordering::Release);
                     resync_asked = false;
                 }
@@ -226,7 +270,10 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
             }
         }
         cells.next_seq.store(next, Ordering::Release);
-        control::index_ops(&core, slot, gen, ops).await;
+        for ops in full.drain(..) {
+            control::index_ops(&core, slot, gen, ops).await;
+        }
+        control::index_ops(&core, slot, gen, batch.take()).await;
         if !out.is_empty() {
             if s.write_all(&out).await.is_err() {
                 break;
@@ -236,4 +283,47 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
     }
     cells.next_seq.store(next, Ordering::Release);
     cells.connected.store(0, Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::HashList;
+    use crate::types::Tier;
+
+    fn hashes_of(ops: &[IndexOp]) -> Vec<u64> {
+        let mut out = Vec::new();
+        for op in ops {
+            if let IndexOp::Stored {
+                hashes: Hashes::Wire(w),
+                ..
+            } = op
+            {
+                out.extend(w.iter());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn batches_are_capped_and_keep_order() {
+        let mut batch = Batch::default();
+        let mut full = Vec::new();
+        let stored = |hashes| IndexOp::Stored {
+            tier: Tier::Device,
+            hashes,
+        };
+        let big: Vec<u64> = (0..(BATCH_HASHES as u64 * 2 + 10)).collect();
+        let small: Vec<u64> = (10_000..10_100).collect();
+        batch.add_hashes(HashList::from_slice(&small), stored, &mut full);
+        batch.add_hashes(HashList::from_slice(&big), stored, &mut full);
+        full.push(batch.take());
+        let counts: Vec<usize> = full.iter().map(|b| hashes_of(b).len()).collect();
+        assert!(counts.iter().all(|&c| c <= BATCH_HASHES), "{counts:?}");
+        let joined: Vec<u64> = full.iter().flat_map(|b| hashes_of(b)).collect();
+        let expected: Vec<u64> = small.iter().chain(big.iter()).copied().collect();
+        assert_eq!(joined, expected);
+        assert_eq!(batch.hashes, 0);
+        assert!(batch.ops.is_empty());
+    }
 }

@@ -4,7 +4,8 @@
 //! This layer moves data between the pure modules and owns no routing logic:
 //! - `ingest`: binary event connections → index operations fanned out to shards;
 //! - `api` / `http`: binary and JSON request APIs → `router` (scatter/gather/decide);
-//! - `core`: per-core state and the cross-core message handler;
+//! - `core`: per-core state and the cross-core message handler; `run_loop`: the loop
+//!   that feeds it from the core's urgent and bulk inboxes;
 //! - `control`: registry writes; `board`: lock-free per-worker load figures;
 //! - `zmq_ingest`: OS threads subscribed to vLLM / SGLang KV events over ZMQ.
 
@@ -20,23 +21,22 @@ pub mod metrics;
 pub mod msg;
 pub mod persist;
 pub mod router;
+pub mod run_loop;
 pub mod shared;
 pub mod zmq_ingest;
 
 use self::core::Core;
 use crate::settings::Settings;
-use futures_lite::AsyncReadExt;
-use glommio::net::{TcpListener, UnixStream};
+use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
 use shared::Shared;
-use std::os::fd::{FromRawFd, IntoRawFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Raises RLIMIT_MEMLOCK's soft limit to the hard limit (io_uring registers memory).
-fn raise_memlock() {
+pub fn raise_memlock() {
     // SAFETY: plain libc calls on a stack-allocated struct.
     unsafe {
         let mut lim = libc::rlimit {
@@ -173,7 +173,7 @@ pub fn start(settings: Settings) -> Result<Running, String> {
                     let _ = ready.send(Err(e));
                 }
             }
-            run_loop(core, bell).await;
+            run_loop::run(core, bell).await;
         });
         match spawned {
             Ok(h) => handles.push(h),
@@ -287,54 +287,6 @@ async fn serve_http(core: Rc<Core>, stream: glommio::net::TcpStream) {
         .keep_alive(true)
         .serve_connection(hyper_io::HyperIo(stream), svc)
         .await;
-}
-
-/// The core's message loop: drain the mailbox, publish load figures, flush the outbox,
-/// park on the doorbell when idle. Returns at shutdown once in-flight work is done.
-async fn run_loop(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
-    // SAFETY: the fd comes from a live std UnixStream we own and give up here.
-    let mut bell = unsafe { UnixStream::from_raw_fd(bell.into_raw_fd()) };
-    let mailbox = &core.shared.mailboxes[core.id];
-    let mut buf = [0u8; 64];
-    let mut shutdown_since: Option<std::time::Instant> = None;
-    loop {
-        let mut n = 0usize;
-        while let Some(m) = mailbox.pop() {
-            core.handle(m);
-            n += 1;
-            if n % 256 == 0 {
-                core.publish();
-                core.flush();
-                glommio::yield_if_needed().await;
-            }
-        }
-        core.publish();
-        let flushed = core.flush();
-        if core.shared.shutdown.load(Ordering::Acquire) {
-            let since = *shutdown_since.get_or_insert_with(std::time::Instant::now);
-            let idle =
-                core.shared.inflight.load(Ordering::SeqCst) == 0 && mailbox.is_empty() && flushed;
-            if idle || since.elapsed() > Duration::from_secs(5) {
-                return;
-            }
-            glommio::timer::sleep(Duration::from_millis(1)).await;
-            continue;
-        }
-        if !flushed {
-            // A peer's mailbox is full: retry shortly, keep draining our own meanwhile.
-            glommio::timer::sleep(Duration::from_micros(20)).await;
-            continue;
-        }
-        if n == 0 && mailbox.try_sleep() {
-            let _ = bell.read(&mut buf).await;
-            mailbox.awake();
-        } else if n > 0 {
-            glommio::yield_if_needed().await;
-        } else {
-            // A message is announced but not yet in the queue: let other tasks run.
-            futures_lite::future::yield_now().await;
-        }
-    }
 }
 
 /// `/metrics` text, with scrape-time gauges filled from the board.

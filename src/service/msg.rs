@@ -135,6 +135,34 @@ pub enum Msg {
     Snapshot(Arc<super::persist::Collect>),
 }
 
+/// Which inbox of a core a message travels in (see `service::lanes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lane {
+    /// On a routing request's path: handled before any queued index work.
+    Urgent = 0,
+    /// Index batches and snapshot dumps: handled in budgeted slices.
+    Bulk = 1,
+}
+
+impl Msg {
+    /// The lane this message travels in. `Forget` is urgent: it must reach the owner
+    /// core before any commit for the slot's new identity (both lanes are drained
+    /// urgent-first, and index batches of an old identity are dropped by generation).
+    pub fn lane(&self) -> Lane {
+        match self {
+            Msg::Index { .. } | Msg::Snapshot(_) => Lane::Bulk,
+            Msg::Forget { .. }
+            | Msg::Query { .. }
+            | Msg::Answer { .. }
+            | Msg::Commit { .. }
+            | Msg::Release { .. }
+            | Msg::Active { .. }
+            | Msg::Lifecycle { .. }
+            | Msg::LifecycleDone { .. } => Lane::Urgent,
+        }
+    }
+}
+
 /// A reply delivered to a waiting task.
 pub enum Reply {
     Answer {

@@ -1,9 +1,15 @@
 //! State every core can reach: settings, registry snapshot, per-worker cells, the load
 //! board, mailboxes + doorbells, metrics. Everything here is `Sync` and lock-free on the
 //! hot path; the only mutex serialises control-plane registry writes.
+//!
+//! Each core has two inboxes ([`Lane`]) behind one doorbell: `Urgent` carries
+//! everything on a routing request's path (queries, answers, commits, lifecycle,
+//! active blocks, worker forgets) and `Bulk` carries index batches and snapshot dumps.
+//! The core's run loop drains the urgent inbox before every bulk message, so a backlog
+//! of index work never sits in front of a routing query.
 
 use super::metrics::Metrics;
-use super::msg::Msg;
+use super::msg::{Lane, Msg};
 use crate::registry::Registry;
 use crate::settings::Settings;
 use crate::sync::board::LoadBoard;
@@ -38,7 +44,9 @@ pub struct Shared {
     pub settings: Settings,
     pub cores: usize,
     pub shard_bits: u32,
-    pub mailboxes: Vec<Mailbox<Msg>>,
+    /// Per core: `[urgent, bulk]` inboxes, indexed by [`Lane`].
+    pub mailboxes: Vec<[Mailbox<Msg>; 2]>,
+    /// Per core: the doorbell write end (one for both inboxes).
     doorbells: Vec<UnixStream>,
     pub registry: ArcSwap<Registry>,
     pub registry_write: Mutex<()>,
@@ -79,7 +87,9 @@ impl Shared {
         let shared = Shared {
             cores,
             shard_bits,
-            mailboxes: (0..cores).map(|_| Mailbox::new(depth)).collect(),
+            mailboxes: (0..cores)
+                .map(|_| [Mailbox::new(depth), Mailbox::new(depth)])
+                .collect(),
             doorbells,
             registry: ArcSwap::from_pointee(registry),
             registry_write: Mutex::new(()),
@@ -105,9 +115,11 @@ impl Shared {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// Non-blocking enqueue to core `to`. Rings the doorbell if the core may be parked.
+    /// Non-blocking enqueue to core `to`, in the message's lane. Rings the doorbell if
+    /// the core may be parked.
     pub fn try_send(&self, to: usize, msg: Msg) -> Result<(), Msg> {
-        match self.mailboxes[to].push(msg) {
+        let lane = msg.lane() as usize;
+        match self.mailboxes[to][lane].push(msg) {
             Ok(true) => {
                 // A full doorbell socket means a wake-up is already pending.
                 let _ = (&self.doorbells[to]).write(&[1]);
@@ -164,5 +176,10 @@ impl Shared {
     /// Wakes core `to` if it may be parked.
     pub fn wake(&self, to: usize) {
         let _ = (&self.doorbells[to]).write(&[1]);
+    }
+
+    /// Core `to`'s inbox for `lane`.
+    pub fn mailbox(&self, to: usize, lane: Lane) -> &Mailbox<Msg> {
+        &self.mailboxes[to][lane as usize]
     }
 }
