@@ -9,12 +9,8 @@
 //! one or two workers), or a tag plus the index of a sorted `Vec<u32>` in a side [`Slab`]
 //! for three or more. Tier value 3 never occurs in a real entry, which makes the `EMPTY`
 //! and `SPILL` tags unambiguous.
-//!
-//! Also here: [`BuildNoHash`], the identity-like hasher of the index map (keys are
-//! already `mix`ed, hence uniformly random).
 
 use crate::types::{Tier, WorkerSlot};
-use std::hash::{BuildHasher, Hasher};
 
 /// Bits of the generation field of a packed entry.
 pub(crate) const GEN_BITS: u32 = 14;
@@ -45,14 +41,12 @@ pub(crate) fn tier_idx(e: u32) -> usize {
     ((e >> GEN_BITS) & 3) as usize
 }
 
-/// Tier of an entry (entries are only ever built from a real [`Tier`]).
-#[inline]
+/// Tier of an entry (entries are only ever built from a real [`Tier`]; index 3 would
+/// read as disk). A table lookup: the `match` compiled to a branch chain.
+#[inline(always)]
 pub(crate) fn tier_of(e: u32) -> Tier {
-    match tier_idx(e) {
-        0 => Tier::Device,
-        1 => Tier::Host,
-        _ => Tier::Disk,
-    }
+    const TIERS: [Tier; 4] = [Tier::Device, Tier::Host, Tier::Disk, Tier::Disk];
+    TIERS[tier_idx(e) & 3]
 }
 
 /// Generation of an entry.
@@ -116,6 +110,9 @@ pub(crate) struct Holders {
 }
 
 impl Holders {
+    /// The empty set (marks a free slot of the index table).
+    pub(crate) const NONE: Holders = Holders { w: [EMPTY, EMPTY] };
+
     /// A set holding exactly `e`.
     #[inline]
     pub(crate) fn single(e: u32) -> Holders {
@@ -175,12 +172,10 @@ impl Holders {
     }
 
     /// Inserts `e`, whose key must not be present yet.
+    #[inline]
     pub(crate) fn insert(&mut self, slab: &mut Slab, e: u32) {
         if self.is_spilled() {
-            if let Some(list) = slab.lists.get_mut(self.w[1] as usize) {
-                let at = list.partition_point(|&x| x < e);
-                list.insert(at, e);
-            }
+            self.insert_spilled(slab, e);
         } else if self.w[0] == EMPTY {
             self.w = [e, EMPTY];
         } else if self.w[1] == EMPTY {
@@ -190,37 +185,57 @@ impl Holders {
                 [self.w[0], e]
             };
         } else {
-            let mut list = Vec::with_capacity(4);
-            list.extend_from_slice(&self.w);
-            let at = list.partition_point(|&x| x < e);
-            list.insert(at, e);
-            self.w = [SPILL, slab.alloc(list)];
+            self.spill(slab, e);
         }
     }
 
+    #[inline(never)]
+    fn insert_spilled(&self, slab: &mut Slab, e: u32) {
+        if let Some(list) = slab.lists.get_mut(self.w[1] as usize) {
+            let at = list.partition_point(|&x| x < e);
+            list.insert(at, e);
+        }
+    }
+
+    /// Moves a full inline set plus `e` to the slab.
+    #[inline(never)]
+    fn spill(&mut self, slab: &mut Slab, e: u32) {
+        let mut list = Vec::with_capacity(4);
+        list.extend_from_slice(&self.w);
+        let at = list.partition_point(|&x| x < e);
+        list.insert(at, e);
+        self.w = [SPILL, slab.alloc(list)];
+    }
+
     /// Removes entry `i`; a spilled set that drops to two entries moves back inline.
+    #[inline]
     pub(crate) fn remove(&mut self, slab: &mut Slab, i: usize) {
         if self.is_spilled() {
-            let idx = self.w[1];
-            let Some(list) = slab.lists.get_mut(idx as usize) else {
-                return;
-            };
-            if i < list.len() {
-                list.remove(i);
-            }
-            if list.len() <= 2 {
-                let list = slab.release(idx);
-                self.w = [
-                    list.first().copied().unwrap_or(EMPTY),
-                    list.get(1).copied().unwrap_or(EMPTY),
-                ];
-            }
+            self.remove_spilled(slab, i);
         } else {
             match i {
                 0 => self.w = [self.w[1], EMPTY],
                 1 => self.w[1] = EMPTY,
                 _ => {}
             }
+        }
+    }
+
+    #[inline(never)]
+    fn remove_spilled(&mut self, slab: &mut Slab, i: usize) {
+        let idx = self.w[1];
+        let Some(list) = slab.lists.get_mut(idx as usize) else {
+            return;
+        };
+        if i < list.len() {
+            list.remove(i);
+        }
+        if list.len() <= 2 {
+            let list = slab.release(idx);
+            self.w = [
+                list.first().copied().unwrap_or(EMPTY),
+                list.get(1).copied().unwrap_or(EMPTY),
+            ];
         }
     }
 
@@ -260,46 +275,5 @@ impl Holders {
     #[inline]
     pub(crate) fn is_full_inline(&self) -> bool {
         !self.is_spilled() && self.w[1] != EMPTY
-    }
-}
-
-/// Hasher of the index map. Keys are `mix`ed hashes (uniformly random), so hashing is a
-/// rotation: hashbrown takes the bucket from the low bits and its 7-bit tag from the top
-/// bits, while [`shard_of`](super::shard_of) uses the top bits of the same value — which
-/// are constant within one shard. Rotating by 32 feeds the table bits 32.. (bucket) and
-/// 25..=31 (tag), independent of the shard bits for any realistic table size.
-#[derive(Clone, Copy, Default, Debug)]
-pub(crate) struct BuildNoHash;
-
-/// See [`BuildNoHash`].
-#[derive(Default)]
-pub(crate) struct NoHash(u64);
-
-impl Hasher for NoHash {
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0.rotate_left(32)
-    }
-
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        // Only u64 keys are hashed; keep a correct (if slow) fallback anyway.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ b as u64;
-        }
-    }
-
-    #[inline]
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
-}
-
-impl BuildHasher for BuildNoHash {
-    type Hasher = NoHash;
-
-    #[inline]
-    fn build_hasher(&self) -> NoHash {
-        NoHash(0)
     }
 }

@@ -11,11 +11,15 @@
 //!   from position 0 ([`MergeResult::get`] returns it for every absent worker).
 //!
 //! Equivalently, walking positions in order, a worker's *phase* is the worst best-tier
-//! seen so far; each position adds one block to the phase's counter, and the first
+//! seen so far; each position extends the worker's run in that phase, and the first
 //! position the worker does not hold ends its run. That is what [`merge`] computes, in
-//! one pass over the matches, with per-worker state in a dense slot-indexed array that
-//! is reset through a touched list, so the cost is O(matches + positions + shards ×
-//! distinct positions) and nothing is allocated once the buffers have grown.
+//! one pass over the matches: per-worker state lives in a dense slot-indexed array
+//! whose entries are valid only when stamped with the current query (so nothing is
+//! cleared per query), records the run's end and the two positions where the phase
+//! changed (the overlaps are differences of those), and knows whether the worker is
+//! shared, so `is_shared` is asked once per distinct worker per query. The cost is
+//! O(matches + positions × shards) with a few instructions per match, and nothing is
+//! allocated once the buffers have grown.
 
 use crate::types::{Overlap, Tier, WorkerSlot};
 
@@ -56,23 +60,94 @@ impl ShardAnswer {
     }
 }
 
-/// Merge state of one worker for the current query.
+/// Merge state of one worker for the current query (valid when `stamp` is current).
 #[derive(Clone, Copy, Debug, Default)]
 struct WState {
+    /// Query stamp of the last write; any other value means "not seen this query".
+    stamp: u32,
     /// The worker's own run covers positions `0..own_end`.
     own_end: u32,
+    /// Position where the phase left device (`u32::MAX`: not yet).
+    dev_end: u32,
+    /// Position where the phase reached disk (`u32::MAX`: not yet).
+    host_end: u32,
     /// Worst tier index in the run so far (0 device, 1 host, 2 disk).
     phase: u8,
-    /// Best tier index + 1 seen at the position being merged (0 = none).
-    pending: u8,
-    ov: Overlap,
+    /// Phase before the last position of the run was applied.
+    prev_phase: u8,
+    /// Tier index that changed the phase at the last position of the run (0: the
+    /// phase did not change there).
+    last_t: u8,
+    /// A shared cache (its matches only feed the shared runs).
+    shared: bool,
+}
+
+impl WState {
+    /// Extends the run by position `p` held in tier index `t`.
+    #[inline(always)]
+    fn extend(&mut self, p: u32, t: u8) {
+        self.own_end = p + 1;
+        if t <= self.phase {
+            // No phase change at `p`: a better tier seen later at `p` changes nothing.
+            self.last_t = 0;
+        } else {
+            self.transition(p, t);
+        }
+    }
+
+    /// The phase worsens to `t` at position `p`.
+    #[inline(never)]
+    fn transition(&mut self, p: u32, t: u8) {
+        let ph = self.phase;
+        if ph == 0 {
+            self.dev_end = p;
+        }
+        if t == 2 {
+            self.host_end = p;
+        }
+        self.prev_phase = ph;
+        self.phase = t;
+        self.last_t = t;
+    }
+
+    /// Position `p`, already applied with tier `last_t`, is also held in better tier
+    /// `t`: redo the transition made at `p`.
+    #[cold]
+    fn improve(&mut self, p: u32, t: u8) {
+        if self.dev_end == p {
+            self.dev_end = u32::MAX;
+        }
+        if self.host_end == p {
+            self.host_end = u32::MAX;
+        }
+        self.phase = self.prev_phase;
+        self.last_t = 0;
+        if t > self.phase {
+            self.transition(p, t);
+        }
+    }
+
+    /// The overlap of the run (shared part excluded).
+    #[inline]
+    fn overlap(&self) -> Overlap {
+        let e = self.own_end;
+        let dev = self.dev_end.min(e);
+        let host = self.host_end.min(e).max(dev);
+        Overlap {
+            device: dev,
+            host: host - dev,
+            disk: e - host,
+            shared: 0,
+        }
+    }
 }
 
 /// Per-worker overlaps of one request; reusable across queries without reallocating.
 #[derive(Debug, Default)]
 pub struct MergeResult {
-    /// Indexed by slot; only slots in `touched` differ from the default.
+    /// Indexed by slot; only entries stamped `stamp` belong to the current result.
     state: Vec<WState>,
+    stamp: u32,
     touched: Vec<WorkerSlot>,
     /// Per position: does some shared worker hold it? Then suffix run lengths.
     shared_run: Vec<u32>,
@@ -101,7 +176,14 @@ impl MergeResult {
     /// workers and slots never seen — get only the shared run from position 0.
     pub fn get(&self, w: WorkerSlot) -> Overlap {
         match self.state.get(w as usize) {
-            Some(s) if s.own_end > 0 => s.ov,
+            Some(s) if s.stamp == self.stamp && !s.shared && s.own_end > 0 => Overlap {
+                shared: self
+                    .shared_run
+                    .get(s.own_end as usize)
+                    .copied()
+                    .unwrap_or(0),
+                ..s.overlap()
+            },
             _ => Overlap {
                 shared: self.shared0,
                 ..Overlap::default()
@@ -125,25 +207,54 @@ impl MergeResult {
         self.end
     }
 
-    /// Resets to the empty result in O(touched workers).
+    /// Resets to the empty result in O(1) (O(slots) once per 2^32 calls).
     pub fn clear(&mut self) {
-        for &w in &self.touched {
-            if let Some(s) = self.state.get_mut(w as usize) {
-                *s = WState::default();
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            for s in &mut self.state {
+                s.stamp = 0;
             }
+            self.stamp = 1;
         }
         self.touched.clear();
+        self.shared_run.clear();
         self.shared0 = 0;
         self.end = 0;
     }
 }
 
+/// State of `w` initialised for query `stamp` (grows the array if needed). A shared
+/// worker's run can never start (`own_end` is `u32::MAX`).
+#[inline(never)]
+fn first_sight(
+    state: &mut Vec<WState>,
+    w: WorkerSlot,
+    stamp: u32,
+    shared: bool,
+) -> Option<&mut WState> {
+    let i = w as usize;
+    if state.len() <= i {
+        state.resize(i + 1, WState::default());
+    }
+    let s = state.get_mut(i)?;
+    *s = WState {
+        stamp,
+        own_end: if shared { u32::MAX } else { 0 },
+        dev_end: u32::MAX,
+        host_end: u32::MAX,
+        shared,
+        ..WState::default()
+    };
+    Some(s)
+}
+
 /// Merges the shards' answers for a request of `n` positions into `out` (cleared
 /// first). `is_shared(slot)` tells which workers are shared caches (role Shared): their
 /// blocks count only as `shared` overlap and they never appear in `out.workers()`.
-/// Each answer's matches must be sorted by position; a position may appear in several
-/// answers (they are combined), and duplicate (position, worker) matches keep the best
-/// tier. Matches at or beyond the global end are ignored.
+/// It is called at most once per distinct worker. Each answer's matches must be
+/// sorted by position; a position may appear in several answers (they are combined),
+/// and duplicate (position, worker) matches keep the best tier. Matches at or beyond
+/// the global end are ignored.
 pub fn merge(
     n: usize,
     answers: &[ShardAnswer],
@@ -166,11 +277,13 @@ pub fn merge(
     out.end = end;
     let MergeResult {
         state,
+        stamp,
         touched,
         shared_run,
         cursors,
         ..
     } = out;
+    let stamp = *stamp;
     shared_run.clear();
     shared_run.resize(end as usize + 1, 0);
     cursors.clear();
@@ -187,49 +300,33 @@ pub fn merge(
         if p >= end {
             break;
         }
-        // Pass 1: best tier per extending worker at p; note shared holders.
-        for (a, &c) in answers.iter().zip(cursors.iter()) {
-            for m in a.matches[c..].iter().take_while(|m| m.pos == p) {
-                if is_shared(m.worker) {
-                    shared_run[p as usize] = 1;
-                    continue;
-                }
-                let i = m.worker as usize;
-                if state.len() <= i {
-                    if p != 0 {
-                        continue; // never seen at 0: cannot have a run
-                    }
-                    state.resize(i + 1, WState::default());
-                }
-                let s = &mut state[i];
-                if s.own_end == p {
-                    let t = m.tier as u8 + 1;
-                    if s.pending == 0 || t < s.pending {
-                        s.pending = t;
-                    }
-                }
-            }
-        }
-        // Pass 2: extend each pending worker once, and advance the cursors.
         for (a, c) in answers.iter().zip(cursors.iter_mut()) {
-            for m in a.matches[*c..].iter().take_while(|m| m.pos == p) {
-                *c += 1;
-                let Some(s) = state.get_mut(m.worker as usize) else {
-                    continue;
+            let rest = a.matches.get(*c..).unwrap_or_default();
+            let k = rest.iter().take_while(|m| m.pos == p).count();
+            *c += k;
+            for m in &rest[..k] {
+                let t = m.tier as u8;
+                let s = match state.get_mut(m.worker as usize) {
+                    Some(s) if s.stamp == stamp => s,
+                    _ => {
+                        let shared = is_shared(m.worker);
+                        if p == 0 && !shared {
+                            touched.push(m.worker);
+                        }
+                        match first_sight(state, m.worker, stamp, shared) {
+                            Some(s) => s,
+                            None => continue,
+                        }
+                    }
                 };
-                if s.own_end != p || s.pending == 0 {
-                    continue;
-                }
-                s.phase = s.phase.max(s.pending - 1);
-                s.pending = 0;
-                s.own_end = p + 1;
-                match s.phase {
-                    0 => s.ov.device += 1,
-                    1 => s.ov.host += 1,
-                    _ => s.ov.disk += 1,
-                }
-                if p == 0 {
-                    touched.push(m.worker);
+                if s.own_end == p {
+                    s.extend(p, t);
+                } else if s.shared {
+                    if let Some(r) = shared_run.get_mut(p as usize) {
+                        *r = 1;
+                    }
+                } else if s.own_end == p + 1 && t < s.last_t {
+                    s.improve(p, t);
                 }
             }
         }
@@ -241,9 +338,5 @@ pub fn merge(
             shared_run[p] = shared_run[p + 1] + 1;
         }
     }
-    for &w in touched.iter() {
-        let s = &mut state[w as usize];
-        s.ov.shared = shared_run.get(s.own_end as usize).copied().unwrap_or(0);
-    }
-    out.shared0 = shared_run.first().copied().unwrap_or(0);
+    out.shared0 = out.shared_run.first().copied().unwrap_or(0);
 }

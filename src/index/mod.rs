@@ -21,6 +21,7 @@ mod holders;
 mod merge;
 mod shard;
 mod sharded;
+mod table;
 
 #[cfg(test)]
 mod tests_merge;

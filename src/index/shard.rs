@@ -15,14 +15,11 @@
 //! - generations are 14 bits: when one would wrap, the shard first drops every entry of
 //!   that (worker, tier), so a stale entry can never become live again.
 
-use super::holders::{
-    gen_of, key_of, pack, slot_of, tier_idx, tier_of, BuildNoHash, Holders, Slab, GEN_PERIOD,
-};
+use super::holders::{gen_of, key_of, pack, slot_of, tier_idx, tier_of, Holders, Slab, GEN_PERIOD};
 use super::merge::{Match, ShardAnswer};
 use super::mix;
+use super::table::{Probe, Table};
 use crate::types::{Tier, WorkerSlot};
-use hashbrown::hash_map::Entry as MapEntry;
-use hashbrown::HashMap;
 
 /// Per-shard cap on a worker's indexed (block, tier) entries until
 /// [`IndexShard::set_worker_cap`] says otherwise.
@@ -31,6 +28,21 @@ pub const DEFAULT_WORKER_CAP: u64 = 1 << 20;
 /// Stale entries tolerated beyond the live count before a store triggers a compaction:
 /// keeps small shards from compacting on every clear.
 const COMPACT_FLOOR: u64 = 4096;
+
+/// Hashes mixed and prefetched together before their table lookups: enough to overlap
+/// the cache misses of a large table, small enough to stay in registers / L1.
+const CHUNK: usize = 16;
+
+/// `mix`es `hashes` (at most [`CHUNK`]) into `keys` and prefetches their home slots.
+#[inline(always)]
+fn mix_chunk(map: &Table, hashes: &[u64], keys: &mut [u64; CHUNK]) -> usize {
+    let n = hashes.len().min(CHUNK);
+    for (k, &h) in keys.iter_mut().zip(hashes) {
+        *k = mix(h);
+        map.prefetch(*k);
+    }
+    n
+}
 
 /// What a [`IndexShard::stored`] call did with its hashes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -81,11 +93,9 @@ impl std::ops::AddAssign for ShardStats {
 
 mod snapshot;
 
-/// Per-worker state of a shard.
+/// Per-worker counters of a shard (its generations are in `IndexShard::gens`).
 #[derive(Clone, Copy, Debug)]
 struct WorkerState {
-    /// Current generation per tier; entries with another generation are stale.
-    gen: [u16; 3],
     /// Live entries per tier.
     live: [u64; 3],
     /// Cap on `live` summed over tiers.
@@ -95,7 +105,6 @@ struct WorkerState {
 impl Default for WorkerState {
     fn default() -> Self {
         WorkerState {
-            gen: [0; 3],
             live: [0; 3],
             cap: DEFAULT_WORKER_CAP,
         }
@@ -109,24 +118,30 @@ impl WorkerState {
     }
 }
 
-/// Is `e` live given the worker table?
-#[inline]
-fn is_live(workers: &[WorkerState], e: u32) -> bool {
-    workers
-        .get(slot_of(e) as usize)
-        .and_then(|ws| ws.gen.get(tier_idx(e)))
-        .is_some_and(|&g| g == gen_of(e))
+/// Generations of a fresh worker: tiers 0..=2 at 0; index 3 (no real tier) matches no
+/// entry, as generations are below `GEN_PERIOD`.
+const GENS0: [u16; 4] = [0, 0, 0, u16::MAX];
+
+/// Is `e` live given the per-worker generations?
+#[inline(always)]
+fn is_live(gens: &[[u16; 4]], e: u32) -> bool {
+    gens.get(slot_of(e) as usize)
+        .is_some_and(|g| g[tier_idx(e) & 3] == gen_of(e))
 }
 
 /// One shard of the block index. See the module docs for its guarantees.
 #[derive(Debug)]
 pub struct IndexShard {
     /// `mix(hash)` → holders. Never holds an empty holder set.
-    map: HashMap<u64, Holders, BuildNoHash>,
+    map: Table,
     /// Spilled holder lists (3+ entries).
     slab: Slab,
     /// Indexed by worker slot; grown on demand.
     workers: Vec<WorkerState>,
+    /// Current generation per worker slot and tier index (same length as `workers`;
+    /// kept apart, 8 bytes a worker, because queries read it for every entry):
+    /// entries carrying another generation are stale.
+    gens: Vec<[u16; 4]>,
     live: u64,
     stale: u64,
     rejected_total: u64,
@@ -146,9 +161,10 @@ impl IndexShard {
     /// An empty shard.
     pub fn new() -> Self {
         IndexShard {
-            map: HashMap::with_hasher(BuildNoHash),
+            map: Table::default(),
             slab: Slab::default(),
             workers: Vec::new(),
+            gens: Vec::new(),
             live: 0,
             stale: 0,
             rejected_total: 0,
@@ -173,6 +189,7 @@ impl IndexShard {
         let i = w as usize;
         if self.workers.len() <= i {
             self.workers.resize(i + 1, WorkerState::default());
+            self.gens.resize(i + 1, GENS0);
         }
         &mut self.workers[i]
     }
@@ -202,112 +219,142 @@ impl IndexShard {
             self.compact(None);
         }
         self.worker_mut(w);
+        self.map.reserve(hashes.len());
         let t = tier as usize;
-        let Self {
-            map,
-            slab,
-            workers,
-            live,
-            stale,
-            ..
-        } = self;
-        let entry = pack(w, tier, workers[w as usize].gen[t]);
+        let (Some(&ws), Some(gens)) = (self.workers.get(w as usize), self.gens.get(w as usize))
+        else {
+            return out;
+        };
+        let entry = pack(w, tier, gens[t]);
         let key = key_of(entry);
-        for &h in hashes {
-            let at_cap = {
-                let ws = &workers[w as usize];
-                ws.total() >= ws.cap
-            };
-            match map.entry(mix(h)) {
-                MapEntry::Occupied(mut o) => {
-                    let hs = o.get_mut();
-                    if let Some(i) = hs.find(slab, key) {
-                        if hs.entries(slab)[i] == entry {
-                            out.duplicate += 1;
-                            continue;
-                        }
-                        // Same worker and tier, older generation: a stale entry.
-                        *stale -= 1;
-                        if at_cap {
-                            hs.remove(slab, i);
-                            if hs.is_empty() {
-                                o.remove();
-                            }
+        // Entries `w` may still add before its cap (counted down as they are added).
+        let mut room = ws.cap.saturating_sub(ws.total());
+        let mut keys = [0u64; CHUNK];
+        for chunk in hashes.chunks(CHUNK) {
+            let n = mix_chunk(&self.map, chunk, &mut keys);
+            for &k in &keys[..n] {
+                match self.map.find_or_slot(k) {
+                    Probe::Vacant(pos) => {
+                        if room == 0 {
                             out.rejected += 1;
                         } else {
-                            hs.set(slab, i, entry);
-                            workers[w as usize].live[t] += 1;
-                            *live += 1;
+                            self.map.insert_at(pos, k, Holders::single(entry));
+                            room -= 1;
                             out.added += 1;
                         }
-                        continue;
                     }
-                    if at_cap {
-                        out.rejected += 1;
-                        continue;
-                    }
-                    if hs.is_full_inline() {
-                        // Make room from stale entries rather than spilling.
-                        let mut dropped = 0;
-                        hs.retain(slab, |e| {
-                            let keep = is_live(workers, e);
-                            dropped += u64::from(!keep);
-                            keep
-                        });
-                        *stale -= dropped;
-                    }
-                    hs.insert(slab, entry);
-                    workers[w as usize].live[t] += 1;
-                    *live += 1;
-                    out.added += 1;
-                }
-                MapEntry::Vacant(v) => {
-                    if at_cap {
-                        out.rejected += 1;
-                        continue;
-                    }
-                    v.insert(Holders::single(entry));
-                    workers[w as usize].live[t] += 1;
-                    *live += 1;
-                    out.added += 1;
+                    Probe::Found(i) => self.store_into(i, entry, key, &mut room, &mut out),
                 }
             }
         }
+        if let Some(ws) = self.workers.get_mut(w as usize) {
+            ws.live[t] += u64::from(out.added);
+        }
+        self.live += u64::from(out.added);
         self.rejected_total += u64::from(out.rejected);
         out
+    }
+
+    /// [`IndexShard::stored`] of one block already present (in slot `i`).
+    #[inline]
+    fn store_into(
+        &mut self,
+        i: usize,
+        entry: u32,
+        key: u32,
+        room: &mut u64,
+        out: &mut StoreOutcome,
+    ) {
+        let Self {
+            map,
+            slab,
+            gens,
+            stale,
+            ..
+        } = self;
+        let Some(hs) = map.holders_mut(i) else {
+            return;
+        };
+        if let Some(j) = hs.find(slab, key) {
+            if hs.entries(slab).get(j) == Some(&entry) {
+                out.duplicate += 1;
+                return;
+            }
+            // Same worker and tier, older generation: a stale entry.
+            *stale -= 1;
+            if *room == 0 {
+                hs.remove(slab, j);
+                if hs.is_empty() {
+                    map.remove_at(i);
+                }
+                out.rejected += 1;
+            } else {
+                hs.set(slab, j, entry);
+                *room -= 1;
+                out.added += 1;
+            }
+            return;
+        }
+        if *room == 0 {
+            out.rejected += 1;
+            return;
+        }
+        if hs.is_full_inline() {
+            // Make room from stale entries rather than spilling.
+            let mut dropped = 0;
+            hs.retain(slab, |e| {
+                let keep = is_live(gens, e);
+                dropped += u64::from(!keep);
+                keep
+            });
+            *stale -= dropped;
+        }
+        hs.insert(slab, entry);
+        *room -= 1;
+        out.added += 1;
     }
 
     /// Worker `w` no longer holds `hashes` in `tier`. Returns the live entries removed;
     /// hashes it did not hold are no-ops.
     pub fn removed(&mut self, w: WorkerSlot, tier: Tier, hashes: &[u64]) -> u32 {
         let t = tier as usize;
-        let Some(gen) = self.workers.get(w as usize).map(|ws| ws.gen[t]) else {
+        let Some(gen) = self.gens.get(w as usize).map(|g| g[t]) else {
             return 0;
         };
         let entry = pack(w, tier, gen);
         let key = key_of(entry);
         let mut removed = 0u32;
-        for &h in hashes {
-            let MapEntry::Occupied(mut o) = self.map.entry(mix(h)) else {
-                continue;
-            };
-            let hs = o.get_mut();
-            let Some(i) = hs.find(&self.slab, key) else {
-                continue;
-            };
-            let was_live = hs.entries(&self.slab)[i] == entry;
-            hs.remove(&mut self.slab, i);
-            if hs.is_empty() {
-                o.remove();
-            }
-            if was_live {
-                self.workers[w as usize].live[t] -= 1;
-                self.live -= 1;
-                removed += 1;
-            } else {
-                self.stale -= 1;
+        let mut stale_dropped = 0u64;
+        let mut keys = [0u64; CHUNK];
+        for chunk in hashes.chunks(CHUNK) {
+            let n = mix_chunk(&self.map, chunk, &mut keys);
+            for &k in &keys[..n] {
+                let Some(i) = self.map.find(k) else {
+                    continue;
+                };
+                let Some(hs) = self.map.holders_mut(i) else {
+                    continue;
+                };
+                let Some(j) = hs.find(&self.slab, key) else {
+                    continue;
+                };
+                let was_live = hs.entries(&self.slab).get(j) == Some(&entry);
+                hs.remove(&mut self.slab, j);
+                if hs.is_empty() {
+                    self.map.remove_at(i);
+                }
+                if was_live {
+                    removed += 1;
+                } else {
+                    stale_dropped += 1;
+                }
             }
         }
+        if let Some(ws) = self.workers.get_mut(w as usize) {
+            ws.live[t] -= u64::from(removed);
+        }
+        self.live -= u64::from(removed);
+        self.stale -= stale_dropped;
         removed
     }
 
@@ -317,7 +364,10 @@ impl IndexShard {
     pub fn clear_tier(&mut self, w: WorkerSlot, tier: Tier) {
         let t = tier as usize;
         let period = self.gen_period;
-        let Some(ws) = self.workers.get_mut(w as usize) else {
+        let (Some(ws), Some(gen)) = (
+            self.workers.get_mut(w as usize),
+            self.gens.get_mut(w as usize).and_then(|g| g.get_mut(t)),
+        ) else {
             return;
         };
         let n = ws.live[t];
@@ -328,14 +378,14 @@ impl IndexShard {
         ws.live[t] = 0;
         self.live -= n;
         self.stale += n;
-        let next = u32::from(ws.gen[t]) + 1;
+        let next = u32::from(*gen) + 1;
         if next >= period {
-            ws.gen[t] = 0;
+            *gen = 0;
             // Entries of generation 0 may survive from the previous cycle: drop every
             // entry of this (worker, tier) regardless of generation.
             self.compact(Some(key_of(pack(w, tier, 0))));
         } else {
-            ws.gen[t] = next as u16;
+            *gen = next as u16;
         }
     }
 
@@ -355,19 +405,16 @@ impl IndexShard {
     /// Full compaction: drops stale entries, and every entry whose key is `victim`.
     fn compact(&mut self, victim: Option<u32>) {
         let Self {
-            map, slab, workers, ..
+            map, slab, gens, ..
         } = self;
-        map.retain(|_, hs| {
-            hs.retain(slab, |e| is_live(workers, e) && Some(key_of(e)) != victim);
+        map.retain(|hs| {
+            hs.retain(slab, |e| is_live(gens, e) && Some(key_of(e)) != victim);
             !hs.is_empty()
         });
         self.stale = 0;
         self.compactions += 1;
         // Give memory back after large clears, with hysteresis against regrowth.
-        let len = self.map.len();
-        if self.map.capacity() > 4 * len + 1024 {
-            self.map.shrink_to(2 * len);
-        }
+        self.map.shrink_to(2 * self.map.len());
     }
 
     /// Live matches of `items` — (position, hash) pairs sorted by position, only the
@@ -377,26 +424,34 @@ impl IndexShard {
     /// extend past it), or `u32::MAX`. Does not allocate when `out` has capacity.
     pub fn query(&self, items: &[(u32, u64)], out: &mut ShardAnswer) {
         out.first_miss = u32::MAX;
-        for &(pos, h) in items {
-            let before = out.matches.len();
-            if let Some(hs) = self.map.get(&mix(h)) {
-                let mut last_slot = None;
-                for &e in hs.entries(&self.slab) {
-                    let slot = slot_of(e);
-                    // Sorted by (slot, tier): the first live entry of a slot is its best.
-                    if last_slot != Some(slot) && is_live(&self.workers, e) {
-                        last_slot = Some(slot);
-                        out.matches.push(Match {
-                            pos,
-                            worker: slot,
-                            tier: tier_of(e),
-                        });
+        let mut keys = [0u64; CHUNK];
+        for chunk in items.chunks(CHUNK) {
+            for (k, &(_, h)) in keys.iter_mut().zip(chunk) {
+                *k = mix(h);
+                self.map.prefetch(*k);
+            }
+            for (&k, &(pos, _)) in keys.iter().zip(chunk) {
+                let before = out.matches.len();
+                if let Some(i) = self.map.find(k) {
+                    let hs = self.map.holders(i);
+                    let mut last_slot = u32::MAX;
+                    for &e in hs.entries(&self.slab) {
+                        let slot = slot_of(e);
+                        // Sorted by (slot, tier): the first live entry of a slot is its best.
+                        if u32::from(slot) != last_slot && is_live(&self.gens, e) {
+                            last_slot = u32::from(slot);
+                            out.matches.push(Match {
+                                pos,
+                                worker: slot,
+                                tier: tier_of(e),
+                            });
+                        }
                     }
                 }
-            }
-            if out.matches.len() == before {
-                out.first_miss = pos;
-                return;
+                if out.matches.len() == before {
+                    out.first_miss = pos;
+                    return;
+                }
             }
         }
     }
@@ -417,7 +472,8 @@ impl IndexShard {
     pub fn stats(&self) -> ShardStats {
         let heap = self.map.allocation_size()
             + self.slab.heap_bytes()
-            + self.workers.capacity() * std::mem::size_of::<WorkerState>();
+            + self.workers.capacity() * std::mem::size_of::<WorkerState>()
+            + self.gens.capacity() * std::mem::size_of::<[u16; 4]>();
         ShardStats {
             blocks: self.map.len() as u64,
             live_entries: self.live,
@@ -432,8 +488,8 @@ impl IndexShard {
     #[cfg(test)]
     pub(crate) fn physical_entries(&self) -> u64 {
         self.map
-            .values()
-            .map(|hs| hs.entries(&self.slab).len() as u64)
+            .iter()
+            .map(|(_, hs)| hs.entries(&self.slab).len() as u64)
             .sum()
     }
 

@@ -10,9 +10,9 @@ use crate::types::{Tier, WorkerSlot};
 impl IndexShard {
     /// Calls `f(hash, worker, tier)` for every live entry (unspecified order).
     pub fn for_each_live(&self, mut f: impl FnMut(u64, WorkerSlot, Tier)) {
-        for (&key, hs) in self.map.iter() {
+        for (key, hs) in self.map.iter() {
             for &e in hs.entries(&self.slab) {
-                if is_live(&self.workers, e) {
+                if is_live(&self.gens, e) {
                     f(unmix(key), slot_of(e), tier_of(e));
                 }
             }
