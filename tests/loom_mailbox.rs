@@ -4,16 +4,27 @@
 //! --no-default-features --test loom_mailbox` (or `.ci/extra`).
 //!
 //! Each core's doorbell (a Unix socket in the service; writing a byte to a full socket
-//! is a no-op because a wake-up is already pending) is modelled as a loom counter of
-//! pending rings; parking spins with `yield_now` until a ring is pending. A consumer
-//! parked when every sender has finished and no ring is pending can never wake: the
-//! model fails with "lost wake-up" (and the number of messages left queued). The models:
+//! is a no-op because a wake-up is already pending) is modelled as a loom mutex-guarded
+//! count of pending rings with a condvar: a parked consumer is blocked, not spinning, so
+//! it adds no branches to an execution (a spinning park made the hand-off and gather
+//! models exceed loom's branch budget). A consumer parked when every sender has finished
+//! and no ring is pending can never wake: the model fails with "lost wake-up" (messages
+//! left queued) or "message lost" (nothing queued: a message was never delivered). Cores
+//! send from an outbox like `Core::post`/`Core::flush`: a full mailbox keeps the message
+//! at the front and the core retries on its next turn. The models (preemption bound 3,
+//! a few seconds each in release):
 //! - `mailbox_*`: two producers, one consumer (drain, `try_sleep`, park, `awake`); every
 //!   message received exactly once, in per-producer order, no lost wake-up;
-//! - `shard_handoff`: one producer splits an ordered batch for a worker over two shard
-//!   mailboxes; each shard applies its part in order;
+//! - `shard_handoff`: an ingest core flushes one worker's ordered batch (3 ops for shard
+//!   0, 1 for shard 1) into two shard mailboxes of capacity 1, so the hand-off also goes
+//!   through backpressure; each shard applies its part in order. Caught faults:
+//!   `SkipRecheck` (lost wake-up) and an outbox that skips a blocked message and sends
+//!   the rest (order lost);
 //! - `gather`: a routing query scattered to two shard cores, whose replies come back
-//!   through the requester's mailbox; the requester sees every reply exactly once;
+//!   through the requester's mailbox of capacity 1 (the second reply may find it full and
+//!   be retried); the requester sees every reply exactly once. Caught faults:
+//!   `SkipRecheck` (lost wake-up) and an outbox that drops a reply on a full mailbox
+//!   (message lost);
 //! - `generation_swap`: a writer bumps a worker's generation then enqueues Forget while an
 //!   ingest connection enqueues a Stored tagged with the generation it read; the shard
 //!   drops messages of a stale generation, so nothing of an old generation is applied
@@ -31,32 +42,40 @@
 
 use kvroute::sync::faults::{self, Fault};
 use kvroute::sync::mailbox::Mailbox;
-use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use loom::sync::Arc;
+use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;
+use std::collections::VecDeque;
 
 /// A core's inbox: the mailbox plus its doorbell.
 struct Inbox<T> {
     mb: Mailbox<T>,
-    /// Rings not yet consumed (the doorbell socket's buffered bytes).
-    pending: AtomicUsize,
-    /// Threads that will send to this inbox, and how many have finished.
+    bell: Mutex<Bell>,
+    rung: Condvar,
+    /// Threads that will send to this inbox.
     senders: usize,
-    finished: AtomicUsize,
+}
+
+/// The doorbell socket: rings not yet consumed, and how many senders have finished.
+#[derive(Default)]
+struct Bell {
+    pending: usize,
+    finished: usize,
 }
 
 impl<T> Inbox<T> {
     fn new(capacity: usize, senders: usize) -> Self {
         Inbox {
             mb: Mailbox::new(capacity),
-            pending: AtomicUsize::new(0),
+            bell: Mutex::new(Bell::default()),
+            rung: Condvar::new(),
             senders,
-            finished: AtomicUsize::new(0),
         }
     }
 
     fn ring(&self) {
-        self.pending.fetch_add(1, Ordering::SeqCst);
+        self.bell.lock().unwrap().pending += 1;
+        self.rung.notify_all();
     }
 
     /// `Shared::try_send`: enqueue, ring iff `push` says the consumer may be parked.
@@ -70,28 +89,33 @@ impl<T> Inbox<T> {
 
     /// A sender is done sending.
     fn sender_done(&self) {
-        self.finished.fetch_add(1, Ordering::SeqCst);
+        self.bell.lock().unwrap().finished += 1;
+        self.rung.notify_all();
     }
 
-    /// Waits for the doorbell; consumes every pending ring. Once every sender is done
-    /// and no ring is pending, nothing can wake the consumer any more: parking then is a
-    /// lost wake-up (reported here rather than as a loom deadlock, whose unwinding
-    /// aborts the test process).
+    /// Blocks on the doorbell (a blocked loom thread costs no branches, unlike a spin
+    /// loop); consumes every pending ring. Once every sender is done and no ring is
+    /// pending, nothing can wake the consumer any more: parking then is a lost wake-up
+    /// (reported here rather than as a loom deadlock, whose unwinding aborts the test
+    /// process).
     fn park(&self) {
+        let mut bell = self.bell.lock().unwrap();
         loop {
-            if self.pending.swap(0, Ordering::SeqCst) > 0 {
+            if bell.pending > 0 {
+                bell.pending = 0;
                 return;
             }
-            if self.finished.load(Ordering::SeqCst) == self.senders {
-                if self.pending.swap(0, Ordering::SeqCst) > 0 {
-                    return;
+            if bell.finished == self.senders {
+                drop(bell);
+                let queued = self.mb.len();
+                if queued == 0 {
+                    panic!("message lost: parked waiting for a message no sender will send");
                 }
                 panic!(
-                    "lost wake-up: parked with {} message(s) queued and no doorbell pending",
-                    self.mb.len()
+                    "lost wake-up: parked with {queued} message(s) queued and no doorbell pending"
                 );
             }
-            thread::yield_now();
+            bell = self.rung.wait(bell).unwrap();
         }
     }
 
@@ -117,8 +141,8 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     if b.preemption_bound.is_none() {
         b.preemption_bound = Some(3);
     }
-    // Every mailbox operation is a read-modify-write of the state word, and the
-    // retry paths (announced, not yet pushed) spin with yield: more branches per run.
+    // The retry paths (announced but not yet pushed; peer mailbox full) spin with
+    // yield: a few more branches per execution.
     b.max_branches = b.max_branches.max(5_000);
     b.check(f);
 }
@@ -185,26 +209,103 @@ fn mailbox_flag_before_push_is_caught() {
     with_fault(Fault::FlagBeforePush, mailbox_model);
 }
 
+// ---- outbox (`Core::post` / `Core::flush`) ----------------------------------------
+
+/// How an outbox treats a message whose destination mailbox is full.
+#[derive(Clone, Copy, PartialEq)]
+enum OnFull {
+    /// The service (`Core::flush`): the message stays at the front and flushing stops
+    /// until the next run-loop turn (head-of-line blocking keeps per-destination order).
+    KeepAtFront,
+    /// Injected bug: re-queue it behind the others and go on sending the rest.
+    SkipBlocked,
+    /// Injected bug: fire and forget (`let _ = try_send(..)`).
+    Drop,
+}
+
+/// A core's outbox: messages posted by its handlers, in order, to be sent to peers.
+struct Outbox<T> {
+    q: VecDeque<(usize, T)>,
+    on_full: OnFull,
+}
+
+impl<T> Outbox<T> {
+    fn new(on_full: OnFull) -> Self {
+        Outbox {
+            q: VecDeque::new(),
+            on_full,
+        }
+    }
+
+    fn post(&mut self, to: usize, msg: T) {
+        self.q.push_back((to, msg));
+    }
+
+    /// Sends what the mailboxes accept (ringing doorbells as `Shared::try_send` does);
+    /// true once the outbox is empty.
+    fn flush(&mut self, peers: &[&Inbox<T>]) -> bool {
+        for _ in 0..self.q.len() {
+            let Some((to, msg)) = self.q.pop_front() else {
+                break;
+            };
+            match peers[to].mb.push(msg) {
+                Ok(true) => peers[to].ring(),
+                Ok(false) => {}
+                Err(msg) => match self.on_full {
+                    OnFull::KeepAtFront => {
+                        self.q.push_front((to, msg));
+                        return false;
+                    }
+                    OnFull::SkipBlocked => self.q.push_back((to, msg)),
+                    OnFull::Drop => {}
+                },
+            }
+        }
+        self.q.is_empty()
+    }
+
+    /// The run loop retrying a blocked flush (the service sleeps 20 µs in between).
+    fn flush_all(&mut self, peers: &[&Inbox<T>]) {
+        while !self.flush(peers) {
+            thread::yield_now();
+        }
+    }
+}
+
 // ---- shard hand-off --------------------------------------------------------------
 
-fn handoff_model() {
-    model(|| {
-        let shards = [Arc::new(Inbox::new(4, 1)), Arc::new(Inbox::new(4, 1))];
-        // One worker's ordered batch: (owning shard, op). Per shard the ops are 1, 2.
-        let batch = [(0usize, 1u32), (1, 1), (1, 2), (0, 2)];
+/// One worker's ordered batch of index operations, as ingest fans it out: (owning
+/// shard, op). Shard 0 must apply 1, 2, 3 in that order; shard 1 gets op 1.
+const BATCH: [(usize, u32); 4] = [(0, 1), (0, 2), (1, 1), (0, 3)];
+
+/// The ingest core posts the batch to its outbox and flushes it into two shard
+/// mailboxes of capacity 1, so shard 0's mailbox is full whenever its core lags: the
+/// hand-off goes through backpressure (blocked flush, retry) as well as the sleep/wake
+/// protocol.
+fn handoff_model(on_full: OnFull) {
+    model(move || {
+        let shards = [Arc::new(Inbox::new(1, 1)), Arc::new(Inbox::new(1, 1))];
         let consumers: Vec<_> = shards
             .iter()
-            .map(|s| {
+            .enumerate()
+            .map(|(id, s)| {
                 let s = s.clone();
                 thread::spawn(move || {
-                    let applied: Vec<u32> = (0..2).map(|_| s.next()).collect();
-                    assert_eq!(applied, [1, 2], "per-worker order lost on a shard");
+                    let want: Vec<u32> = BATCH
+                        .iter()
+                        .filter(|(to, _)| *to == id)
+                        .map(|&(_, op)| op)
+                        .collect();
+                    let applied: Vec<u32> = want.iter().map(|_| s.next()).collect();
+                    assert_eq!(applied, want, "per-worker order lost on shard {id}");
                 })
             })
             .collect();
-        for (shard, op) in batch {
-            shards[shard].send(op);
+        let mut out = Outbox::new(on_full);
+        for (shard, op) in BATCH {
+            out.post(shard, op);
         }
+        out.flush_all(&[&shards[0], &shards[1]]);
         for s in &shards {
             s.sender_done();
         }
@@ -215,15 +316,20 @@ fn handoff_model() {
 }
 
 #[test]
-#[ignore = "with the single-word mailbox protocol this model exceeds loom's branch budget and CI's time; run with --ignored"]
 fn shard_handoff_keeps_order() {
-    handoff_model();
+    handoff_model(OnFull::KeepAtFront);
 }
 
 #[test]
 #[should_panic(expected = "lost wake-up")]
 fn shard_handoff_skip_recheck_is_caught() {
-    with_fault(Fault::SkipRecheck, handoff_model);
+    with_fault(Fault::SkipRecheck, || handoff_model(OnFull::KeepAtFront));
+}
+
+#[test]
+#[should_panic(expected = "per-worker order lost")]
+fn shard_handoff_skip_blocked_is_caught() {
+    handoff_model(OnFull::SkipBlocked);
 }
 
 // ---- scatter/gather --------------------------------------------------------------
@@ -249,24 +355,33 @@ impl Gather {
     }
 }
 
-fn gather_model() {
-    model(|| {
-        let requester = Arc::new(Inbox::new(4, 2));
-        let shards = [Arc::new(Inbox::new(2, 1)), Arc::new(Inbox::new(2, 1))];
+/// A routing query scattered to two shard cores; each answers through its outbox into
+/// the requester's mailbox, of capacity 1, so the second reply meets a full mailbox
+/// whenever the requester lags and must be retried.
+fn gather_model(on_full: OnFull) {
+    model(move || {
+        // Inbox index 0 = requester, 1 and 2 = shards (outbox destinations).
+        let requester = Arc::new(Inbox::new(1, 2));
+        let shards = [Arc::new(Inbox::new(1, 1)), Arc::new(Inbox::new(1, 1))];
         let workers: Vec<_> = shards
             .iter()
             .enumerate()
             .map(|(id, inbox)| {
                 let (inbox, requester) = (inbox.clone(), requester.clone());
                 thread::spawn(move || {
+                    let mut out = Outbox::new(on_full);
                     match inbox.next() {
-                        Msg::Query { qid, part } => requester.send(Msg::Reply {
-                            qid,
-                            part,
-                            answer: 100 + id as u64,
-                        }),
+                        Msg::Query { qid, part } => out.post(
+                            0,
+                            Msg::Reply {
+                                qid,
+                                part,
+                                answer: 100 + id as u64,
+                            },
+                        ),
                         Msg::Reply { .. } => panic!("shard got a reply"),
                     }
+                    out.flush_all(&[&requester]);
                     requester.sender_done();
                 })
             })
@@ -300,15 +415,20 @@ fn gather_model() {
 }
 
 #[test]
-#[ignore = "with the single-word mailbox protocol this model exceeds loom's branch budget and CI's time; run with --ignored"]
 fn gather_sees_every_reply_once() {
-    gather_model();
+    gather_model(OnFull::KeepAtFront);
 }
 
 #[test]
 #[should_panic(expected = "lost wake-up")]
 fn gather_skip_recheck_is_caught() {
-    with_fault(Fault::SkipRecheck, gather_model);
+    with_fault(Fault::SkipRecheck, || gather_model(OnFull::KeepAtFront));
+}
+
+#[test]
+#[should_panic(expected = "message lost")]
+fn gather_dropped_reply_is_caught() {
+    gather_model(OnFull::Drop);
 }
 
 // ---- worker generation swap ------------------------------------------------------

@@ -169,6 +169,133 @@ fn restart_from_state_dir_keeps_the_index_and_registry() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// (active requests, prefill tokens, decode blocks) per worker, from GET /v1/workers.
+fn loads(s: &Server) -> Vec<(String, u64, f64, f64)> {
+    let mut v: Vec<_> = s
+        .workers()
+        .iter()
+        .map(|w| {
+            (
+                w["id"].as_str().unwrap_or("").to_string(),
+                w["active_requests"].as_u64().unwrap_or(u64::MAX),
+                w["prefill_tokens"].as_f64().unwrap_or(-1.0),
+                w["decode_blocks"].as_f64().unwrap_or(-1.0),
+            )
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+fn state_dir(name: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("kvroute-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().unwrap().to_string();
+    (dir, d)
+}
+
+/// Routes `n` requests (ids `r0..`) over two static workers, `a` caching a prefix.
+fn route_some(s: &Server, c: &mut RequestClient, n: usize, h: &[u64]) {
+    for i in 0..n {
+        let mut r = req(&format!("r{i}"), &h[..4 + i]);
+        r.expected_output_tokens = Some(64);
+        c.route(&r).unwrap();
+    }
+    // One in decode with progress, one in decode without: both phases are carried.
+    c.first_token("r0").unwrap();
+    c.progress("r0", 300).unwrap();
+    c.first_token("r1").unwrap();
+    s.wait_until("load published", |s| {
+        loads(s).iter().map(|l| l.1).sum::<u64>() == n as u64
+    });
+}
+
+fn two_static_workers(s: &Server, h: &[u64]) {
+    s.register(json!({"id": "a", "capacity_blocks": 10000}));
+    s.register(json!({"id": "b", "capacity_blocks": 10000}));
+    s.store("a", "device", &h[..6]);
+    s.wait_until("a indexed", |s| s.cached("a") == 6);
+}
+
+/// After the restart: the load is the same, every restored request takes its lifecycle
+/// calls (and only once), the load returns to zero, routing still uses the index.
+fn check_restored(s: &Server, n: usize, before: &[(String, u64, f64, f64)], h: &[u64]) {
+    s.wait_until("restored load published", |s| loads(s) == before);
+    let mut c = RequestClient::connect(&s.api, "").unwrap();
+    match c.route(&req("r2", &h[..3])) {
+        Err(ClientError::Router { code, .. }) => {
+            assert_eq!(code, ErrorCode::DuplicateRequest.as_u16())
+        }
+        other => panic!("a restored id must still be active: {other:?}"),
+    }
+    for i in 0..n {
+        let id = format!("r{i}");
+        c.first_token(&id).unwrap();
+        c.progress(&id, 10).unwrap();
+        c.finish(&id).unwrap();
+        match c.finish(&id) {
+            Err(ClientError::Router { code, .. }) => {
+                assert_eq!(code, ErrorCode::UnknownRequest.as_u16())
+            }
+            other => panic!("second finish of {id}: {other:?}"),
+        }
+    }
+    s.wait_until("load back to zero", |s| {
+        loads(s)
+            .iter()
+            .all(|l| l.1 == 0 && l.2 == 0.0 && l.3 == 0.0)
+    });
+    let d = c.route(&req("after", &h[..6])).unwrap();
+    assert_eq!((d.decode_worker.as_str(), d.overlap.device), ("a", 6));
+    c.finish("after").unwrap();
+}
+
+#[test]
+fn in_flight_requests_survive_a_graceful_restart_with_other_cores() {
+    let (dir, d) = state_dir("inflight");
+    let h = hashes(11, 12);
+    let n = 6;
+    let before = {
+        let s = Server::start(2, &["--state-dir", &d]);
+        two_static_workers(&s, &h);
+        let mut c = RequestClient::connect(&s.api, "").unwrap();
+        route_some(&s, &mut c, n, &h);
+        let before = loads(&s);
+        assert!(
+            before.iter().any(|l| l.2 > 0.0),
+            "some prefill load: {before:?}"
+        );
+        before
+        // SIGTERM → calls refused, shutdown snapshot with the in-flight requests.
+    };
+    // Another core count: every request goes to its new owner core.
+    let s = Server::start(4, &["--state-dir", &d]);
+    check_restored(&s, n, &before, &h);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn in_flight_requests_survive_a_crash_up_to_the_last_periodic_snapshot() {
+    let (dir, d) = state_dir("crash");
+    let h = hashes(12, 12);
+    let n = 4;
+    let s = Server::start(2, &["--state-dir", &d, "--snapshot-interval-ms", "100"]);
+    two_static_workers(&s, &h);
+    let mut c = RequestClient::connect(&s.api, "").unwrap();
+    route_some(&s, &mut c, n, &h);
+    let before = loads(&s);
+    // Let a periodic snapshot see them, then die without a shutdown snapshot.
+    std::thread::sleep(Duration::from_millis(600));
+    let mut child = s.into_child();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let s = Server::start(2, &["--state-dir", &d]);
+    check_restored(&s, n, &before, &h);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn sigterm_exits_zero() {
     let s = Server::start(2, &[]);

@@ -23,7 +23,9 @@ pub mod tracker;
 pub use active::ActiveBlocksShard;
 pub use agg::{OldestPrefill, WorkerAgg, WorkerLoad};
 pub use predictor::PrefillPredictor;
-pub use request::{FinishReason, Finished, LifecycleError, NewRequest, Phase, RequestInfo};
+pub use request::{
+    CarriedRequest, FinishReason, Finished, LifecycleError, NewRequest, Phase, RequestInfo,
+};
 pub use tracker::LoadTracker;
 
 #[cfg(test)]

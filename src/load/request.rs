@@ -118,6 +118,27 @@ pub struct RequestInfo {
     pub output_blocks_milli: u64,
 }
 
+/// An active request as carried across a restart (warm-restart snapshots): everything
+/// its accounting is derived from, with times as ages so they survive a new clock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CarriedRequest {
+    pub id: String,
+    pub decode_worker: WorkerSlot,
+    pub prefill_worker: Option<WorkerSlot>,
+    pub input_tokens: u32,
+    pub cached_tokens: u32,
+    pub prompt_blocks: u32,
+    pub hashes: Vec<u64>,
+    pub expected_output_tokens: Option<u32>,
+    /// Still contributing prefill load (no first token yet).
+    pub in_prefill: bool,
+    pub output_tokens: u32,
+    /// Time since routing when carried (µs).
+    pub age_us: u64,
+    /// Time since prefill completed when carried (µs), if it did.
+    pub first_token_age_us: Option<u64>,
+}
+
 /// Private per-request state. Its contributions to the aggregates are always exactly
 /// derivable from it, which is what makes removal exact.
 #[derive(Clone, Debug)]
@@ -140,6 +161,9 @@ pub(super) struct Req {
     pub output_milli: u64,
     /// Predicted prefill duration; 0 when the model is `full`.
     pub predicted_us: u64,
+    /// Carried across a restart: its routing time is only approximate, so its first
+    /// token does not feed the prefill predictor.
+    pub carried: bool,
 }
 
 impl Req {

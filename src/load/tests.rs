@@ -462,3 +462,60 @@ fn per_core_aggregates_sum_to_single_tracker() {
         );
     }
 }
+
+#[test]
+fn carried_requests_restore_the_same_load_and_finish_to_zero() {
+    for model in [PrefillLoadModel::Full, PrefillLoadModel::Predicted] {
+        let cfg = RouterConfig {
+            block_size: BS,
+            prefill_load_model: model,
+            track_output_blocks: true,
+            ..Default::default()
+        };
+        let mut t = LoadTracker::new(BS, &cfg);
+        t.on_route(req("a", 1, None, 100, 30)).unwrap();
+        t.on_route(req("b", 2, Some(3), 64, 0)).unwrap();
+        let mut c = req("c", 1, None, 40, 0);
+        c.expected_output_tokens = Some(100);
+        t.on_route(c).unwrap();
+        t.on_first_token("b", 2_000).unwrap();
+        t.on_progress("c", 40, 3_000).unwrap();
+        let mut carried = t.carry(5_000);
+        carried.sort_by(|x, y| x.id.cmp(&y.id));
+        assert_eq!(carried[0].age_us, 4_000);
+        assert_eq!(carried[1].first_token_age_us, Some(3_000));
+        let mut u = LoadTracker::new(BS, &cfg);
+        for c in carried.iter().cloned() {
+            u.restore(c, 10).unwrap();
+        }
+        assert_eq!(
+            u.restore(carried[0].clone(), 10),
+            Err(LifecycleError::Duplicate)
+        );
+        for w in 0..8 {
+            let (a, b) = (t.agg(w), u.agg(w));
+            // The oldest prefill's time moves to the new clock; the sums do not change.
+            assert_eq!(
+                (a.active_requests, a.prefill_requests, a.prefill_tokens),
+                (b.active_requests, b.prefill_requests, b.prefill_tokens),
+                "worker {w}"
+            );
+            assert_eq!(
+                (a.blocks_total, a.output_blocks_milli),
+                (b.blocks_total, b.output_blocks_milli)
+            );
+            assert_eq!(a.oldest_prefill.is_some(), b.oldest_prefill.is_some());
+        }
+        let samples = u.predictor().samples();
+        assert_eq!(u.on_first_token("a", 20), Ok(true));
+        assert_eq!(
+            u.predictor().samples(),
+            samples,
+            "a carried first token is no sample"
+        );
+        for id in ["a", "b", "c"] {
+            u.on_finish(id, 30).unwrap();
+        }
+        assert_all_zero(&u);
+    }
+}

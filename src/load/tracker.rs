@@ -26,7 +26,7 @@
 //! own tracker, and readers sum the per-core [`WorkerAgg`]s (see [`WorkerAgg::add`]).
 
 pub use super::agg::{WorkerAgg, WorkerLoad};
-pub use super::request::{Finished, LifecycleError, NewRequest, RequestInfo};
+pub use super::request::{CarriedRequest, Finished, LifecycleError, NewRequest, RequestInfo};
 
 use super::agg::OldestPrefill;
 use super::predictor::PrefillPredictor;
@@ -207,6 +207,7 @@ impl LoadTracker {
             output_tokens: 0,
             output_milli: 0,
             predicted_us,
+            carried: false,
         };
         self.next_seq += 1;
         self.workers.add_prefill(&req, predicted);
@@ -232,7 +233,7 @@ impl LoadTracker {
         self.workers.remove_prefill(r, predicted);
         r.in_prefill = false;
         r.first_token_us = Some(now_us);
-        if let Some(d) = now_us.checked_sub(r.routed_at_us) {
+        if let Some(d) = now_us.checked_sub(r.routed_at_us).filter(|_| !r.carried) {
             self.predictor
                 .observe(r.effective_isl(), r.cached_tokens, d);
         }
@@ -305,6 +306,74 @@ impl LoadTracker {
             self.workers.remove_prefill(r, self.predicted());
         }
         self.workers.remove_decode(r);
+    }
+
+    /// Every active request, for a warm-restart snapshot taken at `now_us`.
+    pub fn carry(&self, now_us: u64) -> Vec<CarriedRequest> {
+        self.requests
+            .iter()
+            .map(|(id, r)| CarriedRequest {
+                id: id.clone(),
+                decode_worker: r.decode,
+                prefill_worker: r.prefill,
+                input_tokens: r.input_tokens,
+                cached_tokens: r.cached_tokens,
+                prompt_blocks: r.prompt_blocks,
+                hashes: r.hashes.clone(),
+                expected_output_tokens: r.osl,
+                in_prefill: r.in_prefill,
+                output_tokens: r.output_tokens,
+                age_us: now_us.saturating_sub(r.routed_at_us),
+                first_token_age_us: r.first_token_us.map(|t| now_us.saturating_sub(t)),
+            })
+            .collect()
+    }
+
+    /// Re-admits a request carried across a restart, at `now_us` of the new clock: it
+    /// contributes exactly what it did when carried (prefill load if still in prefill,
+    /// its prompt blocks and output placeholder blocks on its decode worker), and later
+    /// lifecycle calls treat it like any other. Routing times before the new clock's
+    /// start are clamped to 0; under `predicted` its prefill gets a fresh prediction.
+    pub fn restore(&mut self, c: CarriedRequest, now_us: u64) -> Result<(), LifecycleError> {
+        check_id(&c.id)?;
+        let slot = match self.requests.entry(c.id) {
+            hashbrown::hash_map::Entry::Occupied(_) => return Err(LifecycleError::Duplicate),
+            hashbrown::hash_map::Entry::Vacant(v) => v,
+        };
+        let predicted = self.model == PrefillLoadModel::Predicted;
+        let effective_isl = c.input_tokens.saturating_sub(c.cached_tokens);
+        let mut req = Req {
+            decode: c.decode_worker,
+            prefill: c.prefill_worker,
+            input_tokens: c.input_tokens,
+            cached_tokens: c.cached_tokens,
+            prompt_blocks: c.prompt_blocks,
+            hashes: c.hashes,
+            osl: c.expected_output_tokens,
+            routed_at_us: now_us.saturating_sub(c.age_us),
+            seq: self.next_seq,
+            in_prefill: c.in_prefill,
+            first_token_us: c.first_token_age_us.map(|a| now_us.saturating_sub(a)),
+            output_tokens: c.output_tokens,
+            output_milli: 0,
+            predicted_us: if predicted {
+                self.predictor.predict(effective_isl, c.cached_tokens)
+            } else {
+                0
+            },
+            carried: true,
+        };
+        self.next_seq += 1;
+        if req.in_prefill {
+            self.workers.add_prefill(&req, predicted);
+        }
+        self.workers.add_decode(&req);
+        if self.track_output_blocks && req.output_tokens > 0 {
+            let milli = output_blocks_milli(req.output_tokens, self.block_size, req.osl);
+            self.workers.set_output(&mut req, milli);
+        }
+        slot.insert(req);
+        Ok(())
     }
 
     /// Worker `w` was removed (or re-registered with a new epoch): every request

@@ -37,7 +37,8 @@ pub struct CoreState {
 }
 
 impl CoreState {
-    fn mark(&mut self, slot: WorkerSlot) {
+    /// Marks `slot`'s load figures for republishing on the board.
+    pub(super) fn mark(&mut self, slot: WorkerSlot) {
         if let Some(m) = self.dirty_mark.get_mut(slot as usize) {
             if !*m {
                 *m = true;
@@ -393,14 +394,7 @@ impl Core {
                 self.post(from, Msg::LifecycleDone { qid, result });
             }
             Msg::LifecycleDone { qid, result } => self.complete(qid, Reply::Lifecycle(result)),
-            Msg::Snapshot(collect) => {
-                let mut dump = Vec::new();
-                self.st
-                    .borrow()
-                    .index
-                    .for_each_live(|h, w, t| dump.push((w, t, h)));
-                collect.put(self.id, dump);
-            }
+            Msg::Snapshot(collect) => collect.put(self.id, super::persist::dump(self)),
         }
     }
 

@@ -80,8 +80,19 @@ impl Running {
             let _ = t.join();
         }
         if let Some(dir) = &self.shared.settings.state_dir {
+            // Routing and lifecycle calls are refused from `stopping` on; let the ones
+            // already running finish so the snapshot holds every answered request.
+            let t0 = std::time::Instant::now();
+            while self.shared.inflight.load(Ordering::SeqCst) > 0
+                && t0.elapsed() < Duration::from_secs(2)
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             match persist::take(&self.shared, std::path::Path::new(dir)) {
-                Ok(n) => eprintln!("kvroute: shutdown snapshot: {n} index entries in {dir}"),
+                Ok(t) => eprintln!(
+                    "kvroute: shutdown snapshot: {} index entries, {} in-flight requests in {dir}",
+                    t.entries, t.requests
+                ),
                 Err(e) => eprintln!("kvroute: shutdown snapshot failed: {e}"),
             }
         }
@@ -106,32 +117,43 @@ pub fn start(settings: Settings) -> Result<Running, String> {
     let cores = effective_cores(settings.cores);
     let shard_bits = cores.trailing_zeros();
     let limits = settings.limits.clone();
-    let (registry, mut shards, saved) = match &settings.state_dir {
+    let restored = match &settings.state_dir {
         Some(dir) => {
-            match crate::snapshot::read(std::path::Path::new(dir)).map_err(|e| e.to_string())? {
+            match crate::snapshot::read(std::path::Path::new(dir)).map_err(|e| {
+                format!("{e} (move the file away to start cold, without warm restart)")
+            })? {
                 Some(snap) => {
                     let n: usize = snap.entries.iter().map(|e| e.len()).sum();
                     eprintln!(
-                        "kvroute: restoring {} workers and {n} index entries from {dir}",
-                        snap.workers.len()
+                        "kvroute: restoring {} workers, {n} index entries and {} in-flight requests from {dir}",
+                        snap.workers.len(),
+                        snap.requests.len()
                     );
-                    persist::restore(snap, limits.max_workers, cores, shard_bits, |c| {
-                        control::cap_per_shard(c, limits.max_blocks_per_worker, cores)
-                    })
+                    Some(persist::restore(
+                        snap,
+                        limits.max_workers,
+                        cores,
+                        shard_bits,
+                        |c| control::cap_per_shard(c, limits.max_blocks_per_worker, cores),
+                    ))
                 }
-                None => (
-                    crate::registry::Registry::new(limits.max_workers),
-                    Vec::new(),
-                    Vec::new(),
-                ),
+                None => None,
             }
         }
-        None => (
-            crate::registry::Registry::new(limits.max_workers),
-            Vec::new(),
-            Vec::new(),
-        ),
+        None => None,
     };
+    let persist::RestoredState {
+        registry,
+        mut shards,
+        saved,
+        requests,
+    } = restored.unwrap_or_else(|| persist::RestoredState {
+        registry: crate::registry::Registry::new(limits.max_workers),
+        shards: Vec::new(),
+        saved: Vec::new(),
+        requests: Vec::new(),
+    });
+    let requests = Arc::new(requests);
     shards.resize_with(cores, crate::index::IndexShard::new);
     let (shared, doorbells) =
         Shared::new(settings, cores, registry, token).map_err(|e| format!("doorbells: {e}"))?;
@@ -150,6 +172,7 @@ pub fn start(settings: Settings) -> Result<Running, String> {
     for ((id, bell), shard) in doorbells.into_iter().enumerate().zip(shards) {
         let sh = shared.clone();
         let ready = ready_tx.clone();
+        let requests = requests.clone();
         let spin = sh.settings.spin_before_park_us;
         let mut b = LocalExecutorBuilder::new(Placement::Fixed(id % num_cpus()))
             .name(&format!("kvroute-core-{id}"))
@@ -159,6 +182,8 @@ pub fn start(settings: Settings) -> Result<Running, String> {
         }
         let spawned = b.spawn(move || async move {
             let core = Rc::new(Core::new(id, sh.clone(), shard));
+            persist::restore_requests(&core, &requests);
+            drop(requests);
             match bind_all(&sh) {
                 Ok((ev, api_l, http_l)) => {
                     let _ = ready.send(Ok(()));

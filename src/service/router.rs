@@ -52,10 +52,21 @@ fn fleet_of(reg: &Arc<Registry>) -> Rc<Fleet> {
     })
 }
 
+/// From shutdown on, routing and lifecycle calls are refused (`overloaded`: retry, the
+/// restarted router will know the request), so the shutdown snapshot holds exactly the
+/// requests that were answered.
+fn refuse_when_stopping(core: &Core) -> Result<(), ApiError> {
+    if core.shared.stopping.load(Ordering::Acquire) {
+        return Err(ApiError::Overloaded("shutting down; retry".into()));
+    }
+    Ok(())
+}
+
 /// Routes one request (from the binary API or HTTP).
 pub async fn route(core: &Core, req: &RouteRequest) -> Result<RouteDecision, ApiError> {
     let started = Instant::now();
     let sh = &core.shared;
+    refuse_when_stopping(core)?;
     let prepared = req
         .prepare(
             sh.settings.router.block_size,
@@ -242,6 +253,7 @@ pub async fn lifecycle(
     id: &str,
 ) -> Result<Option<RouteDecision>, ApiError> {
     crate::engine::request::check_request_id(id).map_err(EngineError::from)?;
+    refuse_when_stopping(core)?;
     let owner = core.shared.owner_of(id);
     let result = if owner == core.id {
         let r = core.lifecycle_local(op, id);

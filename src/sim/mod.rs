@@ -25,6 +25,7 @@ pub mod cache;
 pub mod driver;
 pub mod report;
 pub mod router_impls;
+pub mod service_restart;
 pub mod synth;
 pub mod timing;
 pub mod trace;
@@ -35,8 +36,9 @@ pub use cache::{CacheEvent, KvCache};
 pub use driver::{
     run_offline, FleetSpec, RouteQuery, Routed, RouterApi, SimWorkerSpec, TimedRouter,
 };
-pub use report::{svg_chart, table, Percentiles, Recorder, Report};
+pub use report::{hit_rate_between, svg_chart, table, HitSample, Percentiles, Recorder, Report};
 pub use router_impls::{EngineRouter, Pace, ServiceRouter};
+pub use service_restart::{RestartPlan, RestartStats, RouterRestart};
 pub use synth::{generate, LenRange, SynthSpec};
 pub use timing::TimingModel;
 pub use trace::{mooncake_hashes, parse_mooncake, read_mooncake, TraceError, TraceOptions};

@@ -104,6 +104,38 @@ pub struct Report {
     pub decision_us: Option<Percentiles>,
     pub events: u64,
     pub events_per_s: f64,
+    /// Per request that got its first token: arrival and tokens (for windowed hit
+    /// rates, e.g. around a router restart). Not serialized.
+    #[serde(skip)]
+    pub hit_samples: Vec<HitSample>,
+}
+
+/// One request's hit figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HitSample {
+    pub arrival_us: u64,
+    pub input_tokens: u32,
+    pub hit_tokens: u32,
+}
+
+/// Hit rate (cached ÷ input tokens) of the requests arriving in `[from_us, to_us)`, and
+/// how many there were.
+pub fn hit_rate_between(samples: &[HitSample], from_us: u64, to_us: u64) -> (f64, usize) {
+    let (mut hit, mut input, mut n) = (0u64, 0u64, 0usize);
+    for s in samples
+        .iter()
+        .filter(|s| s.arrival_us >= from_us && s.arrival_us < to_us)
+    {
+        hit += u64::from(s.hit_tokens);
+        input += u64::from(s.input_tokens);
+        n += 1;
+    }
+    let rate = if input == 0 {
+        0.0
+    } else {
+        hit as f64 / input as f64
+    };
+    (rate, n)
 }
 
 impl Report {
@@ -151,6 +183,7 @@ pub struct Recorder {
     jobs: HashMap<String, u64>,
     events: u64,
     decisions: Vec<f64>,
+    hits: Vec<HitSample>,
 }
 
 impl Recorder {
@@ -188,6 +221,11 @@ impl Recorder {
                 self.ttft.push(at.saturating_sub(t.arrival));
                 self.input_tokens += t.input_tokens as u64;
                 self.hit_tokens += cached_tokens.min(t.input_tokens) as u64;
+                self.hits.push(HitSample {
+                    arrival_us: t.arrival,
+                    input_tokens: t.input_tokens,
+                    hit_tokens: cached_tokens.min(t.input_tokens),
+                });
             }
         }
     }
@@ -266,6 +304,7 @@ impl Recorder {
             decision_us: (!self.decisions.is_empty()).then(|| Percentiles::of(&self.decisions)),
             events: self.events,
             events_per_s: per_s(self.events),
+            hit_samples: self.hits,
         }
     }
 }

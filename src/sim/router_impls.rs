@@ -17,11 +17,12 @@
 //! Every wait is bounded: by the schedule, which ends with the workload.
 
 use super::driver::{RouteQuery, Routed, RouterApi};
+use super::service_restart::{Life, RestartPlan, RestartState};
 use crate::client::{ClientError, EventPublisher, RequestClient};
 use crate::config::RouterConfig;
 use crate::engine::{Engine, EngineLimits, KvEvent, RouteRequest};
 use crate::types::{Tier, WorkerSpec};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// The in-process engine as a [`RouterApi`].
@@ -106,11 +107,16 @@ pub struct Pace {
 }
 
 /// One simulated worker's event connection and what its heartbeat reports.
-struct Publisher {
-    conn: EventPublisher,
+pub(super) struct Publisher {
+    pub(super) conn: EventPublisher,
+    pub(super) spec: WorkerSpec,
     capacity: u64,
     used_blocks: u64,
     active: u32,
+    /// Device blocks the worker holds (a full re-announce after a router restart).
+    pub(super) blocks: HashSet<u64>,
+    /// Events were dropped while the router was down: re-announce on reconnect.
+    pub(super) lost: bool,
 }
 
 /// How often each simulated worker sends a heartbeat.
@@ -118,13 +124,14 @@ pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 
 /// A running router over TCP as a [`RouterApi`] (see the module docs).
 pub struct ServiceRouter {
-    events_addr: String,
-    auth_token: String,
+    pub(super) api_addr: String,
+    pub(super) events_addr: String,
+    pub(super) auth_token: String,
     /// Epoch every worker registers with; a fresh one per run makes a reused router
     /// drop what it knew about workers of the same ids.
     epoch: u64,
-    api: RequestClient,
-    pubs: HashMap<String, Publisher>,
+    pub(super) api: RequestClient,
+    pub(super) pubs: HashMap<String, Publisher>,
     /// Request id → worker whose `active` count it holds.
     placed: HashMap<String, String>,
     pace: Option<Pace>,
@@ -133,6 +140,8 @@ pub struct ServiceRouter {
     lag_us: Vec<f64>,
     /// Called once per finished request (e.g. to advance a progress bar).
     pub on_finish: Option<Box<dyn FnMut()>>,
+    /// A planned router restart and what happened around it.
+    pub(super) restart: RestartState,
 }
 
 fn err(e: ClientError) -> String {
@@ -156,6 +165,7 @@ impl ServiceRouter {
         }
         let api = RequestClient::connect(api_addr, auth_token).map_err(err)?;
         Ok(ServiceRouter {
+            api_addr: api_addr.to_string(),
             events_addr: events_addr.to_string(),
             auth_token: auth_token.to_string(),
             epoch,
@@ -167,7 +177,13 @@ impl ServiceRouter {
             latencies_us: Vec::new(),
             lag_us: Vec::new(),
             on_finish: None,
+            restart: RestartState::default(),
         })
+    }
+
+    /// Restarts the router at a model time (see `sim::service_restart`).
+    pub fn plan_restart(&mut self, plan: RestartPlan) {
+        self.restart.plan = Some(plan);
     }
 
     /// Latency of every route call (network round trip), µs.
@@ -183,7 +199,7 @@ impl ServiceRouter {
     /// Sends a heartbeat from every worker if one is due; answers to the workers are
     /// drained without blocking long. Errors are returned, not fatal.
     pub fn heartbeat_if_due(&mut self) -> Result<(), String> {
-        if self.last_heartbeat.elapsed() < HEARTBEAT_EVERY {
+        if self.restart.is_down() || self.last_heartbeat.elapsed() < HEARTBEAT_EVERY {
             return Ok(());
         }
         self.last_heartbeat = Instant::now();
@@ -199,6 +215,7 @@ impl ServiceRouter {
 
     /// Waits (heartbeating) until the wall clock reaches model time `now_us`.
     fn wait_for(&mut self, now_us: u64) -> Result<(), String> {
+        self.restart_step(now_us)?;
         let Some(p) = self.pace else {
             return self.heartbeat_if_due();
         };
@@ -240,30 +257,51 @@ impl RouterApi for ServiceRouter {
             EventPublisher::connect(self.events_addr.as_str(), spec.clone(), &self.auth_token)
                 .map_err(err)?;
         self.pubs.insert(
-            spec.id,
+            spec.id.clone(),
             Publisher {
                 conn,
+                spec,
                 capacity,
                 used_blocks: 0,
                 active: 0,
+                blocks: HashSet::new(),
+                lost: false,
             },
         );
         Ok(())
     }
     fn stored(&mut self, worker: &str, parent: Option<u64>, hashes: &[u64]) -> Result<(), String> {
+        let down = self.restart.is_down();
         let p = self.publisher(worker)?;
         p.used_blocks += hashes.len() as u64;
+        p.blocks.extend(hashes.iter().copied());
+        if down {
+            p.lost = true;
+            return Ok(());
+        }
         p.conn.stored(Tier::Device, parent, hashes);
         p.conn.flush().map_err(err)
     }
     fn removed(&mut self, worker: &str, hashes: &[u64]) -> Result<(), String> {
+        let down = self.restart.is_down();
         let p = self.publisher(worker)?;
         p.used_blocks = p.used_blocks.saturating_sub(hashes.len() as u64);
+        for h in hashes {
+            p.blocks.remove(h);
+        }
+        if down {
+            p.lost = true;
+            return Ok(());
+        }
         p.conn.removed(Tier::Device, hashes);
         p.conn.flush().map_err(err)
     }
     fn route(&mut self, q: &RouteQuery, now_us: u64) -> Result<Routed, String> {
         self.wait_for(now_us)?;
+        if self.restart.is_down() {
+            self.restart.stats.lost_routes += 1;
+            return Err("router restarting: no decision (request lost)".into());
+        }
         let req = route_request(q);
         let t0 = Instant::now();
         let d = self.api.route(&req);
@@ -280,11 +318,11 @@ impl RouterApi for ServiceRouter {
     }
     fn first_token(&mut self, id: &str, now_us: u64) -> Result<(), String> {
         self.wait_for(now_us)?;
-        self.api.first_token(id).map_err(err)
+        self.lifecycle(Life::FirstToken, id)
     }
     fn progress(&mut self, id: &str, output_tokens: u32, now_us: u64) -> Result<(), String> {
         self.wait_for(now_us)?;
-        self.api.progress(id, output_tokens).map_err(err)
+        self.lifecycle(Life::Progress(output_tokens), id)
     }
     fn finish(&mut self, id: &str, now_us: u64) -> Result<(), String> {
         self.wait_for(now_us)?;
@@ -292,7 +330,7 @@ impl RouterApi for ServiceRouter {
         if let Some(f) = self.on_finish.as_mut() {
             f();
         }
-        self.api.finish(id).map_err(err)
+        self.lifecycle(Life::Finish, id)
     }
 }
 

@@ -8,12 +8,16 @@
 //!   `--spawn-router PATH` each row runs in real time against a private `kvroute serve
 //!   --mode X` the tool starts and stops; with `--router-api/--router-events` every row
 //!   reuses one running router and picks the mode per request.
-//! - `run`: real time against a running router: a simulated fleet on the binary event
-//!   protocol plus the frontend load generator, a progress bar, a table and `--json`.
+//! - `run`: real time against a running router (or one it spawns with
+//!   `--spawn-router`): a simulated fleet on the binary event protocol plus the frontend
+//!   load generator, a progress bar, a table and `--json`. With `--restart-at-secs` the
+//!   spawned router is restarted mid-run from its `--state-dir`, and the hit rate before
+//!   and after, the decisions lost and the replayed calls are reported.
 //!
 //! Every figure is computed by `kvroute::sim` (one model for all paths); hit rate is
 //! measured on the simulated workers. Errors are reported, never panics.
 
+mod restart;
 mod runner;
 mod setup;
 
@@ -103,10 +107,32 @@ struct AbArgs {
 struct RunArgs {
     #[command(flatten)]
     c: Common,
-    #[arg(long)]
-    router_api: String,
-    #[arg(long)]
-    router_events: String,
+    /// The running router's request port (or use --spawn-router).
+    #[arg(
+        long,
+        requires = "router_events",
+        required_unless_present = "spawn_router"
+    )]
+    router_api: Option<String>,
+    #[arg(long, requires = "router_api")]
+    router_events: Option<String>,
+    /// Start `PATH serve` (with the --knobs as flags) on free loopback ports for the run.
+    #[arg(long, conflicts_with = "router_api")]
+    spawn_router: Option<String>,
+    /// Restart the spawned router (SIGTERM, then the same ports and --state-dir) at
+    /// this model time, in seconds; reports the hit rate before and after.
+    #[arg(long, requires = "spawn_router")]
+    restart_at_secs: Option<f64>,
+    /// State directory of the spawned router (default with a restart: a fresh
+    /// temporary directory, removed afterwards).
+    #[arg(long, requires = "spawn_router")]
+    state_dir: Option<PathBuf>,
+    /// Do not restart at --restart-at-secs; report the same windows (a baseline).
+    #[arg(long, requires = "restart_at_secs")]
+    restart_dry_run: bool,
+    /// Model seconds of the hit-rate windows before and after the restart.
+    #[arg(long, default_value_t = 60.0)]
+    window_secs: f64,
     #[arg(long, default_value = "")]
     auth_token: String,
     /// Mode sent with every request (the router's own default applies otherwise).
@@ -145,34 +171,104 @@ fn run(cli: Cli) -> Result<(), String> {
             let rep = runner::offline(&v, &fleet, &reqs, a.c.work.seed)?;
             emit(&a.c, &reqs, &[rep], &[])
         }
-        Cmd::Run(a) => {
-            let (reqs, fleet, knobs) = prepare(&a.c)?;
-            if !knobs.is_empty() {
-                eprintln!("note: --knobs are the running router's business; ignored by run");
-            }
-            let v = Variant {
-                label: a.mode.name().to_string(),
-                mode: a.mode,
-                knobs: Vec::new(),
-            };
-            let addrs = RouterAddrs {
-                api: a.router_api,
-                events: a.router_events,
-                auth_token: a.auth_token,
-            };
-            let (rep, pacing) = runner::realtime(
-                &v,
-                &fleet,
-                &reqs,
-                a.c.work.seed,
-                &addrs,
-                a.time_scale,
-                !a.no_progress,
-            )?;
-            emit(&a.c, &reqs, &[rep], &[pacing])
-        }
+        Cmd::Run(a) => run_realtime(a),
         Cmd::Ab(a) => ab(a),
     }
+}
+
+/// `run`: against a running router, or a spawned one (optionally restarted mid-run).
+fn run_realtime(a: RunArgs) -> Result<(), String> {
+    let (reqs, fleet, knobs) = prepare(&a.c)?;
+    let v = Variant {
+        label: a.mode.name().to_string(),
+        mode: a.mode,
+        knobs: Vec::new(),
+    };
+    let progress = !a.no_progress;
+    let Some(bin) = &a.spawn_router else {
+        if !knobs.is_empty() {
+            eprintln!("note: --knobs are the running router's business; ignored by run");
+        }
+        let addrs = RouterAddrs {
+            api: a.router_api.clone().unwrap_or_default(),
+            events: a.router_events.clone().unwrap_or_default(),
+            auth_token: a.auth_token.clone(),
+        };
+        let (rep, pacing) = runner::realtime(
+            &v,
+            &fleet,
+            &reqs,
+            a.c.work.seed,
+            &addrs,
+            a.time_scale,
+            progress,
+            None,
+        )?;
+        return emit(&a.c, &reqs, &[rep], &[pacing]);
+    };
+    if let Some(t) = a.restart_at_secs {
+        if !(t.is_finite() && t >= 0.0) {
+            return Err("--restart-at-secs must be >= 0".into());
+        }
+    }
+    let temp = match (&a.state_dir, a.restart_at_secs) {
+        (None, Some(_)) => {
+            Some(std::env::temp_dir().join(format!("kvroute-sim-state-{}", std::process::id())))
+        }
+        _ => None,
+    };
+    let mut extra = Vec::new();
+    if let Some(dir) = a.state_dir.as_ref().or(temp.as_ref()) {
+        extra.push("--state-dir".to_string());
+        extra.push(dir.display().to_string());
+    }
+    let ports = runner::Spawned::free_ports()?;
+    let spawned = runner::Spawned::start_on(bin, a.mode, &knobs, &extra, &ports)?;
+    let addrs = spawned.addrs.clone();
+    let current = std::sync::Arc::new(std::sync::Mutex::new(Some(spawned)));
+    let plan = a.restart_at_secs.map(|t| kvroute::sim::RestartPlan {
+        at_us: (t * 1e6) as u64,
+        restart: if a.restart_dry_run {
+            Box::new(restart::DryRun)
+        } else {
+            Box::new(restart::SpawnedRestart::new(
+                bin,
+                a.mode,
+                &knobs,
+                extra.clone(),
+                ports.clone(),
+                current.clone(),
+            ))
+        },
+    });
+    let out = runner::realtime(
+        &v,
+        &fleet,
+        &reqs,
+        a.c.work.seed,
+        &addrs,
+        a.time_scale,
+        progress,
+        plan,
+    );
+    // Stop the router (the current one, restarted or not) before reporting.
+    if let Ok(mut c) = current.lock() {
+        c.take();
+    }
+    if let Some(dir) = &temp {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let (rep, pacing) = out?;
+    let window_us = (a.window_secs.max(0.0) * 1e6) as u64;
+    let summary = pacing
+        .restart
+        .as_ref()
+        .map(|st| restart::summary(&rep, st, window_us));
+    emit(&a.c, &reqs, std::slice::from_ref(&rep), &[pacing])?;
+    if let Some(s) = summary {
+        println!("{s}");
+    }
+    Ok(())
 }
 
 /// The workload, the fleet and the validated base knobs of a subcommand.
@@ -233,8 +329,16 @@ fn ab(a: AbArgs) -> Result<(), String> {
     let mut pacings = Vec::new();
     for v in &variants {
         let rep = if let Some(addrs) = &shared {
-            let (r, p) =
-                runner::realtime(v, &fleet, &reqs, seed, addrs, a.time_scale, !a.no_progress)?;
+            let (r, p) = runner::realtime(
+                v,
+                &fleet,
+                &reqs,
+                seed,
+                addrs,
+                a.time_scale,
+                !a.no_progress,
+                None,
+            )?;
             pacings.push(p);
             r
         } else if let Some(bin) = &a.spawn_router {
@@ -247,6 +351,7 @@ fn ab(a: AbArgs) -> Result<(), String> {
                 &s.addrs,
                 a.time_scale,
                 !a.no_progress,
+                None,
             )?;
             pacings.push(p);
             r

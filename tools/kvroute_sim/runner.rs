@@ -8,7 +8,8 @@
 use indicatif::{ProgressBar, ProgressStyle};
 use kvroute::config::Mode;
 use kvroute::sim::{
-    run_offline, EngineRouter, FleetSpec, Pace, Report, ServiceRouter, SimRequest, TimedRouter,
+    run_offline, EngineRouter, FleetSpec, Pace, Report, RestartPlan, RestartStats, ServiceRouter,
+    SimRequest, TimedRouter,
 };
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -58,10 +59,15 @@ pub struct Pacing {
     pub lag_p50_us: f64,
     pub lag_p99_us: f64,
     pub lag_max_us: f64,
+    /// What happened around a planned router restart (`run --restart-at-secs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart: Option<RestartStats>,
 }
 
 /// Real time: the simulated fleet and the frontend talk to a running router over TCP,
-/// paced `time_scale` times faster than model time.
+/// paced `time_scale` times faster than model time; optionally restarting the router
+/// mid-run.
+#[allow(clippy::too_many_arguments)]
 pub fn realtime(
     v: &Variant,
     fleet: &FleetSpec,
@@ -70,6 +76,7 @@ pub fn realtime(
     addrs: &RouterAddrs,
     time_scale: f64,
     progress: bool,
+    restart: Option<RestartPlan>,
 ) -> Result<(Report, Pacing), String> {
     // A fresh epoch per run: a reused router forgets the previous run's workers' state.
     let epoch = std::time::SystemTime::now()
@@ -103,6 +110,10 @@ pub fn realtime(
     if let Some(b) = bar.clone() {
         r.on_finish = Some(Box::new(move || b.inc(1)));
     }
+    let planned = restart.is_some();
+    if let Some(p) = restart {
+        r.plan_restart(p);
+    }
     let wall = Instant::now();
     let out = run_offline(&mut r, fleet, reqs, v.mode, seed);
     if let Some(b) = bar {
@@ -120,8 +131,29 @@ pub fn realtime(
             lag_p50_us: lag.p50,
             lag_p99_us: lag.p99,
             lag_max_us: lag.max,
+            restart: planned.then(|| r.restart_stats().clone()),
         },
     ))
+}
+
+/// Whether something listens on `addr`. A loopback connect to a free port of the
+/// ephemeral range can connect to itself (TCP simultaneous open): that is no listener.
+fn listening(addr: &str) -> bool {
+    match std::net::TcpStream::connect(addr) {
+        Ok(c) => match (c.local_addr(), c.peer_addr()) {
+            (Ok(l), Ok(p)) => l != p,
+            _ => false,
+        },
+        Err(_) => false,
+    }
+}
+
+/// The three listen addresses of a spawned router.
+#[derive(Clone, Debug)]
+pub struct Ports {
+    pub events: String,
+    pub api: String,
+    pub http: String,
 }
 
 /// A `kvroute serve` started by the tool on free loopback ports; stopped on drop.
@@ -130,18 +162,43 @@ pub struct Spawned {
     pub addrs: RouterAddrs,
 }
 
-fn free_port() -> Result<u16, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
+/// A free loopback port below Linux's ephemeral range (32768+): a client connecting
+/// to an ephemeral port nobody listens on can connect to itself (TCP simultaneous
+/// open) and then hold the port, so a router restarted on it could not bind it. The
+/// listener is returned so that several picks differ; drop it before use.
+fn free_port() -> Result<TcpListener, String> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let salt = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ u64::from(std::process::id());
+    for _ in 0..2000 {
+        let i = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = 20_000 + (salt.wrapping_add(i.wrapping_mul(7919)) % 12_000) as u16;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            return Ok(l);
+        }
+    }
+    TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())
 }
 
 impl Spawned {
     /// Starts `bin serve` with `--mode` and one flag per knob; waits (≤ 20 s) until its
     /// request port accepts a connection.
     pub fn start(bin: &str, mode: Mode, knobs: &[(String, String)]) -> Result<Spawned, String> {
-        let events = format!("127.0.0.1:{}", free_port()?);
-        let api = format!("127.0.0.1:{}", free_port()?);
-        let http = format!("127.0.0.1:{}", free_port()?);
+        Spawned::start_on(bin, mode, knobs, &[], &Spawned::free_ports()?)
+    }
+
+    /// Like [`Spawned::start`] on given addresses, with extra `serve` arguments.
+    pub fn start_on(
+        bin: &str,
+        mode: Mode,
+        knobs: &[(String, String)],
+        extra: &[String],
+        ports: &Ports,
+    ) -> Result<Spawned, String> {
+        let Ports { events, api, http } = ports.clone();
         let mut cmd = Command::new(bin);
         cmd.args(["serve", "--cores", "1", "--events-addr", &events])
             .args([
@@ -155,6 +212,7 @@ impl Spawned {
         for (k, v) in knobs {
             cmd.arg(format!("--{}", k.replace('_', "-"))).arg(v);
         }
+        cmd.args(extra);
         let child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -169,13 +227,28 @@ impl Spawned {
             },
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&s.addrs.api).is_err() {
+        while !listening(&s.addrs.api) {
             if Instant::now() > deadline {
                 return Err(format!("{bin} did not start listening on {}", s.addrs.api));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(s)
+    }
+
+    /// Free loopback ports for [`Spawned::start_on`].
+    pub fn free_ports() -> Result<Ports, String> {
+        let held = [free_port()?, free_port()?, free_port()?];
+        let addr = |l: &TcpListener| {
+            l.local_addr()
+                .map(|a| a.to_string())
+                .map_err(|e| e.to_string())
+        };
+        Ok(Ports {
+            events: addr(&held[0])?,
+            api: addr(&held[1])?,
+            http: addr(&held[2])?,
+        })
     }
 }
 

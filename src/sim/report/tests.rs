@@ -61,9 +61,20 @@ fn recorder_computes_every_figure() {
     // Aggregated pool: 3 and 1 jobs, mean 2 → 1.5; prefill/decode pools idle.
     assert!((rep.imbalance - 1.5).abs() < 1e-12);
     assert_eq!(rep.decision_us, None);
+    // Per-request hit samples (not serialized) give windowed hit rates.
+    assert_eq!(rep.hit_samples.len(), 2);
+    let (rate, n) = super::hit_rate_between(&rep.hit_samples, 1_500_000, 2_500_000);
+    assert_eq!((rate, n), (1.0, 1), "only y, capped at its input");
+    assert_eq!(super::hit_rate_between(&rep.hit_samples, 0, 1), (0.0, 0));
     let json = serde_json::to_string(&rep).unwrap();
     let back: Report = serde_json::from_str(&json).unwrap();
-    assert_eq!(back, rep);
+    assert_eq!(
+        back,
+        Report {
+            hit_samples: Vec::new(),
+            ..rep.clone()
+        }
+    );
     assert!(json.contains("\"mode\":\"round-robin\""));
 }
 

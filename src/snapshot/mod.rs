@@ -1,12 +1,19 @@
-//! Warm-restart snapshots: the worker registry (specs, epochs, sequence resume points)
-//! and every live index entry, in one file written atomically.
+//! Warm-restart snapshots: the worker registry (specs, epochs, sequence resume points),
+//! every live index entry and the in-flight requests, in one file written atomically.
 //!
-//! Format (all integers little-endian): magic `KVRS`, version u16, u32 length + JSON
-//! of the saved workers, then per saved worker: u64 count and `count` × (u8 tier, u64
-//! hash). Decoding validates everything and never panics; a corrupt or foreign file
+//! Format (all integers little-endian): magic `KVRS`, version u16 (2), u32 length +
+//! JSON of the saved workers, then per saved worker: u64 count and `count` × (u8 tier,
+//! u64 hash), then u64 request count and the requests (layout in `requests`). Version 1
+//! files end after the index entries; they are still read, with no requests. Other
+//! versions are refused with a message naming the versions this build reads. Decoding validates everything and never panics; a corrupt or foreign file
 //! is an error, never a partial restore. Writing goes to `NAME.tmp`, is fsynced, then
 //! renamed over `NAME` (and the directory fsynced), so a crash mid-write leaves the
 //! previous snapshot intact.
+
+mod requests;
+
+use requests::{bad, Reader};
+pub use requests::{SavedRequest, SavedReroute};
 
 use crate::types::{Tier, WorkerSpec};
 use serde::{Deserialize, Serialize};
@@ -14,7 +21,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 4] = b"KVRS";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 /// File name inside the state directory.
 pub const FILE_NAME: &str = "kvroute.snapshot";
 
@@ -33,6 +40,8 @@ pub struct Snapshot {
     pub workers: Vec<SavedWorker>,
     /// Per worker (same order as `workers`): its live (tier, hash) entries.
     pub entries: Vec<Vec<(Tier, u64)>>,
+    /// In-flight requests (version 2; none when read from a version 1 file).
+    pub requests: Vec<SavedRequest>,
 }
 
 /// Why a snapshot could not be read.
@@ -48,7 +57,7 @@ impl Snapshot {
     pub fn encode(&self) -> Vec<u8> {
         let meta = serde_json::to_vec(&self.workers).unwrap_or_else(|_| b"[]".to_vec());
         let n: usize = self.entries.iter().map(|e| e.len()).sum();
-        let mut out = Vec::with_capacity(16 + meta.len() + n * 9 + self.entries.len() * 8);
+        let mut out = Vec::with_capacity(24 + meta.len() + n * 9 + self.entries.len() * 8);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
         out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
@@ -61,54 +70,55 @@ impl Snapshot {
                 out.extend_from_slice(&h.to_le_bytes());
             }
         }
+        out.extend_from_slice(&(self.requests.len() as u64).to_le_bytes());
+        for r in &self.requests {
+            r.encode(&mut out);
+        }
         out
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
-        let bad = |m: &str| SnapshotError::Corrupt(m.to_string());
-        let mut r = bytes;
-        let mut take = |n: usize| -> Result<&[u8], SnapshotError> {
-            if r.len() < n {
-                return Err(bad("truncated"));
-            }
-            let (a, b) = r.split_at(n);
-            r = b;
-            Ok(a)
-        };
-        if take(4)? != MAGIC {
+        let mut r = Reader(bytes);
+        if r.take(4)? != MAGIC {
             return Err(bad("bad magic"));
         }
-        let v = u16::from_le_bytes([take(1)?[0], take(1)?[0]]);
-        if v != VERSION {
-            return Err(SnapshotError::Corrupt(format!("unsupported version {v}")));
+        let v = r.u16()?;
+        if v != 1 && v != VERSION {
+            return Err(SnapshotError::Corrupt(format!(
+                "unsupported version {v} (this build reads versions 1 and {VERSION})"
+            )));
         }
-        let len = u32::from_le_bytes(take(4)?.try_into().map_err(|_| bad("length"))?) as usize;
-        let workers: Vec<SavedWorker> = serde_json::from_slice(take(len)?)
+        let len = r.u32()? as usize;
+        let workers: Vec<SavedWorker> = serde_json::from_slice(r.take(len)?)
             .map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
         let mut entries = Vec::with_capacity(workers.len());
         for _ in 0..workers.len() {
-            let n = u64::from_le_bytes(take(8)?.try_into().map_err(|_| bad("count"))?);
-            let n = usize::try_from(n).map_err(|_| bad("count"))?;
-            let body = take(n.checked_mul(9).ok_or_else(|| bad("count"))?)?;
+            let n = r.count(9)?;
             let mut list = Vec::with_capacity(n);
-            for c in body.chunks_exact(9) {
+            for c in r.take(n * 9)?.chunks_exact(9) {
                 let t = Tier::from_u8(c[0]).ok_or_else(|| bad("tier"))?;
                 let h = u64::from_le_bytes(c[1..9].try_into().map_err(|_| bad("hash"))?);
                 list.push((t, h));
             }
             entries.push(list);
         }
-        if !consumed_all(bytes, &entries, len) {
+        let mut requests = Vec::new();
+        if v >= 2 {
+            let n = r.count(SavedRequest::MIN_LEN)?;
+            requests.reserve(n);
+            for _ in 0..n {
+                requests.push(SavedRequest::decode(&mut r, workers.len())?);
+            }
+        }
+        if !r.is_empty() {
             return Err(bad("trailing bytes"));
         }
-        Ok(Snapshot { workers, entries })
+        Ok(Snapshot {
+            workers,
+            entries,
+            requests,
+        })
     }
-}
-
-/// The decoded parts account for every byte of the input.
-fn consumed_all(bytes: &[u8], entries: &[Vec<(Tier, u64)>], meta_len: usize) -> bool {
-    let used = 10 + meta_len + entries.iter().map(|e| 8 + e.len() * 9).sum::<usize>();
-    used == bytes.len()
 }
 
 /// Writes `snap` atomically to `dir/FILE_NAME`.
@@ -162,6 +172,44 @@ mod tests {
                 },
             ],
             entries: vec![vec![(Tier::Device, 1), (Tier::Host, u64::MAX)], vec![]],
+            requests: vec![
+                SavedRequest {
+                    id: "r-1".into(),
+                    decode: 1,
+                    prefill: Some(0),
+                    input_tokens: 300,
+                    cached_tokens: 128,
+                    prompt_blocks: 3,
+                    hashes: vec![5, 6, 7],
+                    expected_output_tokens: Some(50),
+                    in_prefill: true,
+                    output_tokens: 0,
+                    age_us: 1234,
+                    first_token_age_us: None,
+                    reroute: Some(SavedReroute {
+                        filters: crate::select::Filters {
+                            model: "m".into(),
+                            ..Default::default()
+                        },
+                        mode: crate::config::Mode::Kv,
+                    }),
+                },
+                SavedRequest {
+                    id: "r-2".into(),
+                    decode: 0,
+                    prefill: None,
+                    input_tokens: 10,
+                    cached_tokens: 0,
+                    prompt_blocks: 1,
+                    hashes: vec![],
+                    expected_output_tokens: None,
+                    in_prefill: false,
+                    output_tokens: 17,
+                    age_us: 0,
+                    first_token_age_us: Some(9),
+                    reroute: None,
+                },
+            ],
         }
     }
 
@@ -186,10 +234,41 @@ mod tests {
         let mut extra = bytes.clone();
         extra.push(0);
         assert!(Snapshot::decode(&extra).is_err());
-        let mut bad_tier = bytes.clone();
-        let pos = bad_tier.len() - 9 - 8 - 9;
+        let s = sample();
+        let mut no_requests = s.clone();
+        no_requests.requests.clear();
+        let mut bad_tier = no_requests.encode();
+        let pos = bad_tier.len() - 8 - 8 - 9;
         bad_tier[pos] = 9;
         assert!(Snapshot::decode(&bad_tier).is_err());
         assert!(Snapshot::decode(b"nope").is_err());
+        // A request naming a worker the snapshot does not have.
+        let mut bad_worker = s.clone();
+        bad_worker.requests[1].decode = 2;
+        assert!(Snapshot::decode(&bad_worker.encode()).is_err());
+        // A huge request count is refused before allocating.
+        let mut huge = no_requests.encode();
+        let n = huge.len();
+        huge[n - 8..].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(Snapshot::decode(&huge).is_err());
+        // Every single-byte corruption is an error or a valid snapshot, never a panic.
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0xa5;
+            let _ = Snapshot::decode(&b);
+        }
+    }
+
+    #[test]
+    fn version_1_files_are_read_without_requests_and_others_refused() {
+        let mut v1 = sample();
+        v1.requests.clear();
+        let mut bytes = v1.encode();
+        bytes.truncate(bytes.len() - 8); // version 1 ends after the index entries
+        bytes[4..6].copy_from_slice(&1u16.to_le_bytes());
+        assert_eq!(Snapshot::decode(&bytes).unwrap(), v1);
+        bytes[4..6].copy_from_slice(&3u16.to_le_bytes());
+        let e = Snapshot::decode(&bytes).unwrap_err().to_string();
+        assert!(e.contains("unsupported version 3"), "{e}");
     }
 }

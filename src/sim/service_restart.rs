@@ -1,0 +1,221 @@
+//! A router restart in the middle of a real-time run ([`ServiceRouter`]), to measure
+//! what a warm restart costs: decisions lost while the router is down, and the hit rate
+//! right before and right after.
+//!
+//! At the planned model time the frontend asks a [`RouterRestart`] to stop the router
+//! (gracefully) and start it again on the same addresses, then carries on:
+//! - while the router is down, route calls fail (counted as lost decisions: those
+//!   requests are never run), lifecycle calls are kept and replayed in order once the
+//!   router is back (a frontend retries them), and cache events are dropped but
+//!   remembered (each simulated worker keeps the set of blocks it holds);
+//! - once the router is up again the frontend reconnects, and every worker reconnects
+//!   with its unchanged epoch: if the router's resume point (`next_seq`) is not where
+//!   the worker is, or events were dropped, the worker re-announces its blocks
+//!   (`ResyncBegin`, `Stored`…, `ResyncEnd`, protocol §3.3).
+
+use super::router_impls::ServiceRouter;
+use crate::client::{EventPublisher, RequestClient};
+use crate::types::Tier;
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Stops and restarts the router the run talks to.
+pub trait RouterRestart {
+    /// Starts the restart (stop, then start on the same addresses); may return before
+    /// the new router is up.
+    fn begin(&mut self) -> Result<(), String>;
+    /// Whether the restarted router accepts connections; errors if it failed to start.
+    fn is_up(&mut self) -> Result<bool, String>;
+    /// False for a dry run: the same measurement points, no restart (a baseline).
+    fn restarts(&self) -> bool {
+        true
+    }
+}
+
+/// When to restart, and how.
+pub struct RestartPlan {
+    /// Model time (µs) of the restart: before the first timed call at or after it.
+    pub at_us: u64,
+    pub restart: Box<dyn RouterRestart>,
+}
+
+/// What happened around the restart.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RestartStats {
+    /// Model time the restart began at (None: not reached).
+    pub at_us: Option<u64>,
+    /// Model time the router was reachable again.
+    pub back_at_us: Option<u64>,
+    /// Wall time the router was unreachable, ms.
+    pub downtime_ms: f64,
+    /// Route calls made while it was down (those requests got no answer).
+    pub lost_routes: u64,
+    /// Lifecycle calls held while it was down and replayed afterwards.
+    pub replayed_lifecycle: u64,
+    /// Replayed lifecycle calls the restarted router refused (e.g. unknown request).
+    pub replay_failures: u64,
+    /// Workers that re-announced their blocks on reconnect.
+    pub resyncs: u64,
+}
+
+/// A lifecycle call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Life {
+    FirstToken,
+    Progress(u32),
+    Finish,
+}
+
+/// The frontend's restart state.
+#[derive(Default)]
+pub struct RestartState {
+    pub(super) plan: Option<RestartPlan>,
+    began: Option<Instant>,
+    last_try: Option<Instant>,
+    /// Connections already re-established during this restart (the frontend's is
+    /// `""`): a failed reconnect is retried without reconnecting them again.
+    done: std::collections::HashSet<String>,
+    held: VecDeque<(Life, String)>,
+    pub stats: RestartStats,
+}
+
+impl RestartState {
+    /// Between the start of the restart and the reconnect.
+    pub fn is_down(&self) -> bool {
+        self.began.is_some()
+    }
+}
+
+/// How often a down router is probed (wall time).
+const RETRY_EVERY: Duration = Duration::from_millis(10);
+
+/// Most hashes per re-announced `Stored` frame (well under the 1 MiB frame limit).
+const RESYNC_CHUNK: usize = 65_536;
+
+impl ServiceRouter {
+    /// What happened around the planned restart.
+    pub fn restart_stats(&self) -> &RestartStats {
+        &self.restart.stats
+    }
+
+    /// Begins the planned restart once model time reaches it; reconnects once the
+    /// router is back.
+    pub(super) fn restart_step(&mut self, now_us: u64) -> Result<(), String> {
+        if self.restart.began.is_none() && self.restart.stats.at_us.is_none() {
+            let due = self
+                .restart
+                .plan
+                .as_ref()
+                .is_some_and(|p| now_us >= p.at_us);
+            if !due {
+                return Ok(());
+            }
+            self.restart.stats.at_us = Some(now_us);
+            if let Some(p) = self.restart.plan.as_mut() {
+                if !p.restart.restarts() {
+                    self.restart.stats.back_at_us = Some(now_us);
+                    return Ok(());
+                }
+                p.restart.begin()?;
+            }
+            self.restart.began = Some(Instant::now());
+        }
+        let Some(began) = self.restart.began else {
+            return Ok(());
+        };
+        if self
+            .restart
+            .last_try
+            .is_some_and(|t| t.elapsed() < RETRY_EVERY)
+        {
+            return Ok(());
+        }
+        self.restart.last_try = Some(Instant::now());
+        let up = match self.restart.plan.as_mut() {
+            Some(p) => p.restart.is_up()?,
+            None => true,
+        };
+        // Not up yet, or up but not answering yet: still down (calls are held or
+        // lost, pacing goes on) until the bound.
+        let res = if up {
+            self.reconnect()
+        } else {
+            Err("not up".into())
+        };
+        if let Err(e) = res {
+            if began.elapsed() > Duration::from_secs(120) {
+                return Err(format!("the router did not come back within 120 s: {e}"));
+            }
+            return Ok(());
+        }
+        self.restart.stats.downtime_ms = began.elapsed().as_secs_f64() * 1e3;
+        self.restart.stats.back_at_us = Some(now_us);
+        self.restart.began = None;
+        Ok(())
+    }
+
+    /// Reconnects the frontend and every worker (same epoch), re-announcing blocks where
+    /// the router's resume point says events were lost; replays held lifecycle calls.
+    fn reconnect(&mut self) -> Result<(), String> {
+        if !self.restart.done.contains("") {
+            self.api = RequestClient::connect(&self.api_addr, &self.auth_token)
+                .map_err(|e| format!("reconnect frontend: {e}"))?;
+            self.restart.done.insert(String::new());
+        }
+        let mut ids: Vec<String> = self.pubs.keys().cloned().collect();
+        ids.sort();
+        for id in ids {
+            if self.restart.done.contains(&id) {
+                continue;
+            }
+            let Some(p) = self.pubs.get_mut(&id) else {
+                continue;
+            };
+            let before = p.conn.seq();
+            p.conn = EventPublisher::connect(&self.events_addr, p.spec.clone(), &self.auth_token)
+                .map_err(|e| format!("reconnect worker {id}: {e}"))?;
+            if p.conn.seq() != before || p.lost {
+                let mut blocks: Vec<u64> = p.blocks.iter().copied().collect();
+                blocks.sort_unstable();
+                p.conn.resync_begin();
+                for chunk in blocks.chunks(RESYNC_CHUNK) {
+                    p.conn.stored(Tier::Device, None, chunk);
+                }
+                p.conn.resync_end();
+                p.lost = false;
+                self.restart.stats.resyncs += 1;
+            }
+            p.conn
+                .flush()
+                .map_err(|e| format!("reconnect worker {id}: {e}"))?;
+            self.restart.done.insert(id);
+        }
+        self.restart.done.clear();
+        while let Some((op, id)) = self.restart.held.pop_front() {
+            self.restart.stats.replayed_lifecycle += 1;
+            if self.call(op, &id).is_err() {
+                self.restart.stats.replay_failures += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn call(&mut self, op: Life, id: &str) -> Result<(), String> {
+        match op {
+            Life::FirstToken => self.api.first_token(id),
+            Life::Progress(n) => self.api.progress(id, n),
+            Life::Finish => self.api.finish(id),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    /// A lifecycle call now, or held for after the restart.
+    pub(super) fn lifecycle(&mut self, op: Life, id: &str) -> Result<(), String> {
+        if self.restart.is_down() {
+            self.restart.held.push_back((op, id.to_string()));
+            return Ok(());
+        }
+        self.call(op, id)
+    }
+}
