@@ -32,7 +32,8 @@
 use super::cost::{CostModel, Scorer};
 use super::filter::{role_bit, Rejection, RejectionCounts, ScanStats, StageFilter};
 use super::fleet::{Fleet, UNKNOWN};
-use super::kernel::{KernelScratch, ReqFigs};
+use super::kernel::KernelScratch;
+use super::loads::ReqFigs;
 use super::loads::{Hits, Loads};
 use super::pick::{run_stage, Dense, Outcome, Pick, StageRun};
 use super::{Fig, RequestShape, Rows, Stage, WorkerRow};

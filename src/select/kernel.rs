@@ -24,7 +24,7 @@
 
 use super::cost::CostModel;
 use super::fleet::Fleet;
-use super::loads::Loads;
+use super::loads::{Loads, ReqFigs};
 use super::pick::TIE_EPS;
 use crate::types::Overlap;
 use rand::Rng;
@@ -54,66 +54,6 @@ pub(crate) struct KvStage {
     pub busy: Option<f64>,
     pub topo: Topo,
     pub temperature: f64,
-}
-
-/// One request's overlap and reuse of every worker, by position, built per request
-/// from its [`super::Hits`] (every position reset to the base overlap, then the hits
-/// written over it). Overlaps are kept as `f64` (exact: they are `u32`s) so step 1
-/// reads them like the load figures.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct ReqFigs {
-    dev: Vec<f64>,
-    host: Vec<f64>,
-    disk: Vec<f64>,
-    shared: Vec<f64>,
-    reuse: Vec<u32>,
-}
-
-impl ReqFigs {
-    /// Every one of `n` positions gets overlap `base` and no reuse.
-    pub fn reset(&mut self, n: usize, base: Overlap) {
-        let set = |v: &mut Vec<f64>, x: u32| {
-            v.clear();
-            v.resize(n, f64::from(x));
-        };
-        set(&mut self.dev, base.device);
-        set(&mut self.host, base.host);
-        set(&mut self.disk, base.disk);
-        set(&mut self.shared, base.shared);
-        self.reuse.clear();
-        self.reuse.resize(n, 0);
-    }
-
-    /// Position `p` has overlap `o` (ignored out of range).
-    #[inline(always)]
-    pub fn set_overlap(&mut self, p: usize, o: &Overlap) {
-        if p < self.reuse.len() {
-            self.dev[p] = f64::from(o.device);
-            self.host[p] = f64::from(o.host);
-            self.disk[p] = f64::from(o.disk);
-            self.shared[p] = f64::from(o.shared);
-        }
-    }
-
-    /// Position `p` reuses `r` more blocks (ignored out of range).
-    #[inline(always)]
-    pub fn add_reuse(&mut self, p: usize, r: u32) {
-        if let Some(x) = self.reuse.get_mut(p) {
-            *x = x.saturating_add(r);
-        }
-    }
-
-    /// Overlap and reuse of position `p` (zero out of range).
-    pub fn at(&self, p: usize) -> (Overlap, u32) {
-        let u = |v: &[f64]| v.get(p).map_or(0, |&x| x as u32);
-        let o = Overlap {
-            device: u(&self.dev),
-            host: u(&self.host),
-            disk: u(&self.disk),
-            shared: u(&self.shared),
-        };
-        (o, self.reuse.get(p).copied().unwrap_or(0))
-    }
 }
 
 /// Reusable buffers of the kernel.
@@ -326,8 +266,58 @@ struct Arrays<'a> {
     reuse: &'a [u32],
 }
 
-/// Step 1 proper. `T`: `track_active_blocks`; `R`: `assume_kv_reuse`; `B`: check
-/// `busy_threshold`; `topo` gives (penalty, gate) from a worker's topology id.
+/// The figures of one worker that step 1 reads.
+#[derive(Clone, Copy)]
+struct One {
+    q: f64,
+    held: f64,
+    ob: f64,
+    gate: f64,
+    cap: f64,
+    topo: u32,
+    dev: f64,
+    host: f64,
+    disk: f64,
+    shared: f64,
+    reuse: u32,
+}
+
+/// Step 1 for one worker; same operations, same order as `CostModel::terms`.
+#[inline(always)]
+fn one<const T: bool, const R: bool, const B: bool>(
+    x: One,
+    k: &Consts,
+    topo: &impl Fn(u32) -> (f64, f64),
+) -> f64 {
+    let prefill = (x.q + k.input) * k.inv_bs;
+    let credit = k.w[0] * x.dev + k.w[1] * x.host + k.w[2] * x.disk + k.w[3] * x.shared;
+    let adj = prefill - credit;
+    let adj = if adj > 0.0 { adj } else { 0.0 };
+    let active = x.held + x.ob;
+    let pb = k.prompt_blocks;
+    let added = if R {
+        // pb - min(max(reuse, device), pb), exact on these integers.
+        let r = f64::from(x.reuse);
+        let h = if x.dev > r { x.dev } else { r };
+        pb - if h < pb { h } else { pb }
+    } else {
+        pb
+    };
+    let decode = if T { active + added } else { 0.0 };
+    let (pen, g) = topo(x.topo);
+    let c = k.scale * adj + decode + pen;
+    let c = if c.abs() < INF { c } else { f64::MAX };
+    let busy = if B && active >= k.busy * x.cap {
+        INF
+    } else {
+        0.0
+    };
+    c + (x.gate + g + busy)
+}
+
+/// Step 1 proper, four workers at a time so the compiler vectorises it. `T`:
+/// `track_active_blocks`; `R`: `assume_kv_reuse`; `B`: check `busy_threshold`; `topo`
+/// gives (penalty, gate) from a worker's topology id.
 #[inline(always)]
 fn fill_loop<const T: bool, const R: bool, const B: bool>(
     a: &Arrays,
@@ -335,51 +325,68 @@ fn fill_loop<const T: bool, const R: bool, const B: bool>(
     out: &mut [f64],
     topo: impl Fn(u32) -> (f64, f64),
 ) -> f64 {
-    let n = out.len();
-    let (q, held, ob) = (&a.q[..n], &a.held[..n], &a.ob[..n]);
-    let (gate, cap, tp) = (&a.gate[..n], &a.cap[..n], &a.topo[..n]);
-    let (dev, host, disk, shared) = (&a.dev[..n], &a.host[..n], &a.disk[..n], &a.shared[..n]);
-    let reuse = &a.reuse[..n];
-    let pb = k.prompt_blocks;
-    let one = |i: usize| -> f64 {
-        // Same operations, same order as `CostModel::terms`.
-        let prefill = (q[i] + k.input) * k.inv_bs;
-        let credit = k.w[0] * dev[i] + k.w[1] * host[i] + k.w[2] * disk[i] + k.w[3] * shared[i];
-        let adj = prefill - credit;
-        let adj = if adj > 0.0 { adj } else { 0.0 };
-        let active = held[i] + ob[i];
-        let added = if R {
-            // pb - min(max(reuse, device), pb), exact on these integers.
-            let r = f64::from(reuse[i]);
-            let h = if dev[i] > r { dev[i] } else { r };
-            pb - if h < pb { h } else { pb }
-        } else {
-            pb
-        };
-        let decode = if T { active + added } else { 0.0 };
-        let (pen, g) = topo(tp[i]);
-        let c = k.scale * adj + decode + pen;
-        let c = if c.abs() < INF { c } else { f64::MAX };
-        let busy = if B && active >= k.busy * cap[i] {
-            INF
-        } else {
-            0.0
-        };
-        c + (gate[i] + g + busy)
+    let at = |i: usize| One {
+        q: a.q.get(i).copied().unwrap_or(0.0),
+        held: a.held.get(i).copied().unwrap_or(0.0),
+        ob: a.ob.get(i).copied().unwrap_or(0.0),
+        gate: a.gate.get(i).copied().unwrap_or(INF),
+        cap: a.cap.get(i).copied().unwrap_or(0.0),
+        topo: a.topo.get(i).copied().unwrap_or(0),
+        dev: a.dev.get(i).copied().unwrap_or(0.0),
+        host: a.host.get(i).copied().unwrap_or(0.0),
+        disk: a.disk.get(i).copied().unwrap_or(0.0),
+        shared: a.shared.get(i).copied().unwrap_or(0.0),
+        reuse: a.reuse.get(i).copied().unwrap_or(0),
     };
     let mut m = [INF; 4];
+    let n = out.len();
+    // Every array has the pool's length by construction; checked once here so the
+    // loop below indexes without bounds checks (and vectorises).
+    let (Some(q), Some(held), Some(ob), Some(gate), Some(cap), Some(tp)) = (
+        a.q.get(..n),
+        a.held.get(..n),
+        a.ob.get(..n),
+        a.gate.get(..n),
+        a.cap.get(..n),
+        a.topo.get(..n),
+    ) else {
+        return INF;
+    };
+    let (Some(dev), Some(host), Some(disk), Some(shared), Some(reuse)) = (
+        a.dev.get(..n),
+        a.host.get(..n),
+        a.disk.get(..n),
+        a.shared.get(..n),
+        a.reuse.get(..n),
+    ) else {
+        return INF;
+    };
     let mut i = 0;
     while i + 4 <= n {
-        for (j, mj) in m.iter_mut().enumerate() {
-            let c = one(i + j);
+        for j in 0..4 {
+            let x = One {
+                q: q[i + j],
+                held: held[i + j],
+                ob: ob[i + j],
+                gate: gate[i + j],
+                cap: cap[i + j],
+                topo: tp[i + j],
+                dev: dev[i + j],
+                host: host[i + j],
+                disk: disk[i + j],
+                shared: shared[i + j],
+                reuse: reuse[i + j],
+            };
+            let c = one::<T, R, B>(x, &k, &topo);
             out[i + j] = c;
-            *mj = if c < *mj { c } else { *mj };
+            m[j] = if c < m[j] { c } else { m[j] };
         }
         i += 4;
     }
-    while i < n {
-        let c = one(i);
-        out[i] = c;
+    let chunks = out.chunks_exact_mut(4);
+    for o in chunks.into_remainder() {
+        let c = one::<T, R, B>(at(i), &k, &topo);
+        *o = c;
         m[0] = if c < m[0] { c } else { m[0] };
         i += 1;
     }

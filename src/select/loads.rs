@@ -11,6 +11,8 @@
 //! 0). Together they are everything [`super::decide_view`] needs, and its `kv` kernel
 //! scans the arrays densely.
 //!
+//! `ReqFigs` is the dense form of [`Hits`] the kernel reads, rebuilt per request.
+//!
 //! Guarantees: no method panics (unknown slots are ignored); a fresh `Loads` has every
 //! worker not live, with zero load.
 
@@ -147,5 +149,70 @@ impl Hits {
         self.base = base;
         self.overlaps.clear();
         self.reuse.clear();
+    }
+}
+
+/// One request's overlap and reuse of every worker, by position, built per request
+/// from its [`super::Hits`] (every position reset to the base overlap, then the hits
+/// written over it). Overlaps are kept as `f64` (exact: they are `u32`s) so step 1
+/// reads them like the load figures.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ReqFigs {
+    pub(crate) dev: Vec<f64>,
+    pub(crate) host: Vec<f64>,
+    pub(crate) disk: Vec<f64>,
+    pub(crate) shared: Vec<f64>,
+    pub(crate) reuse: Vec<u32>,
+}
+
+impl ReqFigs {
+    /// Every one of `n` positions gets overlap `base` and no reuse.
+    pub fn reset(&mut self, n: usize, base: Overlap) {
+        let set = |v: &mut Vec<f64>, x: u32| {
+            v.clear();
+            v.resize(n, f64::from(x));
+        };
+        set(&mut self.dev, base.device);
+        set(&mut self.host, base.host);
+        set(&mut self.disk, base.disk);
+        set(&mut self.shared, base.shared);
+        self.reuse.clear();
+        self.reuse.resize(n, 0);
+    }
+
+    /// Position `p` has overlap `o` (ignored out of range).
+    #[inline(always)]
+    pub fn set_overlap(&mut self, p: usize, o: &Overlap) {
+        if let (Some(d), Some(h), Some(k), Some(s)) = (
+            self.dev.get_mut(p),
+            self.host.get_mut(p),
+            self.disk.get_mut(p),
+            self.shared.get_mut(p),
+        ) {
+            *d = f64::from(o.device);
+            *h = f64::from(o.host);
+            *k = f64::from(o.disk);
+            *s = f64::from(o.shared);
+        }
+    }
+
+    /// Position `p` reuses `r` more blocks (ignored out of range).
+    #[inline(always)]
+    pub fn add_reuse(&mut self, p: usize, r: u32) {
+        if let Some(x) = self.reuse.get_mut(p) {
+            *x = x.saturating_add(r);
+        }
+    }
+
+    /// Overlap and reuse of position `p` (zero out of range).
+    pub fn at(&self, p: usize) -> (Overlap, u32) {
+        let u = |v: &[f64]| v.get(p).map_or(0, |&x| x as u32);
+        let o = Overlap {
+            device: u(&self.dev),
+            host: u(&self.host),
+            disk: u(&self.disk),
+            shared: u(&self.shared),
+        };
+        (o, self.reuse.get(p).copied().unwrap_or(0))
     }
 }

@@ -21,8 +21,9 @@
 
 use super::cost::Scorer;
 use super::filter::{Eval, RejectionCounts, ScanStats, StageFilter};
-use super::kernel::{kv_select, KernelScratch, KvStage, ReqFigs, Topo};
+use super::kernel::{kv_select, KernelScratch, KvStage, Topo};
 use super::loads::Loads;
+use super::loads::ReqFigs;
 use super::{Fig, Rows};
 use crate::config::Mode;
 use crate::types::DeviceClass;
