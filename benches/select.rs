@@ -1,11 +1,18 @@
-//! Benchmarks of `select::decide`: kv mode over realistic fleets of 2 to 10,000
+//! Benchmarks of `select::decide_view`: kv mode over realistic fleets of 2 to 10,000
 //! aggregated workers (random overlaps and loads), at temperature 0 (argmin) and 0.5
-//! (softmax), with the fleet's static filter data prebuilt as the engine caches it. Target: 1,024 workers well under 2 µs, 10,000 at most 20 µs.
+//! (softmax). Target: 1,024 workers well under 2 µs, 10,000 at most 20 µs.
+//!
+//! Outside the timed region, as the engine and the service keep them: the fleet's
+//! static data (`Fleet`, rebuilt per registry change) and its `Loads` (updated per
+//! load change). Inside, per request: building the request's `Hits` from the merge
+//! result (here a list of every worker with a nonzero overlap, ~97% of the fleet, and
+//! of every worker with active-block reuse, ~7/8) and the decision itself.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use kvroute::config::{Mode, RouterConfig};
 use kvroute::select::{
-    decide, Filters, Fleet, LoadFigures, RequestShape, RouteInput, RrState, WorkerRow,
+    decide_view, Filters, Fleet, Hits, LoadFigures, Loads, RequestShape, RrState, Scratch,
+    ViewInput,
 };
 use kvroute::types::{Overlap, WorkerSpec};
 use rand::rngs::SmallRng;
@@ -64,46 +71,55 @@ fn bench_decide(c: &mut Criterion) {
     for n in [2usize, 32, 1024, 2048, 10_000] {
         let mut rng = SmallRng::seed_from_u64(n as u64);
         let (specs, figures) = fleet(n, &mut rng);
-        let rows: Vec<WorkerRow> = specs
-            .iter()
-            .zip(&figures)
-            .enumerate()
-            .map(|(i, (spec, &(overlap, load, unique, reuse)))| WorkerRow {
-                slot: i as u16,
-                spec,
-                live: true,
-                suspect: false,
-                overlap,
-                reuse_blocks: reuse,
-                load,
-                blocks_unique: unique,
-            })
-            .collect();
-        // Built once per registry change by the engine and the service.
+        // Built once per registry change by the engine and the service...
         let fleet = Fleet::new(&specs);
+        // ... and kept up to date as loads change.
+        let mut loads = Loads::new(&fleet);
+        for (slot, &(_, load, unique, _)) in figures.iter().enumerate() {
+            loads.set_live(slot as u16, true);
+            loads.set_load(slot as u16, &load, unique);
+        }
+        // What the index merge and the active-block count return for the request.
+        let merged: Vec<(u16, Overlap)> = figures
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.0 != Overlap::default())
+            .map(|(i, f)| (i as u16, f.0))
+            .collect();
+        let reuse: Vec<(u16, u32)> = figures
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.3 != 0)
+            .map(|(i, f)| (i as u16, f.3))
+            .collect();
+        let mut hits = Hits::default();
+        let mut scratch = Scratch::default();
         for temperature in [0.0, 0.5] {
             let cfg = RouterConfig {
                 router_temperature: temperature,
                 ..Default::default()
             };
-            let input = RouteInput {
-                cfg: &cfg,
-                mode: Mode::Kv,
-                req: RequestShape::new(4096, cfg.block_size),
-                filters: &filters,
-                workers: &rows,
-                fleet: Some(&fleet),
-                prefill_failed: false,
-                explain: false,
-            };
             let mut rr = RrState::default();
-            group.bench_with_input(
-                BenchmarkId::new(format!("t{temperature}"), n),
-                &input,
-                |b, input| {
-                    b.iter(|| decide(black_box(input), &mut rng, &mut rr).map(|d| d.decode_worker))
-                },
-            );
+            group.bench_function(BenchmarkId::new(format!("t{temperature}"), n), |b| {
+                b.iter(|| {
+                    hits.clear(Overlap::default());
+                    hits.overlaps.extend_from_slice(black_box(&merged));
+                    hits.reuse.extend_from_slice(black_box(&reuse));
+                    let input = ViewInput {
+                        cfg: &cfg,
+                        mode: Mode::Kv,
+                        req: RequestShape::new(4096, cfg.block_size),
+                        filters: &filters,
+                        fleet: &fleet,
+                        loads: &loads,
+                        hits: &hits,
+                        prefill_failed: false,
+                        explain: false,
+                    };
+                    decide_view(black_box(&input), &mut rng, &mut rr, &mut scratch)
+                        .map(|d| d.decode_worker)
+                })
+            });
         }
     }
     group.finish();

@@ -13,13 +13,14 @@ pub mod views;
 pub use request::{BadRequest, CandidateOut, DpRankSpec, Prepared, RouteDecision, RouteRequest};
 pub use views::{EventBatch, KvEvent, WorkerState, WorkerStatus};
 
-use crate::config::{Mode, RouterConfig};
+use crate::config::{Mode, PrefillLoadModel, RouterConfig};
 use crate::index::{shard_of, MergeResult, ShardedIndex};
 use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker};
 use crate::registry::{Registry, RegistryError, Upsert};
-use crate::select::{decide, Filters, Fleet, RequestShape, RouteError, RouteInput, RrState};
-use crate::types::{Role, Tier, WorkerSlot, WorkerSpec};
-use plan::RowFigures;
+use crate::select::{
+    decide_view, Filters, Fleet, Hits, Loads, RequestShape, RouteError, RrState, Scratch, ViewInput,
+};
+use crate::types::{Overlap, Role, Tier, WorkerSlot, WorkerSpec};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::collections::HashMap;
@@ -89,8 +90,15 @@ pub struct Engine {
     rng: SmallRng,
     rr: RrState,
     merge: MergeResult,
-    /// Static filter data of the registry, rebuilt on first use after a change.
-    fleet: Option<Fleet>,
+    /// Static filter data of the registry and the workers' liveness and load, rebuilt
+    /// on first use after a registry change, then updated as they change.
+    view: Option<(Fleet, Loads)>,
+    /// Workers whose distinct active blocks changed since the view was refreshed.
+    dirty: Vec<WorkerSlot>,
+    /// Workers whose prefill load decays with time (`prefill_load_model = predicted`).
+    decaying: Vec<WorkerSlot>,
+    hits: Hits,
+    scratch: Scratch,
 }
 
 impl Engine {
@@ -119,7 +127,11 @@ impl Engine {
             rng: SmallRng::seed_from_u64(seed),
             rr: RrState::default(),
             merge: MergeResult::default(),
-            fleet: None,
+            view: None,
+            dirty: Vec::new(),
+            decaying: Vec::new(),
+            hits: Hits::default(),
+            scratch: Scratch::default(),
             cfg,
             limits,
         })
@@ -138,7 +150,7 @@ impl Engine {
     pub fn register(&mut self, spec: WorkerSpec) -> Result<Upsert, EngineError> {
         let cap = spec.capacity_blocks.min(self.limits.max_blocks_per_worker);
         let up = self.registry.upsert(spec)?;
-        self.fleet = None;
+        self.view = None;
         let slot = up.slot();
         let n = self.registry.slot_bound();
         self.live.resize(n, false);
@@ -158,7 +170,7 @@ impl Engine {
             .registry
             .remove(id)
             .ok_or_else(|| EngineError::UnknownWorker(id.into()))?;
-        self.fleet = None;
+        self.view = None;
         self.forget_worker_state(slot);
         self.live[slot as usize] = false;
         Ok(())
@@ -179,6 +191,9 @@ impl Engine {
     pub fn set_live(&mut self, id: &str, live: bool) -> Result<(), EngineError> {
         let slot = self.slot(id)?;
         self.live[slot as usize] = live;
+        if let Some((_, loads)) = &mut self.view {
+            loads.set_live(slot, live);
+        }
         Ok(())
     }
 
@@ -186,6 +201,9 @@ impl Engine {
     pub fn set_suspect(&mut self, id: &str, suspect: bool) -> Result<(), EngineError> {
         let slot = self.slot(id)?;
         self.suspect[slot as usize] = suspect;
+        if let Some((_, loads)) = &mut self.view {
+            loads.set_suspect(slot, suspect);
+        }
         Ok(())
     }
 
@@ -250,29 +268,22 @@ impl Engine {
         let shared = |s: WorkerSlot| reg.get(s).is_some_and(|e| e.spec.role == Role::Shared);
         self.index.query(&prepared.hashes, shared, &mut self.merge);
         let reuse = self.reuse_counts(&prepared.hashes);
-        let fleet = self
-            .fleet
-            .get_or_insert_with(|| Fleet::new(reg.iter().map(|e| &e.spec)));
-        let mut rows = Vec::with_capacity(self.registry.len());
-        let model = self.cfg.prefill_load_model;
-        plan::rows(
-            &self.registry,
-            |e| {
-                let s = e.slot as usize;
-                let agg = self.tracker.agg(e.slot);
-                let unique: u64 = self.active.iter().map(|a| a.unique_blocks(e.slot)).sum();
-                RowFigures {
-                    live: self.live.get(s).copied().unwrap_or(false),
-                    suspect: self.suspect.get(s).copied().unwrap_or(false),
-                    overlap: self.merge.get(e.slot),
-                    reuse_blocks: reuse.get(&e.slot).copied().unwrap_or(0),
-                    load: agg.load(model, now_us),
-                    blocks_unique: unique as f64,
-                }
-            },
-            &mut rows,
-        );
-        let input = RouteInput {
+        self.refresh_view(now_us);
+        self.hits.clear(Overlap {
+            shared: self.merge.shared_from_start(),
+            ..Overlap::default()
+        });
+        for &w in self.merge.workers() {
+            self.hits.overlaps.push((w, self.merge.get(w)));
+        }
+        self.hits.reuse.extend(reuse);
+        let Some((fleet, loads)) = &self.view else {
+            return Err(RouteError::NoWorkers {
+                model: prepared.filters.model.clone(),
+            }
+            .into());
+        };
+        let input = ViewInput {
             cfg: &self.cfg,
             mode,
             req: RequestShape {
@@ -280,14 +291,14 @@ impl Engine {
                 prompt_blocks: prepared.prompt_blocks,
             },
             filters: &prepared.filters,
-            workers: &rows,
-            fleet: Some(fleet),
+            fleet,
+            loads,
+            hits: &self.hits,
             prefill_failed,
             explain,
         };
-        let d = decide(&input, &mut self.rng, &mut self.rr)?;
+        let d = decide_view(&input, &mut self.rng, &mut self.rr, &mut self.scratch)?;
         let out = plan::to_output(&self.registry, id, &d, explain);
-        drop(rows);
         self.tracker
             .on_route(plan::new_request(
                 id,
@@ -311,6 +322,45 @@ impl Engine {
             );
         }
         Ok(out)
+    }
+
+    /// Brings the view up to date: rebuilt after a registry change, else the load of
+    /// every worker whose figures changed (and, under the `predicted` prefill load
+    /// model, of every worker whose prefill load decays) is re-read.
+    fn refresh_view(&mut self, now_us: u64) {
+        let model = self.cfg.prefill_load_model;
+        let mut changed = std::mem::take(&mut self.dirty);
+        self.tracker.take_dirty(&mut changed);
+        if self.view.is_none() {
+            let fleet = Fleet::with_slots(self.registry.iter().map(|e| (e.slot, &e.spec)));
+            let mut loads = Loads::new(&fleet);
+            for e in self.registry.iter() {
+                let s = e.slot as usize;
+                loads.set_live(e.slot, self.live.get(s).copied().unwrap_or(false));
+                loads.set_suspect(e.slot, self.suspect.get(s).copied().unwrap_or(false));
+            }
+            self.view = Some((fleet, loads));
+            changed.clear();
+            changed.extend(self.registry.iter().map(|e| e.slot));
+            self.decaying.clear();
+        }
+        if model == PrefillLoadModel::Predicted {
+            changed.append(&mut self.decaying);
+        }
+        changed.sort_unstable();
+        changed.dedup();
+        if let Some((_, loads)) = &mut self.view {
+            for &w in &changed {
+                let agg = self.tracker.agg(w);
+                let unique: u64 = self.active.iter().map(|a| a.unique_blocks(w)).sum();
+                loads.set_load(w, &agg.load(model, now_us), unique as f64);
+                if model == PrefillLoadModel::Predicted && agg.oldest_prefill.is_some() {
+                    self.decaying.push(w);
+                }
+            }
+        }
+        changed.clear();
+        self.dirty = changed;
     }
 
     fn reuse_counts(&self, hashes: &[u64]) -> HashMap<WorkerSlot, u32> {
@@ -339,6 +389,7 @@ impl Engine {
 
     /// Adds or removes a request's hashes in the active-block shard owning each.
     fn update_active(&mut self, w: WorkerSlot, hashes: &[u64], add: bool) {
+        self.dirty.push(w);
         let bits = self.shard_bits;
         let mut mine = Vec::with_capacity(hashes.len());
         for (s, a) in self.active.iter_mut().enumerate() {

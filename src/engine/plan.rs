@@ -1,45 +1,10 @@
-//! Glue shared by the in-process engine and the service: building the scoring rows
-//! from registry + per-worker figures, and turning a slot-based [`Decision`] into the
+//! Glue shared by the in-process engine and the service: turning a slot-based [`Decision`] into the
 //! id-based [`RouteDecision`] the API returns. Pure functions, no state.
 
 use super::request::{CandidateOut, RouteDecision};
-use crate::load::WorkerLoad;
-use crate::registry::{Registry, WorkerEntry};
-use crate::select::{Decision, Fallback, Stage, WorkerRow};
+use crate::registry::Registry;
+use crate::select::{Decision, Fallback, Stage};
 use crate::types::Overlap;
-
-/// The per-worker figures a row needs besides the spec.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RowFigures {
-    pub live: bool,
-    pub suspect: bool,
-    pub overlap: Overlap,
-    pub reuse_blocks: u32,
-    pub load: WorkerLoad,
-    pub blocks_unique: f64,
-}
-
-/// One row per registered worker, in slot order.
-pub fn rows<'a>(
-    reg: &'a Registry,
-    mut figures: impl FnMut(&WorkerEntry) -> RowFigures,
-    out: &mut Vec<WorkerRow<'a>>,
-) {
-    out.clear();
-    for e in reg.iter() {
-        let f = figures(e);
-        out.push(WorkerRow {
-            slot: e.slot,
-            spec: &e.spec,
-            live: f.live,
-            suspect: f.suspect,
-            overlap: f.overlap,
-            reuse_blocks: f.reuse_blocks,
-            load: f.load,
-            blocks_unique: f.blocks_unique,
-        });
-    }
-}
 
 /// Wire name of a fallback.
 pub fn fallback_name(f: Fallback) -> &'static str {

@@ -23,7 +23,7 @@
 //! The functions are `#[inline]` and branch only on configuration, so the selection
 //! loop over thousands of workers stays cheap.
 
-use super::{RequestShape, WorkerRow};
+use super::{Fig, RequestShape, WorkerRow};
 use crate::config::RouterConfig;
 use crate::types::Overlap;
 use serde::Serialize;
@@ -46,7 +46,7 @@ pub struct CostTerms {
 
 /// The overlap the cost may credit: zero for a suspect worker.
 #[inline]
-pub(crate) fn effective_overlap(row: &WorkerRow) -> Overlap {
+pub(crate) fn effective_overlap(row: &Fig) -> Overlap {
     if row.suspect {
         Overlap::default()
     } else {
@@ -60,25 +60,25 @@ pub(crate) fn effective_overlap(row: &WorkerRow) -> Overlap {
 /// stage, `prefill_stage()` / `decode_stage()` for the disaggregated stages).
 #[inline]
 pub fn cost_terms(cfg: &RouterConfig, req: &RequestShape, row: &WorkerRow) -> CostTerms {
-    CostModel::new(cfg, req).terms(row)
+    CostModel::new(cfg, req).terms(&row.fig())
 }
 
 /// The cost formula with everything that does not depend on the worker resolved once
 /// per stage (so the per-worker work is a few multiply-adds, no division).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CostModel {
-    inv_block_size: f64,
-    input_tokens: f64,
-    prompt_blocks: u32,
-    track_prefill_tokens: bool,
+    pub inv_block_size: f64,
+    pub input_tokens: f64,
+    pub prompt_blocks: u32,
+    pub track_prefill_tokens: bool,
     device_w: f64,
     host_w: f64,
     disk_w: f64,
     shared_w: f64,
-    scale: f64,
-    track_active_blocks: bool,
-    assume_kv_reuse: bool,
-    track_output_blocks: bool,
+    pub scale: f64,
+    pub track_active_blocks: bool,
+    pub assume_kv_reuse: bool,
+    pub track_output_blocks: bool,
 }
 
 impl CostModel {
@@ -104,7 +104,7 @@ impl CostModel {
     /// output placeholders with `track_output_blocks`). Used for the cost and for the
     /// `busy_threshold` filter.
     #[inline(always)]
-    pub fn active_blocks(&self, row: &WorkerRow) -> f64 {
+    pub fn active_blocks(&self, row: &Fig) -> f64 {
         let held = if self.assume_kv_reuse {
             row.blocks_unique
         } else {
@@ -118,9 +118,35 @@ impl CostModel {
         held + output
     }
 
+    /// Credit weights of the device, host, disk and shared overlaps.
+    pub fn weights(&self) -> [f64; 4] {
+        [self.device_w, self.host_w, self.disk_w, self.shared_w]
+    }
+
+    /// The cache credit of an (effective) overlap.
+    #[inline(always)]
+    pub fn credit(&self, overlap: &Overlap) -> f64 {
+        self.device_w * f64::from(overlap.device)
+            + self.host_w * f64::from(overlap.host)
+            + self.disk_w * f64::from(overlap.disk)
+            + self.shared_w * f64::from(overlap.shared)
+    }
+
+    /// Blocks the request adds on a worker with `reuse` blocks in active requests and
+    /// `device` overlap (before `track_active_blocks`).
+    #[inline(always)]
+    pub fn added(&self, reuse: u32, device: u32) -> u32 {
+        if self.assume_kv_reuse {
+            let held = reuse.max(device);
+            self.prompt_blocks - held.min(self.prompt_blocks)
+        } else {
+            self.prompt_blocks
+        }
+    }
+
     /// The cost terms of one worker.
     #[inline(always)]
-    pub fn terms(&self, row: &WorkerRow) -> CostTerms {
+    pub fn terms(&self, row: &Fig) -> CostTerms {
         let overlap = effective_overlap(row);
         let queued = if self.track_prefill_tokens {
             row.load.prefill_tokens
@@ -128,18 +154,10 @@ impl CostModel {
             0.0
         };
         let prefill_blocks = (queued + self.input_tokens) * self.inv_block_size;
-        let credit = self.device_w * f64::from(overlap.device)
-            + self.host_w * f64::from(overlap.host)
-            + self.disk_w * f64::from(overlap.disk)
-            + self.shared_w * f64::from(overlap.shared);
+        let credit = self.credit(&overlap);
         let adjusted_prefill = (prefill_blocks - credit).max(0.0);
         let decode_blocks = if self.track_active_blocks {
-            let added = if self.assume_kv_reuse {
-                let held = row.reuse_blocks.max(overlap.device);
-                self.prompt_blocks - held.min(self.prompt_blocks)
-            } else {
-                self.prompt_blocks
-            };
+            let added = self.added(row.reuse_blocks, overlap.device);
             self.active_blocks(row) + f64::from(added)
         } else {
             0.0
@@ -176,7 +194,7 @@ impl Scorer<'_> {
 
     /// Cost terms of worker `i`, with the topology penalty folded into `cost`.
     #[inline]
-    pub fn terms(&self, i: usize, row: &WorkerRow) -> CostTerms {
+    pub fn terms(&self, i: usize, row: &Fig) -> CostTerms {
         let mut t = self.model.terms(row);
         t.cost += self.penalty(i);
         t
@@ -185,7 +203,7 @@ impl Scorer<'_> {
     /// The value selection compares. Non-finite costs (impossible with sane load
     /// figures) are mapped to `f64::MAX` so they lose without poisoning min/max.
     #[inline(always)]
-    pub fn cost(&self, i: usize, row: &WorkerRow) -> f64 {
+    pub fn cost(&self, i: usize, row: &Fig) -> f64 {
         let c = self.model.terms(row).cost + self.penalty(i);
         if c.is_finite() {
             c

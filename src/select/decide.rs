@@ -23,14 +23,20 @@
 //! disaggregated decision use the same cursor value.
 //!
 //! The aggregated stage doubles as the probe for disaggregation: it stops at the first
-//! `Prefill`/`Decode` worker of the model, so an aggregated fleet is decided in a
-//! single pass over the rows.
+//! `Prefill`/`Decode` worker of the model (the kernel asks the fleet, which knows), so
+//! an aggregated fleet is decided in a single pass over the workers.
+//!
+//! [`decide_view`] and [`decide`] run the same orchestration; `decide` first lays its
+//! rows out as a [`Fleet`], [`Loads`] and hits (allocating), so both choose alike.
 
 use super::cost::{CostModel, Scorer};
 use super::filter::{role_bit, Rejection, RejectionCounts, ScanStats, StageFilter};
 use super::fleet::{Fleet, UNKNOWN};
-use super::pick::{run_stage, Outcome, Pick, StageRun};
-use super::{RequestShape, Stage, WorkerRow};
+use super::kernel::KernelScratch;
+use super::loads::ReqFigs;
+use super::loads::{Hits, Loads};
+use super::pick::{run_stage, Dense, Outcome, Pick, StageRun};
+use super::{Fig, RequestShape, Rows, Stage, WorkerRow};
 use crate::config::{Mode, RouterConfig, TopologyPolicy};
 use crate::types::{Overlap, Role, WorkerSlot};
 use rand::Rng;
@@ -55,6 +61,74 @@ pub struct RouteInput<'a> {
     pub prefill_failed: bool,
     /// Fill [`Decision::candidates`] and [`Decision::rejected`].
     pub explain: bool,
+}
+
+/// Everything one decision depends on, in the struct-of-arrays form the engine and
+/// the service keep (see [`Loads`] and [`Hits`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ViewInput<'a> {
+    /// Base routing configuration (the stage configs are derived from it).
+    pub cfg: &'a RouterConfig,
+    /// The request's routing mode.
+    pub mode: Mode,
+    pub req: RequestShape,
+    pub filters: &'a super::Filters,
+    /// Every registered worker's static data.
+    pub fleet: &'a Fleet,
+    /// Liveness and load of the fleet's workers ([`Loads::new`] of this fleet).
+    pub loads: &'a Loads,
+    /// This request's overlaps and reuse.
+    pub hits: &'a Hits,
+    /// The frontend reports that this request's prefill failed: route decode-only.
+    pub prefill_failed: bool,
+    /// Fill [`Decision::candidates`] and [`Decision::rejected`].
+    pub explain: bool,
+}
+
+/// Reusable buffers of [`decide_view`]; keep one per thread to avoid allocating.
+#[derive(Clone, Debug, Default)]
+pub struct Scratch {
+    kernel: KernelScratch,
+    req: ReqFigs,
+}
+
+/// The parts of an input besides the workers.
+struct Common<'a> {
+    cfg: &'a RouterConfig,
+    mode: Mode,
+    req: RequestShape,
+    filters: &'a super::Filters,
+    prefill_failed: bool,
+    explain: bool,
+}
+
+/// The workers of a [`ViewInput`], row by row.
+struct ViewRows<'a> {
+    fleet: &'a Fleet,
+    loads: &'a Loads,
+    req: &'a ReqFigs,
+}
+
+impl Rows for ViewRows<'_> {
+    fn len(&self) -> usize {
+        self.fleet.len()
+    }
+    fn fig(&self, i: usize) -> Fig {
+        let (Some(&p), Some(&slot)) = (self.fleet.pos.get(i), self.fleet.slot.get(i)) else {
+            return Fig::default();
+        };
+        let p = p as usize;
+        let (overlap, reuse_blocks) = self.req.at(p);
+        Fig {
+            slot,
+            live: self.loads.live.get(p).copied().unwrap_or(false),
+            suspect: self.loads.suspect.get(p).copied().unwrap_or(false),
+            overlap,
+            reuse_blocks,
+            load: self.loads.load_at(p),
+            blocks_unique: self.loads.blocks_unique.get(p).copied().unwrap_or(0.0),
+        }
+    }
 }
 
 /// Why a disaggregated request was routed decode-only.
@@ -158,7 +232,7 @@ const POOL_DECODE: u8 = role_bit(Role::Decode);
 
 /// Builds one stage. `pin` says whether the request's pin applies to this stage.
 fn stage<'x>(
-    input: &'x RouteInput,
+    input: &'x Common,
     fleet: &'x Fleet,
     stage: Stage,
     cfg: &'x RouterConfig,
@@ -200,7 +274,7 @@ fn stage<'x>(
 }
 
 /// The error of a stage that found no candidate, from what its filters saw.
-fn stage_error(input: &RouteInput, run: &StageRun, stats: &ScanStats) -> RouteError {
+fn stage_error(input: &Common, run: &StageRun, stats: &ScanStats) -> RouteError {
     let f = &run.filter;
     let model = || input.filters.model.clone();
     if stats.in_pool == 0 {
@@ -244,9 +318,10 @@ struct Records {
 }
 
 /// Appends the explain records of one stage.
-fn explain_stage(run: &StageRun, rows: &[WorkerRow], d: &mut Records) {
+fn explain_stage<R: Rows + ?Sized>(run: &StageRun, rows: &R, d: &mut Records) {
     use super::filter::Eval;
-    for (i, row) in rows.iter().enumerate() {
+    for i in 0..rows.len() {
+        let row = &rows.fig(i);
         match run.filter.eval(i, row) {
             Eval::Pass(_) => {
                 let t = run.scorer.terms(i, row);
@@ -271,14 +346,14 @@ fn explain_stage(run: &StageRun, rows: &[WorkerRow], d: &mut Records) {
 }
 
 /// A single-stage decision (aggregated fleet or decode-only fallback).
-fn single(
-    input: &RouteInput,
+fn single<R: Rows + ?Sized>(
+    rows: &R,
     run: &StageRun,
     p: Pick,
     fallback: Fallback,
     records: Records,
 ) -> Decision {
-    let row = &input.workers[p.index];
+    let row = &rows.fig(p.index);
     let t = run.scorer.terms(p.index, row);
     Decision {
         decode_worker: row.slot,
@@ -294,18 +369,15 @@ fn single(
     }
 }
 
-/// Routes one request. See the module docs for the exact rules.
+/// Routes one request given as rows. See the module docs for the exact rules.
 ///
 /// `rng` breaks ties and samples (random, softmax); `rr` is the round-robin cursor.
-/// Allocation-free unless `input.explain` is set or an error is returned.
+/// Lays the rows out as [`decide_view`] takes them (allocating) and decides like it.
 pub fn decide(
     input: &RouteInput,
     rng: &mut impl Rng,
     rr: &mut RrState,
 ) -> Result<Decision, RouteError> {
-    if input.mode == Mode::Direct && input.filters.pin.is_none() {
-        return Err(RouteError::DirectNeedsPin);
-    }
     let rows = input.workers;
     let owned;
     let fleet = match input.fleet {
@@ -315,6 +387,93 @@ pub fn decide(
             &owned
         }
     };
+    let mut loads = Loads::new(fleet);
+    let mut req = ReqFigs::default();
+    req.reset(fleet.len(), Overlap::default());
+    for (i, row) in rows.iter().enumerate() {
+        let Some(&p) = fleet.pos.get(i) else { continue };
+        let p = p as usize;
+        loads.set_live_at(p, row.live);
+        loads.set_suspect_at(p, row.suspect);
+        loads.set_load_at(p, &row.load, row.blocks_unique);
+        req.set_overlap(p, &row.overlap);
+        req.add_reuse(p, row.reuse_blocks);
+    }
+    let mut scratch = KernelScratch::default();
+    let mut dense = Dense {
+        loads: &loads,
+        req: &req,
+        scratch: &mut scratch,
+    };
+    let common = Common {
+        cfg: input.cfg,
+        mode: input.mode,
+        req: input.req,
+        filters: input.filters,
+        prefill_failed: input.prefill_failed,
+        explain: input.explain,
+    };
+    run(&common, fleet, rows, &mut dense, rng, rr)
+}
+
+/// Routes one request. See the module docs for the exact rules.
+///
+/// `rng` breaks ties and samples (random, softmax); `rr` is the round-robin cursor.
+/// Allocation-free once `scratch` has grown to the fleet, unless `input.explain` is set
+/// or an error is returned. `input.loads` must be made for `input.fleet` (a mismatch
+/// cannot panic, but decides on wrong figures).
+pub fn decide_view(
+    input: &ViewInput,
+    rng: &mut impl Rng,
+    rr: &mut RrState,
+    scratch: &mut Scratch,
+) -> Result<Decision, RouteError> {
+    let fleet = input.fleet;
+    let Scratch { kernel, req } = scratch;
+    req.reset(fleet.len(), input.hits.base);
+    for (slot, o) in &input.hits.overlaps {
+        if let Some(p) = fleet.position(*slot) {
+            req.set_overlap(p, o);
+        }
+    }
+    for &(slot, r) in &input.hits.reuse {
+        if let Some(p) = fleet.position(slot) {
+            req.add_reuse(p, r);
+        }
+    }
+    let rows = ViewRows {
+        fleet,
+        loads: input.loads,
+        req,
+    };
+    let mut dense = Dense {
+        loads: input.loads,
+        req,
+        scratch: kernel,
+    };
+    let common = Common {
+        cfg: input.cfg,
+        mode: input.mode,
+        req: input.req,
+        filters: input.filters,
+        prefill_failed: input.prefill_failed,
+        explain: input.explain,
+    };
+    run(&common, fleet, &rows, &mut dense, rng, rr)
+}
+
+/// The decision proper, over either form of the workers.
+fn run<R: Rows + ?Sized>(
+    input: &Common,
+    fleet: &Fleet,
+    rows: &R,
+    dense: &mut Dense,
+    rng: &mut impl Rng,
+    rr: &mut RrState,
+) -> Result<Decision, RouteError> {
+    if input.mode == Mode::Direct && input.filters.pin.is_none() {
+        return Err(RouteError::DirectNeedsPin);
+    }
     let probe = stage(
         input,
         fleet,
@@ -325,16 +484,16 @@ pub fn decide(
         true,
     );
     let mut stats = ScanStats::default();
-    let decision = match run_stage(&probe, rows, rng, rr.counter, &mut stats) {
+    let decision = match run_stage(&probe, rows, dense, rng, rr.counter, &mut stats) {
         Outcome::Picked(p) => {
             let mut records = Records::default();
             if input.explain {
                 explain_stage(&probe, rows, &mut records);
             }
-            single(input, &probe, p, Fallback::None, records)
+            single(rows, &probe, p, Fallback::None, records)
         }
         Outcome::Empty => return Err(stage_error(input, &probe, &stats)),
-        Outcome::Split => disaggregated(input, fleet, rng, rr.counter)?,
+        Outcome::Split => disaggregated(input, fleet, rows, dense, rng, rr.counter)?,
     };
     if input.mode == Mode::RoundRobin {
         rr.counter = rr.counter.wrapping_add(1);
@@ -343,13 +502,14 @@ pub fn decide(
 }
 
 /// Two-stage routing, or the decode-only fallback.
-fn disaggregated(
-    input: &RouteInput,
+fn disaggregated<R: Rows + ?Sized>(
+    input: &Common,
     fleet: &Fleet,
+    rows: &R,
+    dense: &mut Dense,
     rng: &mut impl Rng,
     counter: u64,
 ) -> Result<Decision, RouteError> {
-    let rows = input.workers;
     let pcfg = input.cfg.prefill_stage();
     let dcfg = input.cfg.decode_stage();
     let prun = stage(input, fleet, Stage::Prefill, &pcfg, POOL_PREFILL, 0, false);
@@ -358,7 +518,7 @@ fn disaggregated(
         Fallback::PrefillFailed
     } else {
         let mut stats = ScanStats::default();
-        match run_stage(&prun, rows, rng, counter, &mut stats) {
+        match run_stage(&prun, rows, dense, rng, counter, &mut stats) {
             Outcome::Picked(p) => {
                 prefill = Some(p);
                 Fallback::None
@@ -385,42 +545,37 @@ fn disaggregated(
             true,
         );
         let mut stats = ScanStats::default();
-        let Outcome::Picked(p) = run_stage(&run, rows, rng, counter, &mut stats) else {
+        let Outcome::Picked(p) = run_stage(&run, rows, dense, rng, counter, &mut stats) else {
             return Err(stage_error(input, &run, &stats));
         };
         if input.explain {
             explain_stage(&run, rows, &mut records);
         }
-        return Ok(single(input, &run, p, fallback, records));
+        return Ok(single(rows, &run, p, fallback, records));
     };
 
-    let prow = &rows[pp.index];
+    let prow = &rows.fig(pp.index);
     let pterms = prun.scorer.terms(pp.index, prow);
     let mut drun = stage(input, fleet, Stage::Decode, &dcfg, POOL_DECODE, 0, true);
-    let domain = prow.spec.topology.as_str();
+    let domain_id = fleet.topology.get(pp.index).copied().unwrap_or(UNKNOWN);
+    let domain = fleet.topology_name(domain_id);
     if !domain.is_empty() {
         match input.cfg.topology_policy {
             TopologyPolicy::None => {}
-            TopologyPolicy::Restrict => {
-                drun.filter.domain = Some((domain, fleet.topology_id(domain)))
-            }
+            TopologyPolicy::Restrict => drun.filter.domain = Some((domain, domain_id)),
             TopologyPolicy::Prefer => {
-                drun.scorer.prefer = Some((
-                    &fleet.topology,
-                    fleet.topology_id(domain),
-                    input.cfg.topology_penalty,
-                ))
+                drun.scorer.prefer = Some((&fleet.topology, domain_id, input.cfg.topology_penalty))
             }
         }
     }
     let mut stats = ScanStats::default();
-    let Outcome::Picked(dp) = run_stage(&drun, rows, rng, counter, &mut stats) else {
+    let Outcome::Picked(dp) = run_stage(&drun, rows, dense, rng, counter, &mut stats) else {
         return Err(stage_error(input, &drun, &stats));
     };
     if input.explain {
         explain_stage(&drun, rows, &mut records);
     }
-    let drow = &rows[dp.index];
+    let drow = &rows.fig(dp.index);
     Ok(Decision {
         decode_worker: drow.slot,
         prefill_worker: Some(prow.slot),

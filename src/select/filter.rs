@@ -11,7 +11,7 @@
 
 use super::cost::CostModel;
 use super::fleet::Fleet;
-use super::{Stage, WorkerRow};
+use super::{Fig, Stage};
 use crate::types::Role;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -198,7 +198,7 @@ impl StageFilter<'_> {
     /// Filters worker `i` (its static data in the fleet, its figures in `row`). Pure and
     /// allocation-free.
     #[inline(always)]
-    pub fn eval(&self, i: usize, row: &WorkerRow) -> Eval {
+    pub fn eval(&self, i: usize, row: &Fig) -> Eval {
         let fleet = self.fleet;
         if fleet.model[i] != self.model {
             return Eval::Skip;

@@ -7,6 +7,12 @@
 //! per decision ([`Fleet::model_id`], [`Fleet::id_of`], [`Fleet::tolerations`]), so the
 //! per-worker checks are integer compares and a bitmask test.
 //!
+//! For the `kv` kernel (`kernel.rs`) the fleet also fixes a *position* order: rows
+//! stably sorted by (model, role) with roles ordered Prefill, Aggregated, Decode,
+//! Shared, so every stage pool (prefill, aggregated, decode, aggregated + decode) of a
+//! model is one contiguous range of positions, and per-worker arrays laid out by
+//! position ([`super::Loads`]) are scanned densely.
+//!
 //! Guarantees:
 //! - built from the worker specs in row order; `decide` uses it only when its length
 //!   equals the number of rows (otherwise it builds its own, allocating);
@@ -15,8 +21,9 @@
 //!   strings, and unknown names (a model, pin or toleration no worker has) map to ids
 //!   that match nothing.
 
-use crate::types::{DeviceClass, WorkerSpec};
+use crate::types::{DeviceClass, Role, WorkerSlot, WorkerSpec};
 use std::collections::HashMap;
+use std::ops::Range;
 
 /// Id of a name that no worker carries: matches nothing.
 pub(crate) const UNKNOWN: u32 = u32::MAX;
@@ -59,6 +66,22 @@ pub struct Fleet {
     /// Worker ids and taint names, for the allow-list and overflow-taint slow paths.
     pub(crate) names: Vec<String>,
     pub(crate) taint_names: Vec<Vec<String>>,
+    /// Registry slot of each row.
+    pub(crate) slot: Vec<WorkerSlot>,
+    /// Topology name of each interned topology id.
+    topology_names: Vec<String>,
+    /// Union of every worker's taint bits.
+    pub(crate) all_taints: u64,
+    /// Position → row, and row → position (see the module docs).
+    pub(crate) order: Vec<u32>,
+    pub(crate) pos: Vec<u32>,
+    /// Slot → position (`u32::MAX`: no such worker).
+    pub(crate) pos_of_slot: Vec<u32>,
+    /// Per model id: position bounds `[prefill, aggregated, decode, shared, end)`.
+    bounds: Vec<[u32; 5]>,
+    /// Capacity and topology id by position.
+    pub(crate) cap_pos: Vec<f64>,
+    pub(crate) topology_pos: Vec<u32>,
     models: Interner,
     ids: Interner,
     taint_ids: Interner,
@@ -66,10 +89,24 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Fleet of `specs`, in the order of the rows it will be used with.
+    /// Fleet of `specs`, in the order of the rows it will be used with; row `i` is
+    /// taken to be slot `i`.
     pub fn new<'a>(specs: impl IntoIterator<Item = &'a WorkerSpec>) -> Fleet {
+        Fleet::with_slots(
+            specs
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| (i as WorkerSlot, s)),
+        )
+    }
+
+    /// Fleet of `(slot, spec)` pairs, in the order of the rows it will be used with.
+    pub fn with_slots<'a>(
+        workers: impl IntoIterator<Item = (WorkerSlot, &'a WorkerSpec)>,
+    ) -> Fleet {
         let mut f = Fleet::default();
-        for s in specs {
+        for (slot, s) in workers {
+            f.slot.push(slot);
             let m = f.models.intern(&s.model);
             f.model.push(m);
             f.role.push(super::filter::role_bit(s.role));
@@ -87,14 +124,105 @@ impl Fleet {
             } else {
                 Vec::new()
             });
+            f.all_taints |= mask;
             let t = f.topologies.intern(&s.topology);
+            if t as usize == f.topology_names.len() {
+                f.topology_names.push(s.topology.clone());
+            }
             f.topology.push(t);
             f.capacity.push(s.capacity_blocks as f64);
             let id = f.ids.intern(&s.id);
             f.id.push(id);
             f.names.push(s.id.clone());
         }
+        f.layout();
         f
+    }
+
+    /// Fixes the position order, the pool bounds and the by-position arrays.
+    fn layout(&mut self) {
+        let n = self.len();
+        let rank = |r: u8| match r {
+            x if x == super::filter::role_bit(Role::Prefill) => 0usize,
+            x if x == super::filter::role_bit(Role::Aggregated) => 1,
+            x if x == super::filter::role_bit(Role::Decode) => 2,
+            _ => 3,
+        };
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        order.sort_by_key(|&i| (self.model[i as usize], rank(self.role[i as usize])));
+        let mut pos = vec![0u32; n];
+        for (p, &i) in order.iter().enumerate() {
+            pos[i as usize] = p as u32;
+        }
+        let models = self.models.ids.len();
+        let mut counts = vec![[0u32; 4]; models];
+        for i in 0..n {
+            if let Some(c) = counts.get_mut(self.model[i] as usize) {
+                c[rank(self.role[i])] += 1;
+            }
+        }
+        let mut start = 0u32;
+        self.bounds = counts
+            .iter()
+            .map(|c| {
+                let mut b = [start; 5];
+                for r in 0..4 {
+                    b[r + 1] = b[r] + c[r];
+                }
+                start = b[4];
+                b
+            })
+            .collect();
+        let max_slot = self.slot.iter().map(|&s| s as usize + 1).max().unwrap_or(0);
+        self.pos_of_slot = vec![u32::MAX; max_slot];
+        for (i, &s) in self.slot.iter().enumerate() {
+            self.pos_of_slot[s as usize] = pos[i];
+        }
+        self.cap_pos = order.iter().map(|&i| self.capacity[i as usize]).collect();
+        self.topology_pos = order.iter().map(|&i| self.topology[i as usize]).collect();
+        self.order = order;
+        self.pos = pos;
+    }
+
+    /// Positions of the workers of model `model` whose role is in `pool` (role bits),
+    /// when that set is one contiguous range (every pool `decide` uses is).
+    pub(crate) fn pool_range(&self, model: u32, pool: u8) -> Option<Range<usize>> {
+        const P: u8 = super::filter::role_bit(Role::Prefill);
+        const A: u8 = super::filter::role_bit(Role::Aggregated);
+        const D: u8 = super::filter::role_bit(Role::Decode);
+        let Some(b) = self.bounds.get(model as usize) else {
+            return Some(0..0);
+        };
+        let (lo, hi) = match pool {
+            P => (0, 1),
+            A => (1, 2),
+            D => (2, 3),
+            x if x == A | D => (1, 3),
+            _ => return None,
+        };
+        Some(b[lo] as usize..b[hi] as usize)
+    }
+
+    /// Does model `model` have Prefill or Decode workers (a disaggregated fleet)?
+    pub(crate) fn is_split(&self, model: u32) -> bool {
+        self.bounds
+            .get(model as usize)
+            .is_some_and(|b| b[0] != b[1] || b[2] != b[3])
+    }
+
+    /// Name of topology id `id` (empty if unknown).
+    pub(crate) fn topology_name(&self, id: u32) -> &str {
+        self.topology_names
+            .get(id as usize)
+            .map_or("", String::as_str)
+    }
+
+    /// Position of the worker in `slot`, if it is in the fleet.
+    pub fn position(&self, slot: WorkerSlot) -> Option<usize> {
+        match self.pos_of_slot.get(slot as usize) {
+            Some(&p) if p != u32::MAX => Some(p as usize),
+            _ => None,
+        }
     }
 
     /// Number of workers.
@@ -115,11 +243,6 @@ impl Fleet {
     /// Id of a worker id ([`UNKNOWN`] if no worker has it).
     pub(crate) fn id_of(&self, id: &str) -> u32 {
         self.ids.get(id)
-    }
-
-    /// Id of a topology domain ([`UNKNOWN`] if no worker is in it).
-    pub(crate) fn topology_id(&self, domain: &str) -> u32 {
-        self.topologies.get(domain)
     }
 
     /// Bitmask of the tolerated taints (unknown tolerations tolerate nothing).

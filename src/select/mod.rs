@@ -2,36 +2,46 @@
 //! disaggregated prefill/decode flow (DESIGN §1 "Cost", "Selection", "Disaggregated
 //! prefill/decode").
 //!
-//! This is the only place in kvroute that *decides*. The engine and the service gather
-//! the inputs (worker specs, liveness, load figures, this request's per-worker overlaps)
-//! into a slice of [`WorkerRow`]s and call [`decide`]; everything here is a pure
-//! function of those inputs, the caller's random generator and the caller's
-//! round-robin cursor.
+//! This is the only place in kvroute that *decides*. The engine and the service keep a
+//! [`Fleet`] (static worker data, per registry change) and its [`Loads`] (liveness and
+//! load, updated as they change), gather one request's sparse [`Hits`] (overlaps and
+//! active-block reuse) and call [`decide_view`]; [`decide`] takes the same inputs as a
+//! slice of [`WorkerRow`]s instead (tests, tools) and gives the same decisions.
+//! Everything here is a pure function of those inputs, the caller's random generator
+//! and the caller's round-robin cursor.
 //!
 //! Guarantees:
 //! - no I/O, no clocks, no threads, no panics on any input;
-//! - no heap allocation on the decision path unless `explain` is requested (or an
-//!   error message is built), so choosing among 1,024 workers stays in the low
-//!   microseconds (see `benches/select.rs`);
+//! - [`decide_view`] allocates nothing once its [`Scratch`] has grown to the fleet size,
+//!   unless `explain` is requested (or an error message is built); its `kv` stages run
+//!   the dense kernel of `kernel.rs`, so choosing among 1,024 workers takes about a
+//!   microsecond (see `benches/select.rs`);
 //! - every filtered-out worker has a [`Rejection`] reason, summarised in
 //!   [`RouteError::AllFiltered`] and listed in [`Decision::rejected`] with `explain`.
 //!
 //! Layout: [`cost`](cost_terms) computes the per-worker terms, `filter` holds the hard
-//! filters, `pick` the per-mode selection algorithms over one stage, and `decide` the
-//! orchestration of stages, fallbacks and errors.
+//! filters, `pick` the per-mode selection algorithms over one stage (row by row),
+//! `kernel` the dense `kv` selection, `fleet` and `loads` the struct-of-arrays inputs,
+//! and `decide` the orchestration of stages, fallbacks and errors.
 
 mod cost;
 mod decide;
 mod filter;
 mod fleet;
+mod kernel;
+mod loads;
 mod pick;
 #[cfg(test)]
 mod tests;
 
 pub use cost::{cost_terms, CostTerms};
-pub use decide::{decide, Decision, Explain, Fallback, Rejected, RouteError, RouteInput, RrState};
+pub use decide::{
+    decide, decide_view, Decision, Explain, Fallback, Rejected, RouteError, RouteInput, RrState,
+    Scratch, ViewInput,
+};
 pub use filter::{DpBounds, Filters, Rejection, RejectionCounts};
 pub use fleet::Fleet;
+pub use loads::{Hits, Loads};
 
 use crate::types::{Overlap, WorkerSlot, WorkerSpec};
 use serde::Serialize;
@@ -109,4 +119,49 @@ pub struct WorkerRow<'a> {
     pub load: LoadFigures,
     /// Distinct active KV blocks of the worker (used when `assume_kv_reuse`).
     pub blocks_unique: f64,
+}
+
+impl WorkerRow<'_> {
+    /// The figures of the row, without the spec.
+    #[inline(always)]
+    pub(crate) fn fig(&self) -> Fig {
+        Fig {
+            slot: self.slot,
+            live: self.live,
+            suspect: self.suspect,
+            overlap: self.overlap,
+            reuse_blocks: self.reuse_blocks,
+            load: self.load,
+            blocks_unique: self.blocks_unique,
+        }
+    }
+}
+
+/// A [`WorkerRow`] without the spec: what filters and cost read of a worker.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Fig {
+    pub slot: WorkerSlot,
+    pub live: bool,
+    pub suspect: bool,
+    pub overlap: Overlap,
+    pub reuse_blocks: u32,
+    pub load: LoadFigures,
+    pub blocks_unique: f64,
+}
+
+/// The workers of a decision, row by row (the row-by-row path of `pick`, `explain`).
+pub(crate) trait Rows {
+    fn len(&self) -> usize;
+    /// Figures of row `i` (default figures out of range).
+    fn fig(&self, i: usize) -> Fig;
+}
+
+impl Rows for [WorkerRow<'_>] {
+    fn len(&self) -> usize {
+        <[WorkerRow]>::len(self)
+    }
+    #[inline(always)]
+    fn fig(&self, i: usize) -> Fig {
+        self.get(i).map(WorkerRow::fig).unwrap_or_default()
+    }
 }

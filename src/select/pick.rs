@@ -1,6 +1,10 @@
 //! Per-mode selection over the candidates of one stage (DESIGN §1 "Selection").
 //!
-//! Every algorithm streams over the worker rows (one or two passes, re-filtering on the
+//! `kv` stages whose filters the dense kernel covers (no pin, allow-list or dp bounds,
+//! no untolerated taint in the fleet) run `kernel.rs`; everything else, and the
+//! statistics of a stage that found no candidate, runs here row by row.
+//!
+//! Every row-by-row algorithm streams over the worker rows (one or two passes, re-filtering on the
 //! second pass instead of collecting candidates), so selection allocates nothing:
 //! - `kv`, temperature 0: argmin of cost; ties (|Δ| < [`TIE_EPS`]) are broken
 //!   uniformly at random by reservoir sampling (the k-th tied worker replaces the
@@ -17,7 +21,10 @@
 
 use super::cost::Scorer;
 use super::filter::{Eval, RejectionCounts, ScanStats, StageFilter};
-use super::WorkerRow;
+use super::kernel::{kv_select, KernelScratch, KvStage, Topo};
+use super::loads::Loads;
+use super::loads::ReqFigs;
+use super::{Fig, Rows};
 use crate::config::Mode;
 use crate::types::DeviceClass;
 use rand::Rng;
@@ -55,20 +62,28 @@ pub(crate) struct StageRun<'a> {
     pub cuda_to_cpu_ratio: f64,
 }
 
+/// The dense per-position inputs of the `kv` kernel for one decision.
+pub(crate) struct Dense<'a> {
+    pub loads: &'a Loads,
+    pub req: &'a ReqFigs,
+    pub scratch: &'a mut KernelScratch,
+}
+
 /// First pass: filters every row, fills `stats`, feeds eligible rows to `f`.
 /// Returns `false` (and stops) on a split.
 #[inline(always)]
-fn survey<'r>(
+fn survey<R: Rows + ?Sized>(
     filter: &StageFilter,
-    rows: &'r [WorkerRow<'r>],
+    rows: &R,
     stats: &mut ScanStats,
-    mut f: impl FnMut(usize, &'r WorkerRow<'r>, u32),
+    mut f: impl FnMut(usize, &Fig, u32),
 ) -> bool {
     // Counted in locals so they stay in registers inside the loop.
     let (mut in_pool, mut eligible) = (0u32, 0u32);
     let mut rejections = RejectionCounts::default();
     let mut split = false;
-    for (i, row) in rows.iter().enumerate() {
+    for i in 0..rows.len() {
+        let row = &rows.fig(i);
         match filter.eval(i, row) {
             Eval::Skip => {}
             Eval::Split => {
@@ -96,12 +111,13 @@ fn survey<'r>(
 
 /// Later passes: feeds eligible rows to `f` until it returns `true`.
 #[inline(always)]
-fn each_eligible<'r>(
+fn each_eligible<R: Rows + ?Sized>(
     filter: &StageFilter,
-    rows: &'r [WorkerRow<'r>],
-    mut f: impl FnMut(usize, &'r WorkerRow<'r>, u32) -> bool,
+    rows: &R,
+    mut f: impl FnMut(usize, &Fig, u32) -> bool,
 ) {
-    for (i, row) in rows.iter().enumerate() {
+    for i in 0..rows.len() {
+        let row = &rows.fig(i);
         if let Eval::Pass(dp) = filter.eval(i, row) {
             if f(i, row, dp) {
                 return;
@@ -111,7 +127,7 @@ fn each_eligible<'r>(
 }
 
 /// The `k`-th (0-based) eligible row.
-fn nth_eligible(filter: &StageFilter, rows: &[WorkerRow], k: u32) -> Option<Pick> {
+fn nth_eligible<R: Rows + ?Sized>(filter: &StageFilter, rows: &R, k: u32) -> Option<Pick> {
     let mut seen = 0u32;
     let mut out = None;
     each_eligible(filter, rows, |index, _, dp_rank| {
@@ -182,15 +198,60 @@ fn cost_cmp(a: f64, b: f64) -> std::cmp::Ordering {
     }
 }
 
-/// Runs one stage: selects a worker per `run.mode`, recording filter stats.
-pub(crate) fn run_stage(
+/// The kernel form of a `kv` stage, if the kernel covers its filters.
+fn kv_stage(run: &StageRun) -> Option<KvStage> {
+    let f = &run.filter;
+    let fleet = f.fleet;
+    if run.mode != Mode::Kv
+        || f.pin.is_some()
+        || f.allow.is_some()
+        || f.dp.is_some()
+        || fleet.all_taints & !f.tolerated != 0
+    {
+        return None;
+    }
+    let topo = match (f.domain, run.scorer.prefer) {
+        (None, None) => Topo::None,
+        (Some((_, d)), None) => Topo::Restrict(d),
+        (None, Some((_, d, pen))) => Topo::Prefer(d, pen),
+        (Some(_), Some(_)) => return None,
+    };
+    Some(KvStage {
+        model: run.scorer.model,
+        range: fleet.pool_range(f.model, f.pool)?,
+        busy: f.busy.map(|(t, _)| t),
+        topo,
+        temperature: run.temperature,
+    })
+}
+
+/// Runs one stage: selects a worker per `run.mode`, recording filter stats (only
+/// when no worker is picked, for a `kv` stage the kernel ran).
+pub(crate) fn run_stage<R: Rows + ?Sized>(
     run: &StageRun,
-    rows: &[WorkerRow],
+    rows: &R,
+    dense: &mut Dense,
     rng: &mut impl Rng,
     rr_counter: u64,
     stats: &mut ScanStats,
 ) -> Outcome {
     let filter = &run.filter;
+    if let Some(st) = kv_stage(run) {
+        let fleet = filter.fleet;
+        if filter.split != 0 && fleet.is_split(filter.model) {
+            return Outcome::Split;
+        }
+        let picked = kv_select(&st, fleet, dense.loads, dense.req, rng, dense.scratch);
+        if let Some(row) = picked.and_then(|p| fleet.order.get(p)) {
+            let index = *row as usize;
+            return Outcome::Picked(Pick {
+                index,
+                dp_rank: fleet.dp_lo.get(index).copied().unwrap_or(0),
+            });
+        }
+        // Nothing eligible: the row-by-row pass below finds that out again, with the
+        // statistics the error needs.
+    }
     let picked = match run.mode {
         Mode::Kv if run.temperature > 0.0 => {
             return softmax(run, rows, rng, stats);
@@ -251,9 +312,9 @@ pub(crate) fn run_stage(
 }
 
 /// `kv` with temperature > 0: softmax over normalised cost logits.
-fn softmax(
+fn softmax<R: Rows + ?Sized>(
     run: &StageRun,
-    rows: &[WorkerRow],
+    rows: &R,
     rng: &mut impl Rng,
     stats: &mut ScanStats,
 ) -> Outcome {
@@ -296,9 +357,9 @@ fn softmax(
 /// `device-aware-weighted`: the CPU or non-CPU group with the lower
 /// `Σ active / (count * weight)` (weight 1 for CPU, `cuda_to_cpu_ratio` otherwise;
 /// tie → non-CPU), then least-loaded inside it.
-fn device_aware(
+fn device_aware<R: Rows + ?Sized>(
     run: &StageRun,
-    rows: &[WorkerRow],
+    rows: &R,
     rng: &mut impl Rng,
     stats: &mut ScanStats,
 ) -> Outcome {
@@ -339,35 +400,8 @@ fn device_aware(
     m.best.map_or(Outcome::Empty, |(_, p)| Outcome::Picked(p))
 }
 
-/// `e^y` for `y <= 0` (larger `y` is not needed: softmax exponents are `<= 0`),
-/// relative error below 1e-8 (ample for sampling), and 0 below -708 or for NaN.
-///
-/// Inlined polynomial instead of libm's `exp` (a call per worker, several times
-/// slower in the softmax loop): `e^y = 2^k * e^r` with `k = round(y / ln 2)` and
-/// `|r| <= ln(2) / 2`, `e^r` by its Taylor series to degree 7 (error < 6e-9).
-#[inline(always)]
-pub(crate) fn exp_neg(y: f64) -> f64 {
-    if y.is_nan() || y <= -708.0 {
-        return 0.0;
-    }
-    let y = y.min(0.0);
-    // Round to nearest integer without a libm call: adding 1.5 * 2^52 pushes the
-    // fraction bits out of the mantissa.
-    const SHIFTER: f64 = 6_755_399_441_055_744.0;
-    let t = y * std::f64::consts::LOG2_E;
-    let k = (t + SHIFTER) - SHIFTER;
-    let r = (t - k) * std::f64::consts::LN_2;
-    // Degree-7 Taylor polynomial in Estrin form: short dependency chains, so the
-    // evaluations of consecutive workers overlap in the CPU.
-    let r2 = r * r;
-    let r4 = r2 * r2;
-    let lo = (1.0 + r) + r2 * (1.0 / 2.0 + r * (1.0 / 6.0));
-    let hi = (1.0 / 24.0 + r * (1.0 / 120.0)) + r2 * (1.0 / 720.0 + r * (1.0 / 5_040.0));
-    let p = lo + r4 * hi;
-    // k is in [-1022, 0], so k + 1023 is a valid biased exponent of a normal number.
-    let scale = f64::from_bits(((k as i64 + 1023) as u64) << 52);
-    p * scale
-}
+/// The kernel's branch-free `e^y` for `y <= 0`.
+pub(crate) use super::kernel::exp_neg;
 
 /// Normalised load of a device group: in-flight requests per unit of throughput.
 pub(crate) fn normalized_load(active_sum: u64, count: u32, weight: f64) -> f64 {

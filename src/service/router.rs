@@ -9,15 +9,17 @@
 use super::core::Core;
 use super::msg::{LifeOp, LifeOutcome, Msg, Reply, Retained};
 use crate::config::Mode;
-use crate::engine::plan::{self, RowFigures};
+use crate::config::PrefillLoadModel;
+use crate::engine::plan;
 use crate::engine::{EngineError, Prepared, RouteDecision, RouteRequest};
 use crate::index::{merge, MergeResult, ShardAnswer};
 use crate::registry::Registry;
-use crate::select::{decide, Fleet, RequestShape, RouteError, RouteInput};
-use crate::types::{Role, WorkerSlot};
+use crate::select::{
+    decide_view, Decision, Fleet, Hits, Loads, RequestShape, RouteError, RrState, Scratch,
+    ViewInput,
+};
+use crate::types::{Overlap, Role, WorkerSlot};
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,25 +33,78 @@ pub enum ApiError {
     Overloaded(String),
 }
 
-thread_local! {
-    /// This core's [`Fleet`] of the registry snapshot it was built from. Holding the
-    /// snapshot keeps its address from being reused, so pointer equality is sound.
-    static FLEET: RefCell<Option<(Arc<Registry>, Rc<Fleet>)>> = const { RefCell::new(None) };
+/// One core's decision inputs: the [`Fleet`] of a registry snapshot and its [`Loads`],
+/// kept current from the load board's change marks, plus reusable buffers.
+struct CoreView {
+    /// Holding the snapshot keeps its address from being reused, so pointer equality
+    /// with the current snapshot is sound.
+    reg: Arc<Registry>,
+    fleet: Fleet,
+    loads: Loads,
+    hits: Hits,
+    scratch: Scratch,
+    changed: Vec<WorkerSlot>,
+    /// Workers whose prefill load decays with time (`predicted` load model).
+    decaying: Vec<WorkerSlot>,
 }
 
-/// The fleet of registry snapshot `reg`, rebuilt only when the snapshot changed.
-fn fleet_of(reg: &Arc<Registry>) -> Rc<Fleet> {
-    FLEET.with(|c| {
-        let mut c = c.borrow_mut();
-        match &*c {
-            Some((r, f)) if Arc::ptr_eq(r, reg) => f.clone(),
-            _ => {
-                let f = Rc::new(Fleet::new(reg.iter().map(|e| &e.spec)));
-                *c = Some((reg.clone(), f.clone()));
-                f
+thread_local! {
+    static VIEW: RefCell<Option<CoreView>> = const { RefCell::new(None) };
+}
+
+/// Brings this core's view up to date with registry snapshot `reg` at `now_us`:
+/// rebuilt when the snapshot changed, else only the workers the board reports changed
+/// (and, under `predicted`, those whose prefill load decays) re-read. Liveness and
+/// suspicion are re-read for every worker (heartbeats change them without a board
+/// publication).
+fn refresh(core: &Core, reg: &Arc<Registry>, v: &mut Option<CoreView>, now_us: u64) {
+    let sh = &core.shared;
+    let model = sh.settings.router.prefill_load_model;
+    let v = match v {
+        Some(v) if Arc::ptr_eq(&v.reg, reg) => {
+            sh.board.take_changed(core.id, &mut v.changed);
+            if model == PrefillLoadModel::Predicted {
+                v.changed.append(&mut v.decaying);
             }
+            v
         }
-    })
+        _ => {
+            let fleet = Fleet::with_slots(reg.iter().map(|e| (e.slot, &e.spec)));
+            let loads = Loads::new(&fleet);
+            let mut changed = Vec::new();
+            sh.board.take_changed(core.id, &mut changed);
+            changed.clear();
+            changed.extend(reg.iter().map(|e| e.slot));
+            v.insert(CoreView {
+                reg: reg.clone(),
+                fleet,
+                loads,
+                hits: Hits::default(),
+                scratch: Scratch::default(),
+                changed,
+                decaying: Vec::new(),
+            })
+        }
+    };
+    v.changed.sort_unstable();
+    v.changed.dedup();
+    for &w in &v.changed {
+        let p = sh.board.read(w);
+        v.loads
+            .set_load(w, &p.agg.load(model, now_us), p.blocks_unique as f64);
+        if model == PrefillLoadModel::Predicted && p.agg.oldest_prefill.is_some() {
+            v.decaying.push(w);
+        }
+    }
+    v.changed.clear();
+    let now_ms = now_us / 1000;
+    for e in reg.iter() {
+        v.loads.set_live(e.slot, sh.is_live(e.slot, now_ms));
+        let suspect = sh
+            .cells(e.slot)
+            .is_some_and(|c| c.suspect.load(Ordering::Relaxed));
+        v.loads.set_suspect(e.slot, suspect);
+    }
 }
 
 /// From shutdown on, routing and lifecycle calls are refused (`overloaded`: retry, the
@@ -171,55 +226,54 @@ async fn route_prepared(
         |s: WorkerSlot| reg.get(s).is_some_and(|e| e.spec.role == Role::Shared),
         &mut merged,
     );
-    let mut reuse_by: HashMap<WorkerSlot, u32> = HashMap::new();
-    for (w, c) in reuse {
-        *reuse_by.entry(w).or_insert(0) += c;
-    }
     let cfg = &sh.settings.router;
     let now_us = sh.now_us();
-    let now_ms = now_us / 1000;
-    let fleet = fleet_of(&reg);
-    let mut rows = Vec::with_capacity(reg.len());
-    plan::rows(
-        &reg,
-        |e| {
-            let p = sh.board.read(e.slot);
-            RowFigures {
-                live: sh.is_live(e.slot, now_ms),
-                suspect: sh
-                    .cells(e.slot)
-                    .is_some_and(|c| c.suspect.load(Ordering::Relaxed)),
-                overlap: merged.get(e.slot),
-                reuse_blocks: reuse_by.get(&e.slot).copied().unwrap_or(0),
-                load: p.agg.load(cfg.prefill_load_model, now_us),
-                blocks_unique: p.blocks_unique as f64,
-            }
-        },
-        &mut rows,
-    );
-    let input = RouteInput {
-        cfg,
-        mode,
-        req: RequestShape {
-            input_tokens: prepared.input_tokens,
-            prompt_blocks: prepared.prompt_blocks,
-        },
-        filters: &prepared.filters,
-        workers: &rows,
-        fleet: Some(&fleet),
-        prefill_failed,
-        explain,
-    };
     // One round-robin cursor for the whole service (a per-core cursor would cycle
     // each core's share of the requests separately).
-    let mut rr = crate::select::RrState {
+    let mut rr = RrState {
         counter: if mode == Mode::RoundRobin {
             sh.rr.fetch_add(1, Ordering::Relaxed)
         } else {
             0
         },
     };
-    let decided = decide(&input, &mut core.st.borrow_mut().rng, &mut rr);
+    let decided: Result<Decision, RouteError> = VIEW.with(|c| {
+        let mut c = c.borrow_mut();
+        refresh(core, &reg, &mut c, now_us);
+        let Some(v) = c.as_mut() else {
+            return Err(RouteError::NoWorkers {
+                model: prepared.filters.model.clone(),
+            });
+        };
+        v.hits.clear(Overlap {
+            shared: merged.shared_from_start(),
+            ..Overlap::default()
+        });
+        for &w in merged.workers() {
+            v.hits.overlaps.push((w, merged.get(w)));
+        }
+        v.hits.reuse.extend_from_slice(&reuse);
+        let input = ViewInput {
+            cfg,
+            mode,
+            req: RequestShape {
+                input_tokens: prepared.input_tokens,
+                prompt_blocks: prepared.prompt_blocks,
+            },
+            filters: &prepared.filters,
+            fleet: &v.fleet,
+            loads: &v.loads,
+            hits: &v.hits,
+            prefill_failed,
+            explain,
+        };
+        decide_view(
+            &input,
+            &mut core.st.borrow_mut().rng,
+            &mut rr,
+            &mut v.scratch,
+        )
+    });
     let d = match decided {
         Ok(d) => d,
         Err(e) => {
@@ -232,7 +286,6 @@ async fn route_prepared(
         }
     };
     let out = plan::to_output(&reg, id, &d, explain);
-    drop(rows);
     sh.metrics.request_blocks.inc_by(n as u64);
     sh.metrics.overlap_blocks.inc_by(d.overlap.own() as u64);
     let retained = d.prefill_worker.is_some().then(|| Retained {

@@ -12,6 +12,12 @@
 //! - per field, reads never go back in time (a later read of the same cell returns the
 //!   same or a later publication: atomics are coherent).
 //!
+//! - change marks: after `publish(core, slot, ..)` returns, the next
+//!   [`LoadBoard::take_changed`] of every reader core reports `slot`, and the fields it
+//!   then reads are at least as recent as that publication (the mark is set with
+//!   `Release` after the stores and taken with `Acquire`), so a reader that keeps its own
+//!   copy of the figures and re-reads the reported slots never misses a publication.
+//!
 //! What it is NOT guaranteed: fields of one row are not a consistent snapshot. A read
 //! racing with `publish` may combine fields from two consecutive publications, e.g.
 //! `active_requests` of the newer one with `blocks_total` of the older, or an oldest
@@ -51,6 +57,8 @@ pub struct LoadBoard {
     cores: usize,
     slots: usize,
     cells: Box<[AtomicU64]>,
+    /// Per reader core, one bit per slot: published since that core last looked.
+    changed: Box<[AtomicU64]>,
 }
 
 impl LoadBoard {
@@ -65,10 +73,12 @@ impl LoadBoard {
                 })
             })
             .collect();
+        let words = cores * slots.div_ceil(64);
         LoadBoard {
             cores,
             slots,
             cells: cells.into_boxed_slice(),
+            changed: (0..words).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -105,6 +115,33 @@ impl LoadBoard {
         }
         c[F_UNIQUE].store(p.blocks_unique, Ordering::Relaxed);
         c[F_CACHED].store(p.cached_blocks, Ordering::Relaxed);
+        let words = self.slots.div_ceil(64);
+        let bit = 1u64 << (slot % 64);
+        for reader in 0..self.cores {
+            if let Some(w) = self.changed.get(reader * words + usize::from(slot) / 64) {
+                w.fetch_or(bit, Ordering::Release);
+            }
+        }
+    }
+
+    /// Reader side: appends the slots published since reader core `core` last called
+    /// this, and forgets them. A slot published again meanwhile is reported again later.
+    pub fn take_changed(&self, core: usize, out: &mut Vec<WorkerSlot>) {
+        let words = self.slots.div_ceil(64);
+        let Some(mine) = self.changed.get(core * words..(core + 1) * words) else {
+            return;
+        };
+        for (i, w) in mine.iter().enumerate() {
+            if w.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut bits = w.swap(0, Ordering::Acquire);
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                out.push((i * 64 + b) as WorkerSlot);
+            }
+        }
     }
 
     /// Reader side: the fleet view of one worker (sum over cores).

@@ -4,6 +4,7 @@ mod cost;
 mod disagg;
 mod filter;
 mod modes;
+mod view;
 
 use super::*;
 use crate::config::{Mode, RouterConfig};

@@ -1,0 +1,218 @@
+//! [`Loads`]: the dynamic per-worker figures of a [`Fleet`] (liveness, suspicion, load)
+//! as a struct of arrays in the fleet's position order, and [`Hits`]: one request's
+//! sparse per-worker figures (prefix overlaps and active-block reuse), DESIGN §1
+//! "Cost", "Selection".
+//!
+//! The split follows how the figures change. Load and liveness change on lifecycle
+//! events, so the engine and the service keep one `Loads` per fleet and update the
+//! workers an event touched; a request only brings its overlaps and reuse, which are
+//! non-default for the few workers the index merge found, so [`Hits`] lists just
+//! those plus the overlap every other worker gets (the shared-cache run from position
+//! 0). Together they are everything [`super::decide_view`] needs, and its `kv` kernel
+//! scans the arrays densely.
+//!
+//! `ReqFigs` is the dense form of [`Hits`] the kernel reads, rebuilt per request.
+//!
+//! Guarantees: no method panics (unknown slots are ignored); a fresh `Loads` has every
+//! worker not live, with zero load.
+
+use super::fleet::Fleet;
+use super::LoadFigures;
+use crate::types::{Overlap, WorkerSlot};
+
+/// Dynamic figures of every worker of one [`Fleet`], by position. See the module docs.
+#[derive(Clone, Debug, Default)]
+pub struct Loads {
+    /// Slot → position of the fleet the loads were made for.
+    pos_of_slot: Vec<u32>,
+    pub(crate) live: Vec<bool>,
+    /// 0 for a live worker, +∞ otherwise: added to a cost, it excludes the worker.
+    pub(crate) gate: Vec<f64>,
+    pub(crate) suspect: Vec<bool>,
+    /// Positions of the suspect workers.
+    pub(crate) suspects: Vec<u32>,
+    pub(crate) active_requests: Vec<u32>,
+    pub(crate) prefill_tokens: Vec<f64>,
+    pub(crate) blocks_total: Vec<f64>,
+    pub(crate) output_blocks: Vec<f64>,
+    pub(crate) blocks_unique: Vec<f64>,
+    /// All zero: stands in for a figure a stage's configuration does not count.
+    pub(crate) zeros: Vec<f64>,
+}
+
+impl Loads {
+    /// Figures for `fleet`: every worker not live, nothing loaded.
+    pub fn new(fleet: &Fleet) -> Loads {
+        let n = fleet.len();
+        Loads {
+            pos_of_slot: fleet.pos_of_slot.clone(),
+            live: vec![false; n],
+            gate: vec![f64::INFINITY; n],
+            suspect: vec![false; n],
+            suspects: Vec::new(),
+            active_requests: vec![0; n],
+            prefill_tokens: vec![0.0; n],
+            blocks_total: vec![0.0; n],
+            output_blocks: vec![0.0; n],
+            blocks_unique: vec![0.0; n],
+            zeros: vec![0.0; n],
+        }
+    }
+
+    /// Number of workers.
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    /// True without workers.
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    fn pos(&self, slot: WorkerSlot) -> Option<usize> {
+        match self.pos_of_slot.get(slot as usize) {
+            Some(&p) if (p as usize) < self.live.len() => Some(p as usize),
+            _ => None,
+        }
+    }
+
+    /// Sets whether the worker in `slot` is live.
+    pub fn set_live(&mut self, slot: WorkerSlot, live: bool) {
+        if let Some(p) = self.pos(slot) {
+            self.set_live_at(p, live);
+        }
+    }
+
+    pub(crate) fn set_live_at(&mut self, p: usize, live: bool) {
+        self.live[p] = live;
+        self.gate[p] = if live { 0.0 } else { f64::INFINITY };
+    }
+
+    /// Sets whether the index state of the worker in `slot` is suspect.
+    pub fn set_suspect(&mut self, slot: WorkerSlot, suspect: bool) {
+        if let Some(p) = self.pos(slot) {
+            self.set_suspect_at(p, suspect);
+        }
+    }
+
+    pub(crate) fn set_suspect_at(&mut self, p: usize, suspect: bool) {
+        if self.suspect[p] != suspect {
+            self.suspect[p] = suspect;
+            if suspect {
+                self.suspects.push(p as u32);
+            } else {
+                self.suspects.retain(|&q| q as usize != p);
+            }
+        }
+    }
+
+    /// Sets the load figures and distinct active blocks of the worker in `slot`.
+    pub fn set_load(&mut self, slot: WorkerSlot, load: &LoadFigures, blocks_unique: f64) {
+        if let Some(p) = self.pos(slot) {
+            self.set_load_at(p, load, blocks_unique);
+        }
+    }
+
+    pub(crate) fn set_load_at(&mut self, p: usize, load: &LoadFigures, blocks_unique: f64) {
+        self.active_requests[p] = load.active_requests;
+        self.prefill_tokens[p] = load.prefill_tokens;
+        self.blocks_total[p] = load.blocks_total;
+        self.output_blocks[p] = load.output_blocks;
+        self.blocks_unique[p] = blocks_unique;
+    }
+
+    /// The load figures of position `p` (zero if out of range).
+    pub(crate) fn load_at(&self, p: usize) -> LoadFigures {
+        LoadFigures {
+            active_requests: self.active_requests.get(p).copied().unwrap_or(0),
+            prefill_tokens: self.prefill_tokens.get(p).copied().unwrap_or(0.0),
+            blocks_total: self.blocks_total.get(p).copied().unwrap_or(0.0),
+            output_blocks: self.output_blocks.get(p).copied().unwrap_or(0.0),
+        }
+    }
+}
+
+/// One request's non-default per-worker figures. See the module docs.
+#[derive(Clone, Debug, Default)]
+pub struct Hits {
+    /// Overlap of every worker not listed with an overlap of its own.
+    pub base: Overlap,
+    /// Workers with an overlap of their own (a later entry for a slot wins).
+    pub overlaps: Vec<(WorkerSlot, Overlap)>,
+    /// Active-block reuse per worker (entries for the same slot add up).
+    pub reuse: Vec<(WorkerSlot, u32)>,
+}
+
+impl Hits {
+    /// Empties the lists and sets the base overlap, keeping the allocations.
+    pub fn clear(&mut self, base: Overlap) {
+        self.base = base;
+        self.overlaps.clear();
+        self.reuse.clear();
+    }
+}
+
+/// One request's overlap and reuse of every worker, by position, built per request
+/// from its [`super::Hits`] (every position reset to the base overlap, then the hits
+/// written over it). Overlaps are kept as `f64` (exact: they are `u32`s) so step 1
+/// reads them like the load figures.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ReqFigs {
+    pub(crate) dev: Vec<f64>,
+    pub(crate) host: Vec<f64>,
+    pub(crate) disk: Vec<f64>,
+    pub(crate) shared: Vec<f64>,
+    pub(crate) reuse: Vec<u32>,
+}
+
+impl ReqFigs {
+    /// Every one of `n` positions gets overlap `base` and no reuse.
+    pub fn reset(&mut self, n: usize, base: Overlap) {
+        let set = |v: &mut Vec<f64>, x: u32| {
+            v.clear();
+            v.resize(n, f64::from(x));
+        };
+        set(&mut self.dev, base.device);
+        set(&mut self.host, base.host);
+        set(&mut self.disk, base.disk);
+        set(&mut self.shared, base.shared);
+        self.reuse.clear();
+        self.reuse.resize(n, 0);
+    }
+
+    /// Position `p` has overlap `o` (ignored out of range).
+    #[inline(always)]
+    pub fn set_overlap(&mut self, p: usize, o: &Overlap) {
+        if let (Some(d), Some(h), Some(k), Some(s)) = (
+            self.dev.get_mut(p),
+            self.host.get_mut(p),
+            self.disk.get_mut(p),
+            self.shared.get_mut(p),
+        ) {
+            *d = f64::from(o.device);
+            *h = f64::from(o.host);
+            *k = f64::from(o.disk);
+            *s = f64::from(o.shared);
+        }
+    }
+
+    /// Position `p` reuses `r` more blocks (ignored out of range).
+    #[inline(always)]
+    pub fn add_reuse(&mut self, p: usize, r: u32) {
+        if let Some(x) = self.reuse.get_mut(p) {
+            *x = x.saturating_add(r);
+        }
+    }
+
+    /// Overlap and reuse of position `p` (zero out of range).
+    pub fn at(&self, p: usize) -> (Overlap, u32) {
+        let u = |v: &[f64]| v.get(p).map_or(0, |&x| x as u32);
+        let o = Overlap {
+            device: u(&self.dev),
+            host: u(&self.host),
+            disk: u(&self.disk),
+            shared: u(&self.shared),
+        };
+        (o, self.reuse.get(p).copied().unwrap_or(0))
+    }
+}
