@@ -14,8 +14,8 @@
 //! - no I/O, no clocks, no threads, no panics on any input;
 //! - [`decide_view`] allocates nothing once its [`Scratch`] has grown to the fleet size,
 //!   unless `explain` is requested (or an error message is built); its `kv` stages run
-//!   the dense kernel of `kernel.rs`, so choosing among 1,024 workers takes about a
-//!   microsecond (see `benches/select.rs`);
+//!   the dense kernel of `kernel.rs` (figures in `benches/select.rs` and
+//!   `docs/PERFORMANCE.md`);
 //! - every filtered-out worker has a [`Rejection`] reason, summarised in
 //!   [`RouteError::AllFiltered`] and listed in [`Decision::rejected`] with `explain`.
 //!
