@@ -7,7 +7,7 @@
 //! worker, duplicate id, no eligible worker, overload…) are `Error` answers and the
 //! connection goes on.
 
-use super::conn::{error_kind, read_hello, FramedReader};
+use super::conn::{error_kind, read_hello, yield_to_poll, FramedReader, READ_CHUNK};
 use super::core::Core;
 use super::msg::LifeOp;
 use super::router::{self, ApiError};
@@ -202,6 +202,8 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
                 }
                 return;
             }
+            // A client pipelining faster than we answer: keep the others served.
+            Ok(n) if n == READ_CHUNK => yield_to_poll().await,
             Ok(_) => {}
         }
         loop {

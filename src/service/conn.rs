@@ -7,7 +7,19 @@ use bytes::BytesMut;
 use futures_lite::{AsyncRead, AsyncReadExt};
 
 /// Bytes read per call when the buffer is empty.
-const READ_CHUNK: usize = 64 << 10;
+pub const READ_CHUNK: usize = 64 << 10;
+
+/// Waits until the executor next polls its rings.
+///
+/// glommio reads try the socket synchronously before going through io_uring, so a
+/// task whose socket always has data (an unpaced publisher) never waits for I/O; and
+/// while any task stays runnable glommio does not poll its rings, so other
+/// connections' requests stay unread and their answers unsent until the preempt timer
+/// (100 ms by default). A timer one microsecond out completes only in that poll (a
+/// zero-length sleep would return at once).
+pub async fn yield_to_poll() {
+    glommio::timer::sleep(std::time::Duration::from_micros(1)).await;
+}
 
 pub struct FramedReader {
     buf: BytesMut,

@@ -10,7 +10,7 @@
 //! A malformed, oversized or out-of-protocol frame closes only this connection, with
 //! an `Error` frame, a log line and a counted protocol error.
 
-use super::conn::{error_kind, read_hello, FramedReader};
+use super::conn::{error_kind, read_hello, yield_to_poll, FramedReader, READ_CHUNK};
 use super::control;
 use super::core::Core;
 use super::errors;
@@ -175,6 +175,9 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
                 }
                 break;
             }
+            // A full read: the publisher is ahead of us; let the other connections'
+            // I/O be polled before the next one (see `conn::yield_to_poll`).
+            Ok(n) if n == READ_CHUNK => yield_to_poll().await,
             Ok(_) => {}
         }
         if cells.gen.load(Ordering::Acquire) != gen {

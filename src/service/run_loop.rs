@@ -76,11 +76,8 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
             // task (a routing query's answer); let it run now.
             futures_lite::future::yield_now().await;
             if slice.elapsed() >= BULK_SLICE {
-                // While this loop stays runnable glommio never polls its rings: the
-                // routing answers those tasks wrote stay unsent and no new request is
-                // read, until the preempt timer (100 ms by default). Sleeping, even
-                // for zero time, parks the loop until the next poll.
-                glommio::timer::sleep(Duration::ZERO).await;
+                // While this loop stays runnable glommio never polls its rings.
+                super::conn::yield_to_poll().await;
                 slice = Instant::now();
             } else {
                 glommio::yield_if_needed().await;
