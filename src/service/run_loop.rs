@@ -4,8 +4,9 @@
 //! Guarantees:
 //! - every urgent message (routing queries, answers, commits, lifecycle, active
 //!   blocks, forgets) announced before a bulk message is handled before it: a routing
-//!   query waits behind at most one index batch, and ingest caps a batch at
-//!   `ingest::BATCH_HASHES` hashes;
+//!   query waits behind at most one index batch, and binary ingest caps a batch at
+//!   `ingest::BATCH_HASHES` hashes (JSON and ZMQ batches are not split yet: a large
+//!   `POST /workers/{id}/events` body is one batch);
 //! - the loop yields after every bulk message to the tasks of its queue (a routing
 //!   task whose answer just arrived), and lets the executor poll its rings at least
 //!   every [`BULK_SLICE`] of bulk work, and whenever a socket receive has completed
