@@ -6,7 +6,7 @@
 //!   blocks, forgets) announced before a bulk message is handled before it: a routing
 //!   query waits behind at most one index batch, and binary ingest caps a batch at
 //!   `ingest::BATCH_HASHES` hashes (JSON and ZMQ batches are not split yet: a large
-//!   `POST /workers/{id}/events` body is one batch);
+//!   `POST /v1/workers/{id}/events` body is one batch);
 //! - the loop yields after every bulk message to the tasks of its queue (a routing
 //!   task whose answer just arrived), and lets the executor poll its rings at least
 //!   every [`BULK_SLICE`] of bulk work, and whenever a socket receive has completed
