@@ -23,6 +23,8 @@ pub mod engines;
 pub mod hash;
 pub mod index;
 pub mod load;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod process;
 pub mod registry;
 pub mod select;
 #[cfg(all(target_os = "linux", feature = "service"))]

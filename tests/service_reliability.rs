@@ -300,13 +300,7 @@ fn in_flight_requests_survive_a_crash_up_to_the_last_periodic_snapshot() {
 fn sigterm_exits_zero() {
     let s = Server::start(2, &[]);
     let mut child = s.into_child();
-    unsafe {
-        kill(child.id() as i32, 15);
-    }
+    kvroute::process::sigterm(&child);
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}");
-}
-
-extern "C" {
-    fn kill(pid: i32, sig: i32) -> i32;
 }

@@ -95,15 +95,7 @@ impl Drop for Publisher {
     fn drop(&mut self) {
         let _ = writeln!(self.stdin, "{}", json!({"op": "quit"}));
         let _ = self.stdin.flush();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        kvroute::process::wait_or_kill(&mut self.child, std::time::Duration::from_secs(5));
     }
 }
 

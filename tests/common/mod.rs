@@ -163,24 +163,8 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         // SIGTERM → graceful shutdown; then make sure it is gone.
-        unsafe {
-            libc_kill(self.child.id() as i32, 15);
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        kvroute::process::terminate(&mut self.child, Duration::from_secs(10));
     }
-}
-
-extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
 }
 
 /// Sequence hashes 0..n mixed (stand-ins for real prefix hashes).

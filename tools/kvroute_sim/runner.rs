@@ -255,18 +255,6 @@ impl Spawned {
 impl Drop for Spawned {
     fn drop(&mut self) {
         // SIGTERM for a graceful stop, then make sure it is gone (bounded wait).
-        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        kvroute::process::terminate(&mut self.child, Duration::from_secs(5));
     }
 }
