@@ -193,6 +193,8 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
         let mut batch = Batch::default();
         let mut full = Vec::new();
         loop {
+            // Full batches go out before the next frame is decoded, so `full` is
+            // empty wherever the loop is left and `batch` alone holds the rest.
             for ops in full.drain(..) {
                 control::index_ops(&core, slot, gen, ops).await;
             }
@@ -262,9 +264,6 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
                 }
                 EventMsg::ResyncEnd { .. } => {
                     sh.metrics.event("resync_end", 1);
-                    for ops in full.drain(..) {
-                        control::index_ops(&core, slot, gen, ops).await;
-                    }
                     control::index_ops(&core, slot, gen, batch.take()).await;
                     cells.suspect.store(false, Ordering::Release);
                     resync_asked = false;
@@ -273,9 +272,6 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
             }
         }
         cells.next_seq.store(next, Ordering::Release);
-        for ops in full.drain(..) {
-            control::index_ops(&core, slot, gen, ops).await;
-        }
         control::index_ops(&core, slot, gen, batch.take()).await;
         if !out.is_empty() {
             if s.write_all(&out).await.is_err() {
