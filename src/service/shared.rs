@@ -45,7 +45,7 @@ pub struct Shared {
     pub cores: usize,
     pub shard_bits: u32,
     /// Per core: `[urgent, bulk]` inboxes, indexed by [`Lane`].
-    pub mailboxes: Vec<[Mailbox<Msg>; 2]>,
+    mailboxes: Vec<[Mailbox<Msg>; 2]>,
     /// Per core: the doorbell write end (one for both inboxes).
     doorbells: Vec<UnixStream>,
     pub registry: ArcSwap<Registry>,
