@@ -223,7 +223,10 @@ impl WorkerSpec {
 /// overlap"): `device` consecutive blocks from the start on device, then `host` further
 /// blocks on host (or better), then `disk` further blocks on disk (or better), then
 /// `shared` further blocks present in the fleet's shared cache.
+///
+/// `repr(C)`: the selection kernel reads four `u32`s per worker in this order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[repr(C)]
 pub struct Overlap {
     pub device: u32,
     pub host: u32,

@@ -20,7 +20,7 @@ use crate::registry::{Registry, RegistryError, Upsert};
 use crate::select::{
     decide_view, Filters, Fleet, Hits, Loads, RequestShape, RouteError, RrState, Scratch, ViewInput,
 };
-use crate::types::{Overlap, Role, Tier, WorkerSlot, WorkerSpec};
+use crate::types::{Role, Tier, WorkerSlot, WorkerSpec};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::collections::HashMap;
@@ -269,20 +269,13 @@ impl Engine {
         self.index.query(&prepared.hashes, shared, &mut self.merge);
         let reuse = self.reuse_counts(&prepared.hashes);
         self.refresh_view(now_us);
-        self.hits.clear(Overlap {
-            shared: self.merge.shared_from_start(),
-            ..Overlap::default()
-        });
-        for &w in self.merge.workers() {
-            self.hits.overlaps.push((w, self.merge.get(w)));
-        }
-        self.hits.reuse.extend(reuse);
         let Some((fleet, loads)) = &self.view else {
             return Err(RouteError::NoWorkers {
                 model: prepared.filters.model.clone(),
             }
             .into());
         };
+        plan::write_hits(&mut self.hits, fleet, &self.merge, reuse);
         let input = ViewInput {
             cfg: &self.cfg,
             mode,

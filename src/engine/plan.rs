@@ -1,10 +1,36 @@
-//! Glue shared by the in-process engine and the service: turning a slot-based [`Decision`] into the
-//! id-based [`RouteDecision`] the API returns. Pure functions, no state.
+//! Glue shared by the in-process engine and the service: writing a merge result into a
+//! request's [`Hits`], and turning a slot-based [`Decision`] into the id-based
+//! [`RouteDecision`] the API returns. Pure functions, no state.
 
 use super::request::{CandidateOut, RouteDecision};
+use crate::index::MergeResult;
 use crate::registry::Registry;
-use crate::select::{Decision, Fallback, Stage};
-use crate::types::Overlap;
+use crate::select::{Decision, Fallback, Fleet, Hits, Stage};
+use crate::types::{Overlap, WorkerSlot};
+
+/// Starts `hits` on `fleet` from a merge result and active-block reuse counts: every
+/// worker gets the shared-cache run from position 0, the merged workers their own
+/// overlap, and reuse adds up per worker.
+pub fn write_hits(
+    hits: &mut Hits,
+    fleet: &Fleet,
+    merged: &MergeResult,
+    reuse: impl IntoIterator<Item = (WorkerSlot, u32)>,
+) {
+    hits.begin(
+        fleet,
+        Overlap {
+            shared: merged.shared_from_start(),
+            ..Overlap::default()
+        },
+    );
+    for &w in merged.workers() {
+        hits.set_overlap(fleet, w, &merged.get(w));
+    }
+    for (w, r) in reuse {
+        hits.add_reuse(fleet, w, r);
+    }
+}
 
 /// Wire name of a fallback.
 pub fn fallback_name(f: Fallback) -> &'static str {

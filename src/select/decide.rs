@@ -32,9 +32,9 @@
 use super::cost::{CostModel, Scorer};
 use super::filter::{role_bit, Rejection, RejectionCounts, ScanStats, StageFilter};
 use super::fleet::{Fleet, UNKNOWN};
+use super::hits::Hits;
 use super::kernel::KernelScratch;
-use super::loads::ReqFigs;
-use super::loads::{Hits, Loads};
+use super::loads::Loads;
 use super::pick::{run_stage, Dense, Outcome, Pick, StageRun};
 use super::{Fig, RequestShape, Rows, Stage, WorkerRow};
 use crate::config::{Mode, RouterConfig, TopologyPolicy};
@@ -89,7 +89,8 @@ pub struct ViewInput<'a> {
 #[derive(Clone, Debug, Default)]
 pub struct Scratch {
     kernel: KernelScratch,
-    req: ReqFigs,
+    /// Stands in for hits made for another fleet.
+    base: Hits,
 }
 
 /// The parts of an input besides the workers.
@@ -106,7 +107,7 @@ struct Common<'a> {
 struct ViewRows<'a> {
     fleet: &'a Fleet,
     loads: &'a Loads,
-    req: &'a ReqFigs,
+    req: &'a Hits,
 }
 
 impl Rows for ViewRows<'_> {
@@ -388,7 +389,7 @@ pub fn decide(
         }
     };
     let mut loads = Loads::new(fleet);
-    let mut req = ReqFigs::default();
+    let mut req = Hits::default();
     req.reset(fleet.len(), Overlap::default());
     for (i, row) in rows.iter().enumerate() {
         let Some(&p) = fleet.pos.get(i) else { continue };
@@ -396,8 +397,8 @@ pub fn decide(
         loads.set_live_at(p, row.live);
         loads.set_suspect_at(p, row.suspect);
         loads.set_load_at(p, &row.load, row.blocks_unique);
-        req.set_overlap(p, &row.overlap);
-        req.add_reuse(p, row.reuse_blocks);
+        req.set_overlap_at(p, &row.overlap);
+        req.add_reuse_at(p, row.reuse_blocks);
     }
     let mut scratch = KernelScratch::default();
     let mut dense = Dense {
@@ -420,8 +421,9 @@ pub fn decide(
 ///
 /// `rng` breaks ties and samples (random, softmax); `rr` is the round-robin cursor.
 /// Allocation-free once `scratch` has grown to the fleet, unless `input.explain` is set
-/// or an error is returned. `input.loads` must be made for `input.fleet` (a mismatch
-/// cannot panic, but decides on wrong figures).
+/// or an error is returned. `input.loads` and `input.hits` must be made for
+/// `input.fleet` (a mismatch cannot panic, but decides on wrong figures; hits of the
+/// wrong length are ignored).
 pub fn decide_view(
     input: &ViewInput,
     rng: &mut impl Rng,
@@ -429,18 +431,14 @@ pub fn decide_view(
     scratch: &mut Scratch,
 ) -> Result<Decision, RouteError> {
     let fleet = input.fleet;
-    let Scratch { kernel, req } = scratch;
-    req.reset(fleet.len(), input.hits.base);
-    for (slot, o) in &input.hits.overlaps {
-        if let Some(p) = fleet.position(*slot) {
-            req.set_overlap(p, o);
-        }
-    }
-    for &(slot, r) in &input.hits.reuse {
-        if let Some(p) = fleet.position(slot) {
-            req.add_reuse(p, r);
-        }
-    }
+    let Scratch { kernel, base } = scratch;
+    let req = if input.hits.len() == fleet.len() {
+        input.hits
+    } else {
+        // Hits begun on another fleet: every worker gets no overlap and no reuse.
+        base.reset(fleet.len(), Overlap::default());
+        base
+    };
     let rows = ViewRows {
         fleet,
         loads: input.loads,

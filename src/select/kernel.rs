@@ -4,12 +4,11 @@
 //!
 //! A pool is a contiguous range of fleet positions ([`Fleet::pool_range`]). Its costs
 //! go into a buffer in three steps:
-//! 1. every worker as if it had only the request's base overlap (the shared-cache run
-//!    from position 0) and no reuse: a few multiply-adds over contiguous `f64`s, in
-//!    lanes of four so the compiler vectorises it; a worker that is not live, busy or
-//!    (`topology_policy = restrict`) outside the domain gets +∞;
-//! 2. the request's hits (workers with an overlap or reuse of their own) and the suspect
-//!    workers are recomputed with the full formula ([`CostModel::terms`]);
+//! 1. every worker's cost from the [`Loads`] arrays and the request's overlap and
+//!    reuse columns ([`super::fill`], four workers per instruction where the CPU has
+//!    AVX2); a worker that is not live, busy or (`topology_policy = restrict`) outside
+//!    the domain gets +∞;
+//! 2. the suspect workers are recomputed with their overlap counted as zero;
 //! 3. selection over the buffer: temperature 0 counts the workers within
 //!    [`TIE_EPS`] of the minimum per chunk of 64 and takes the uniformly drawn k-th;
 //!    temperature T > 0 replaces each cost by its weight `exp(-(c - min) / ((max - min)
@@ -23,8 +22,10 @@
 //! against the arrays, `None` when nothing is eligible).
 
 use super::cost::CostModel;
+use super::fill::{fill, Arrays};
 use super::fleet::Fleet;
-use super::loads::{Loads, ReqFigs};
+use super::hits::Hits;
+use super::loads::Loads;
 use super::pick::TIE_EPS;
 use crate::types::Overlap;
 use rand::Rng;
@@ -63,30 +64,17 @@ pub(crate) struct KernelScratch {
     chunks: Vec<f64>,
 }
 
-/// Everything of the dense cost that does not depend on the worker.
-#[derive(Clone, Copy)]
-struct Consts {
-    input: f64,
-    inv_bs: f64,
-    /// Credit weights of the device, host, disk and shared overlaps.
-    w: [f64; 4],
-    scale: f64,
-    prompt_blocks: f64,
-    busy: f64,
-}
-
 /// Chooses a worker of `st`'s pool; returns its position, `None` if none is eligible.
 pub(crate) fn kv_select(
     st: &KvStage,
     fleet: &Fleet,
     loads: &Loads,
-    req: &ReqFigs,
+    req: &Hits,
     rng: &mut impl Rng,
     scratch: &mut KernelScratch,
 ) -> Option<usize> {
     let r = st.range.clone();
-    if r.is_empty() || r.end > loads.len() || r.end > fleet.cap_pos.len() || r.end > req.reuse.len()
-    {
+    if r.is_empty() || r.end > loads.len() || r.end > fleet.cap_pos.len() || r.end > req.len() {
         return None;
     }
     let n = r.len();
@@ -126,7 +114,7 @@ pub(crate) fn kv_select(
         m = m.min(c);
     };
     for &p in &loads.suspects {
-        let reuse = req.reuse.get(p as usize).copied().unwrap_or(0);
+        let reuse = req.at(p as usize).1;
         redo((p as usize).wrapping_sub(r.start), reuse, buf);
     }
     if raised {
@@ -135,8 +123,53 @@ pub(crate) fn kv_select(
     if m == INF {
         return None;
     }
-    let j = if st.temperature > 0.0 {
-        softmax(buf, sums, st.temperature, rng)
+    let j = choose(buf, sums, m, st.temperature, rng);
+    j.map(|j| r.start + j)
+}
+
+/// Step 3 over `buf` whose minimum is `m` (finite): the position chosen.
+fn choose(
+    buf: &mut [f64],
+    sums: &mut [f64],
+    m: f64,
+    temperature: f64,
+    rng: &mut impl Rng,
+) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2::available() {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { choose_avx2(buf, sums, m, temperature, rng) };
+    }
+    choose_portable(buf, sums, m, temperature, rng)
+}
+
+/// [`choose_portable`] compiled for AVX2: its loops (minimum and maximum, counting,
+/// the branch-free `exp`) vectorise four lanes wide. Same operations, same results.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn choose_avx2(
+    buf: &mut [f64],
+    sums: &mut [f64],
+    m: f64,
+    temperature: f64,
+    rng: &mut impl Rng,
+) -> Option<usize> {
+    choose_portable(buf, sums, m, temperature, rng)
+}
+
+#[inline(always)]
+fn choose_portable(
+    buf: &mut [f64],
+    sums: &mut [f64],
+    m: f64,
+    temperature: f64,
+    rng: &mut impl Rng,
+) -> Option<usize> {
+    if temperature > 0.0 {
+        softmax(buf, sums, temperature, rng)
     } else {
         let thr = m + TIE_EPS;
         let count = count_chunks(buf, sums, |c| c <= thr);
@@ -146,8 +179,7 @@ pub(crate) fn kv_select(
             0
         };
         nth(buf, sums, k, |c| c <= thr)
-    };
-    j.map(|j| r.start + j)
+    }
 }
 
 /// Topology penalty of a worker in domain `topo` (0 when not applicable).
@@ -164,7 +196,7 @@ fn arrays<'a>(
     st: &KvStage,
     fleet: &'a Fleet,
     loads: &'a Loads,
-    req: &'a ReqFigs,
+    req: &'a Hits,
     r: Range<usize>,
 ) -> Arrays<'a> {
     let cm = &st.model;
@@ -191,206 +223,8 @@ fn arrays<'a>(
         gate: &loads.gate[r.clone()],
         cap: &fleet.cap_pos[r.clone()],
         topo: &fleet.topology_pos[r.clone()],
-        dev: &req.dev[r.clone()],
-        host: &req.host[r.clone()],
-        disk: &req.disk[r.clone()],
-        shared: &req.shared[r.clone()],
-        reuse: &req.reuse[r],
+        cols: req.columns().slice(r),
     }
-}
-
-/// Step 1 for the configuration of `st`; returns the minimum.
-fn fill(st: &KvStage, a: &Arrays, out: &mut [f64]) -> f64 {
-    let cm = &st.model;
-    let k = Consts {
-        input: cm.input_tokens,
-        inv_bs: cm.inv_block_size,
-        w: cm.weights(),
-        scale: cm.scale,
-        prompt_blocks: f64::from(cm.prompt_blocks),
-        busy: st.busy.unwrap_or(0.0),
-    };
-    let busy = st.busy.is_some();
-    match (cm.track_active_blocks, cm.assume_kv_reuse) {
-        (true, true) => fill_topo::<true, true>(st.topo, busy, a, k, out),
-        (true, false) => fill_topo::<true, false>(st.topo, busy, a, k, out),
-        (false, _) => fill_topo::<false, false>(st.topo, busy, a, k, out),
-    }
-}
-
-/// [`fill_loop`] for the topology rule and busy check.
-#[inline(always)]
-fn fill_topo<const T: bool, const R: bool>(
-    t: Topo,
-    busy: bool,
-    a: &Arrays,
-    k: Consts,
-    out: &mut [f64],
-) -> f64 {
-    match (t, busy) {
-        (Topo::None, false) => fill_loop::<T, R, false>(a, k, out, |_| (0.0, 0.0)),
-        (Topo::None, true) => fill_loop::<T, R, true>(a, k, out, |_| (0.0, 0.0)),
-        (t, b) => fill_loop::<T, R, true>(a, busy_k(k, b), out, |d| topo_terms(t, d)),
-    }
-}
-
-/// With topology the busy check always runs; without a threshold it never fires.
-fn busy_k(k: Consts, busy: bool) -> Consts {
-    Consts {
-        busy: if busy { k.busy } else { INF },
-        ..k
-    }
-}
-
-/// (penalty, gate) of a worker in domain `d`.
-#[inline(always)]
-fn topo_terms(t: Topo, d: u32) -> (f64, f64) {
-    match t {
-        Topo::Restrict(x) if d != x => (0.0, INF),
-        t => (penalty(t, d), 0.0),
-    }
-}
-
-/// The per-worker inputs of step 1, all the length of the pool.
-struct Arrays<'a> {
-    q: &'a [f64],
-    held: &'a [f64],
-    ob: &'a [f64],
-    gate: &'a [f64],
-    cap: &'a [f64],
-    topo: &'a [u32],
-    dev: &'a [f64],
-    host: &'a [f64],
-    disk: &'a [f64],
-    shared: &'a [f64],
-    reuse: &'a [u32],
-}
-
-/// The figures of one worker that step 1 reads.
-#[derive(Clone, Copy)]
-struct One {
-    q: f64,
-    held: f64,
-    ob: f64,
-    gate: f64,
-    cap: f64,
-    topo: u32,
-    dev: f64,
-    host: f64,
-    disk: f64,
-    shared: f64,
-    reuse: u32,
-}
-
-/// Step 1 for one worker; same operations, same order as `CostModel::terms`.
-#[inline(always)]
-fn one<const T: bool, const R: bool, const B: bool>(
-    x: One,
-    k: &Consts,
-    topo: &impl Fn(u32) -> (f64, f64),
-) -> f64 {
-    let prefill = (x.q + k.input) * k.inv_bs;
-    let credit = k.w[0] * x.dev + k.w[1] * x.host + k.w[2] * x.disk + k.w[3] * x.shared;
-    let adj = prefill - credit;
-    let adj = if adj > 0.0 { adj } else { 0.0 };
-    let active = x.held + x.ob;
-    let pb = k.prompt_blocks;
-    let added = if R {
-        // pb - min(max(reuse, device), pb), exact on these integers.
-        let r = f64::from(x.reuse);
-        let h = if x.dev > r { x.dev } else { r };
-        pb - if h < pb { h } else { pb }
-    } else {
-        pb
-    };
-    let decode = if T { active + added } else { 0.0 };
-    let (pen, g) = topo(x.topo);
-    let c = k.scale * adj + decode + pen;
-    let c = if c.abs() < INF { c } else { f64::MAX };
-    let busy = if B && active >= k.busy * x.cap {
-        INF
-    } else {
-        0.0
-    };
-    c + (x.gate + g + busy)
-}
-
-/// Step 1 proper, four workers at a time so the compiler vectorises it. `T`:
-/// `track_active_blocks`; `R`: `assume_kv_reuse`; `B`: check `busy_threshold`; `topo`
-/// gives (penalty, gate) from a worker's topology id.
-#[inline(always)]
-fn fill_loop<const T: bool, const R: bool, const B: bool>(
-    a: &Arrays,
-    k: Consts,
-    out: &mut [f64],
-    topo: impl Fn(u32) -> (f64, f64),
-) -> f64 {
-    let at = |i: usize| One {
-        q: a.q.get(i).copied().unwrap_or(0.0),
-        held: a.held.get(i).copied().unwrap_or(0.0),
-        ob: a.ob.get(i).copied().unwrap_or(0.0),
-        gate: a.gate.get(i).copied().unwrap_or(INF),
-        cap: a.cap.get(i).copied().unwrap_or(0.0),
-        topo: a.topo.get(i).copied().unwrap_or(0),
-        dev: a.dev.get(i).copied().unwrap_or(0.0),
-        host: a.host.get(i).copied().unwrap_or(0.0),
-        disk: a.disk.get(i).copied().unwrap_or(0.0),
-        shared: a.shared.get(i).copied().unwrap_or(0.0),
-        reuse: a.reuse.get(i).copied().unwrap_or(0),
-    };
-    let mut m = [INF; 4];
-    let n = out.len();
-    // Every array has the pool's length by construction; checked once here so the
-    // loop below indexes without bounds checks (and vectorises).
-    let (Some(q), Some(held), Some(ob), Some(gate), Some(cap), Some(tp)) = (
-        a.q.get(..n),
-        a.held.get(..n),
-        a.ob.get(..n),
-        a.gate.get(..n),
-        a.cap.get(..n),
-        a.topo.get(..n),
-    ) else {
-        return INF;
-    };
-    let (Some(dev), Some(host), Some(disk), Some(shared), Some(reuse)) = (
-        a.dev.get(..n),
-        a.host.get(..n),
-        a.disk.get(..n),
-        a.shared.get(..n),
-        a.reuse.get(..n),
-    ) else {
-        return INF;
-    };
-    let mut i = 0;
-    while i + 4 <= n {
-        for j in 0..4 {
-            let x = One {
-                q: q[i + j],
-                held: held[i + j],
-                ob: ob[i + j],
-                gate: gate[i + j],
-                cap: cap[i + j],
-                topo: tp[i + j],
-                dev: dev[i + j],
-                host: host[i + j],
-                disk: disk[i + j],
-                shared: shared[i + j],
-                reuse: reuse[i + j],
-            };
-            let c = one::<T, R, B>(x, &k, &topo);
-            out[i + j] = c;
-            m[j] = if c < m[j] { c } else { m[j] };
-        }
-        i += 4;
-    }
-    let chunks = out.chunks_exact_mut(4);
-    for o in chunks.into_remainder() {
-        let c = one::<T, R, B>(at(i), &k, &topo);
-        *o = c;
-        m[0] = if c < m[0] { c } else { m[0] };
-        i += 1;
-    }
-    m[0].min(m[1]).min(m[2].min(m[3]))
 }
 
 /// Minimum of `buf`.
@@ -442,6 +276,7 @@ fn nth(buf: &[f64], sums: &[f64], mut k: u32, pred: impl Fn(f64) -> bool) -> Opt
 
 /// Step 3 at temperature `t > 0`. `buf` holds the costs (+∞: not eligible), at least
 /// one finite.
+#[inline(always)]
 fn softmax(buf: &mut [f64], sums: &mut [f64], t: f64, rng: &mut impl Rng) -> Option<usize> {
     let (mut lo, mut hi) = ([INF; 4], [-INF; 4]);
     let mut it = buf.chunks_exact(4);
@@ -473,16 +308,10 @@ fn softmax(buf: &mut [f64], sums: &mut [f64], t: f64, rng: &mut impl Rng) -> Opt
     let scale = 1.0 / (range * t);
     let mut total = 0.0;
     for (chunk, s) in buf.chunks_mut(CHUNK).zip(sums.iter_mut()) {
-        let mut acc = [0.0f64; 4];
-        let mut it = chunk.chunks_exact_mut(4);
-        for c in &mut it {
-            for j in 0..4 {
-                let w = exp_neg(-(c[j] - lo) * scale);
-                c[j] = w;
-                acc[j] += w;
-            }
-        }
-        for c in it.into_remainder() {
+        let whole = chunk.len() & !3;
+        let (four, rest) = chunk.split_at_mut(whole);
+        let mut acc = weigh(four, lo, scale);
+        for c in rest {
             let w = exp_neg(-(*c - lo) * scale);
             *c = w;
             acc[0] += w;
@@ -517,6 +346,26 @@ fn softmax(buf: &mut [f64], sums: &mut [f64], t: f64, rng: &mut impl Rng) -> Opt
         acc += s;
     }
     last
+}
+
+/// Replaces each cost `c` of `four` (a multiple of four long) by its weight
+/// `exp_neg(-(c - lo) * scale)`; returns the sums of lanes `i % 4`.
+#[inline(always)]
+fn weigh(four: &mut [f64], lo: f64, scale: f64) -> [f64; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2::available() {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { super::avx2::weigh(four, lo, scale) };
+    }
+    let mut acc = [0.0f64; 4];
+    for c in four.chunks_exact_mut(4) {
+        for j in 0..4 {
+            let w = exp_neg(-(c[j] - lo) * scale);
+            c[j] = w;
+            acc[j] += w;
+        }
+    }
+    acc
 }
 
 /// `e^y` for `y <= 0` (larger `y` is not needed: softmax exponents are `<= 0`),

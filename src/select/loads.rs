@@ -1,24 +1,18 @@
 //! [`Loads`]: the dynamic per-worker figures of a [`Fleet`] (liveness, suspicion, load)
-//! as a struct of arrays in the fleet's position order, and [`Hits`]: one request's
-//! sparse per-worker figures (prefix overlaps and active-block reuse), DESIGN §1
-//! "Cost", "Selection".
+//! as a struct of arrays in the fleet's position order, DESIGN §1 "Cost", "Selection".
 //!
-//! The split follows how the figures change. Load and liveness change on lifecycle
-//! events, so the engine and the service keep one `Loads` per fleet and update the
-//! workers an event touched; a request only brings its overlaps and reuse, which are
-//! non-default for the few workers the index merge found, so [`Hits`] lists just
-//! those plus the overlap every other worker gets (the shared-cache run from position
-//! 0). Together they are everything [`super::decide_view`] needs, and its `kv` kernel
-//! scans the arrays densely.
-//!
-//! `ReqFigs` is the dense form of [`Hits`] the kernel reads, rebuilt per request.
+//! The split from [`super::Hits`] follows how the figures change. Load and liveness
+//! change on lifecycle events, so the engine and the service keep one `Loads` per
+//! fleet and update the workers an event touched; a request brings its overlaps and
+//! reuse ([`super::Hits`], rebuilt per request). Together they are everything
+//! [`super::decide_view`] needs, and its `kv` kernel scans the arrays densely.
 //!
 //! Guarantees: no method panics (unknown slots are ignored); a fresh `Loads` has every
 //! worker not live, with zero load.
 
 use super::fleet::Fleet;
 use super::LoadFigures;
-use crate::types::{Overlap, WorkerSlot};
+use crate::types::WorkerSlot;
 
 /// Dynamic figures of every worker of one [`Fleet`], by position. See the module docs.
 #[derive(Clone, Debug, Default)]
@@ -129,90 +123,5 @@ impl Loads {
             blocks_total: self.blocks_total.get(p).copied().unwrap_or(0.0),
             output_blocks: self.output_blocks.get(p).copied().unwrap_or(0.0),
         }
-    }
-}
-
-/// One request's non-default per-worker figures. See the module docs.
-#[derive(Clone, Debug, Default)]
-pub struct Hits {
-    /// Overlap of every worker not listed with an overlap of its own.
-    pub base: Overlap,
-    /// Workers with an overlap of their own (a later entry for a slot wins).
-    pub overlaps: Vec<(WorkerSlot, Overlap)>,
-    /// Active-block reuse per worker (entries for the same slot add up).
-    pub reuse: Vec<(WorkerSlot, u32)>,
-}
-
-impl Hits {
-    /// Empties the lists and sets the base overlap, keeping the allocations.
-    pub fn clear(&mut self, base: Overlap) {
-        self.base = base;
-        self.overlaps.clear();
-        self.reuse.clear();
-    }
-}
-
-/// One request's overlap and reuse of every worker, by position, built per request
-/// from its [`super::Hits`] (every position reset to the base overlap, then the hits
-/// written over it). Overlaps are kept as `f64` (exact: they are `u32`s) so step 1
-/// reads them like the load figures.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct ReqFigs {
-    pub(crate) dev: Vec<f64>,
-    pub(crate) host: Vec<f64>,
-    pub(crate) disk: Vec<f64>,
-    pub(crate) shared: Vec<f64>,
-    pub(crate) reuse: Vec<u32>,
-}
-
-impl ReqFigs {
-    /// Every one of `n` positions gets overlap `base` and no reuse.
-    pub fn reset(&mut self, n: usize, base: Overlap) {
-        let set = |v: &mut Vec<f64>, x: u32| {
-            v.clear();
-            v.resize(n, f64::from(x));
-        };
-        set(&mut self.dev, base.device);
-        set(&mut self.host, base.host);
-        set(&mut self.disk, base.disk);
-        set(&mut self.shared, base.shared);
-        self.reuse.clear();
-        self.reuse.resize(n, 0);
-    }
-
-    /// Position `p` has overlap `o` (ignored out of range).
-    #[inline(always)]
-    pub fn set_overlap(&mut self, p: usize, o: &Overlap) {
-        if let (Some(d), Some(h), Some(k), Some(s)) = (
-            self.dev.get_mut(p),
-            self.host.get_mut(p),
-            self.disk.get_mut(p),
-            self.shared.get_mut(p),
-        ) {
-            *d = f64::from(o.device);
-            *h = f64::from(o.host);
-            *k = f64::from(o.disk);
-            *s = f64::from(o.shared);
-        }
-    }
-
-    /// Position `p` reuses `r` more blocks (ignored out of range).
-    #[inline(always)]
-    pub fn add_reuse(&mut self, p: usize, r: u32) {
-        if let Some(x) = self.reuse.get_mut(p) {
-            *x = x.saturating_add(r);
-        }
-    }
-
-    /// Overlap and reuse of position `p` (zero out of range).
-    pub fn at(&self, p: usize) -> (Overlap, u32) {
-        let u = |v: &[f64]| v.get(p).map_or(0, |&x| x as u32);
-        let o = Overlap {
-            device: u(&self.dev),
-            host: u(&self.host),
-            disk: u(&self.disk),
-            shared: u(&self.shared),
-        };
-        (o, self.reuse.get(p).copied().unwrap_or(0))
     }
 }

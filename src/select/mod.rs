@@ -4,7 +4,7 @@
 //!
 //! This is the only place in kvroute that *decides*. The engine and the service keep a
 //! [`Fleet`] (static worker data, per registry change) and its [`Loads`] (liveness and
-//! load, updated as they change), gather one request's sparse [`Hits`] (overlaps and
+//! load, updated as they change), write one request's [`Hits`] (overlaps and
 //! active-block reuse) and call [`decide_view`]; [`decide`] takes the same inputs as a
 //! slice of [`WorkerRow`]s instead (tests, tools) and gives the same decisions.
 //! Everything here is a pure function of those inputs, the caller's random generator
@@ -24,10 +24,14 @@
 //! `kernel` the dense `kv` selection, `fleet` and `loads` the struct-of-arrays inputs,
 //! and `decide` the orchestration of stages, fallbacks and errors.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod cost;
 mod decide;
+mod fill;
 mod filter;
 mod fleet;
+mod hits;
 mod kernel;
 mod loads;
 mod pick;
@@ -41,7 +45,8 @@ pub use decide::{
 };
 pub use filter::{DpBounds, Filters, Rejection, RejectionCounts};
 pub use fleet::Fleet;
-pub use loads::{Hits, Loads};
+pub use hits::Hits;
+pub use loads::Loads;
 
 use crate::types::{Overlap, WorkerSlot, WorkerSpec};
 use serde::Serialize;

@@ -21,9 +21,9 @@
 
 use super::cost::Scorer;
 use super::filter::{Eval, RejectionCounts, ScanStats, StageFilter};
+use super::hits::Hits;
 use super::kernel::{kv_select, KernelScratch, KvStage, Topo};
 use super::loads::Loads;
-use super::loads::ReqFigs;
 use super::{Fig, Rows};
 use crate::config::Mode;
 use crate::types::DeviceClass;
@@ -65,7 +65,7 @@ pub(crate) struct StageRun<'a> {
 /// The dense per-position inputs of the `kv` kernel for one decision.
 pub(crate) struct Dense<'a> {
     pub loads: &'a Loads,
-    pub req: &'a ReqFigs,
+    pub req: &'a Hits,
     pub scratch: &'a mut KernelScratch,
 }
 

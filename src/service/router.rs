@@ -18,7 +18,7 @@ use crate::select::{
     decide_view, Decision, Fleet, Hits, Loads, RequestShape, RouteError, RrState, Scratch,
     ViewInput,
 };
-use crate::types::{Overlap, Role, WorkerSlot};
+use crate::types::{Role, WorkerSlot};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -245,14 +245,7 @@ async fn route_prepared(
                 model: prepared.filters.model.clone(),
             });
         };
-        v.hits.clear(Overlap {
-            shared: merged.shared_from_start(),
-            ..Overlap::default()
-        });
-        for &w in merged.workers() {
-            v.hits.overlaps.push((w, merged.get(w)));
-        }
-        v.hits.reuse.extend_from_slice(&reuse);
+        plan::write_hits(&mut v.hits, &v.fleet, &merged, reuse.iter().copied());
         let input = ViewInput {
             cfg,
             mode,

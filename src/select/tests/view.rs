@@ -62,19 +62,19 @@ fn decide_via_view(case: &Case, ws: &[W], seed: u64) -> Result<Decision, RouteEr
         shared: 1,
         ..Overlap::default()
     };
-    hits.clear(base);
+    hits.begin(&fleet, base);
     for (i, w) in ws.iter().enumerate() {
         let slot = 10 + i as u16;
         loads.set_live(slot, w.live);
         loads.set_suspect(slot, w.suspect);
         loads.set_load(slot, &w.load, w.unique);
         if w.overlap != base {
-            hits.overlaps.push((slot, w.overlap));
+            hits.set_overlap(&fleet, slot, &w.overlap);
         }
         // Reuse arrives in two parts, as from two shards.
         if w.reuse > 0 {
-            hits.reuse.push((slot, 1));
-            hits.reuse.push((slot, w.reuse - 1));
+            hits.add_reuse(&fleet, slot, 1);
+            hits.add_reuse(&fleet, slot, w.reuse - 1);
         }
     }
     let input = ViewInput {
