@@ -39,7 +39,13 @@ impl Lanes for Avx2 {
             return super::fill::Portable::run::<T, R, O, B, TP>(a, k, out);
         }
         // SAFETY: the CPU has AVX2 (checked just above).
-        unsafe { fill::<T, R, O, B, TP>(a, k, out) }
+        unsafe {
+            if k.extra {
+                fill::<T, R, O, B, TP, true>(a, k, out)
+            } else {
+                fill::<T, R, O, B, TP, false>(a, k, out)
+            }
+        }
     }
 }
 
@@ -105,12 +111,20 @@ fn pos_or_zero(a: __m256d) -> __m256d {
 }
 
 /// Step 1, four workers at a time; see [`super::fill::one`] for the scalar original.
+/// `X`: add the disk and shared credit terms (see `Consts::extra`).
 /// (`_mm256_min_pd(a, b)` is exactly `a < b ? a : b`, the portable code's choice.)
 ///
 /// # Safety
 /// The CPU must have AVX2.
 #[target_feature(enable = "avx2")]
-unsafe fn fill<const T: bool, const R: bool, const O: bool, const B: bool, const TP: u8>(
+unsafe fn fill<
+    const T: bool,
+    const R: bool,
+    const O: bool,
+    const B: bool,
+    const TP: u8,
+    const X: bool,
+>(
     a: Exact,
     k: &Consts,
     out: &mut [f64],
@@ -135,13 +149,16 @@ unsafe fn fill<const T: bool, const R: bool, const O: bool, const B: bool, const
         let [d32, h32, k32, s32] = unsafe { overlaps(c.ov, i) };
         let dev = to_f64(d32);
         let prefill = _mm256_mul_pd(_mm256_add_pd(unsafe { ld(x.q, i) }, input), inv_bs);
-        let credit = _mm256_add_pd(
+        let credit = _mm256_add_pd(_mm256_mul_pd(w[0], dev), _mm256_mul_pd(w[1], to_f64(h32)));
+        // `X` false: the disk and shared terms are ±0 (see `Consts::extra`).
+        let credit = if X {
             _mm256_add_pd(
-                _mm256_add_pd(_mm256_mul_pd(w[0], dev), _mm256_mul_pd(w[1], to_f64(h32))),
-                _mm256_mul_pd(w[2], to_f64(k32)),
-            ),
-            _mm256_mul_pd(w[3], to_f64(s32)),
-        );
+                _mm256_add_pd(credit, _mm256_mul_pd(w[2], to_f64(k32))),
+                _mm256_mul_pd(w[3], to_f64(s32)),
+            )
+        } else {
+            credit
+        };
         let adj = pos_or_zero(_mm256_sub_pd(prefill, credit));
         let held = unsafe { ld(x.held, i) };
         let active = if O {
@@ -295,8 +312,14 @@ mod tests {
         ]
     }
 
+    /// A disk or shared weight: usually ordinary, sometimes negative or infinite.
+    fn odd_weight() -> impl Strategy<Value = f64> {
+        prop_oneof![6 => 0.0..2.0f64, 1 => -1.0..0.0f64, 1 => Just(f64::INFINITY)]
+    }
+
     fn overlap() -> impl Strategy<Value = Overlap> {
-        (0u32..40, 0u32..10, 0u32..3, 0u32..5).prop_map(|(d, h, k, s)| Overlap {
+        let rare = || prop_oneof![4 => Just(0u32), 1 => 0u32..5];
+        (0u32..40, 0u32..10, rare(), rare()).prop_map(|(d, h, k, s)| Overlap {
             device: d,
             host: h,
             disk: k,
@@ -312,8 +335,9 @@ mod tests {
             n in 0usize..23,
             figs in prop::collection::vec((fig(), fig(), fig(), prop_oneof![Just(0.0), Just(f64::INFINITY)], fig(), 0u32..3, overlap(), 0u32..50), 23),
             flags in (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), 0u8..3),
-            weights in (0.0..2.0f64, 0.0..1.0f64, 0.0..1.0f64, 0.0..2.0f64, 0.0..4.0f64),
+            weights in (0.0..2.0f64, -1.0..1.0f64, odd_weight(), odd_weight(), 0.0..4.0f64),
             input in 0u32..9000,
+            plain in any::<bool>(),
         ) {
             prop_assume!(available());
             let (track_active, reuse, output, busy, topo) = flags;
@@ -345,7 +369,13 @@ mod tests {
             };
             let (q, held, ob, gate, cap) = (col(|x| x.0), col(|x| x.1), col(|x| x.2), col(|x| x.3), col(|x| x.4));
             let topo: Vec<u32> = f.iter().map(|x| x.5).collect();
-            let ov: Vec<Overlap> = f.iter().map(|x| x.6).collect();
+            // Half the fleets have no disk or shared overlap at all.
+            let ov: Vec<Overlap> = f
+                .iter()
+                .map(|x| if plain { Overlap { disk: 0, shared: 0, ..x.6 } } else { x.6 })
+                .collect();
+            // Claim "no disk or shared overlap" whenever it holds, as `Hits` would.
+            let extra = ov.iter().any(|o| o.disk != 0 || o.shared != 0);
             let reuse_col: Vec<u32> = f.iter().map(|x| x.7).collect();
             let a = Arrays {
                 q: &q,
@@ -354,7 +384,7 @@ mod tests {
                 gate: &gate,
                 cap: &cap,
                 topo: &topo,
-                cols: Columns { ov: &ov, reuse: &reuse_col },
+                cols: Columns { ov: &ov, reuse: &reuse_col, extra },
             };
             let (mut x, mut y) = (vec![0.0; n], vec![0.0; n]);
             let mx = fill_with::<Portable>(&st, &a, &mut x);

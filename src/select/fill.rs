@@ -41,6 +41,10 @@ pub(crate) struct Consts {
     /// Topology domain of the rule, and the `prefer` penalty.
     pub domain: u32,
     pub penalty: f64,
+    /// False: the disk and shared terms of the credit are `finite weight × 0` and may
+    /// be left out. (Adding such a ±0 could only change the sign of a zero credit,
+    /// and `max(prefill - credit, 0)` maps every zero to +0, so costs are unchanged.)
+    pub extra: bool,
 }
 
 /// The per-worker inputs of step 1, all the length of the pool.
@@ -73,6 +77,7 @@ impl<'a> Arrays<'a> {
             cols: Columns {
                 ov: c.ov.get(..n)?,
                 reuse: c.reuse.get(..n)?,
+                extra: c.extra,
             },
         }))
     }
@@ -116,6 +121,7 @@ pub(crate) fn fill_with<L: Lanes>(st: &KvStage, a: &Arrays, out: &mut [f64]) -> 
         busy: st.busy.unwrap_or(0.0),
         domain,
         penalty,
+        extra: a.cols.extra || !cm.weights()[2..].iter().all(|w| w.is_finite()),
     };
     let Some(a) = a.exact(out.len()) else {
         out.fill(INF);

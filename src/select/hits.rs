@@ -48,6 +48,8 @@ pub struct Hits {
     reuse: Vec<u32>,
     /// `reuse` holds `n` valid entries.
     reuse_full: bool,
+    /// Some position may have a disk or shared overlap (never cleared by a write).
+    extra: bool,
     /// At least `n` zeros, never written otherwise.
     zeros: Vec<u32>,
 }
@@ -57,6 +59,8 @@ pub struct Hits {
 pub(crate) struct Columns<'a> {
     pub ov: &'a [Overlap],
     pub reuse: &'a [u32],
+    /// False: every disk and shared overlap is 0 (true promises nothing).
+    pub extra: bool,
 }
 
 impl<'a> Columns<'a> {
@@ -65,6 +69,7 @@ impl<'a> Columns<'a> {
         Columns {
             ov: self.ov.get(r.clone()).unwrap_or_default(),
             reuse: self.reuse.get(r).unwrap_or_default(),
+            extra: self.extra,
         }
     }
 }
@@ -112,6 +117,7 @@ impl Hits {
         self.ov.clear();
         self.ov.resize(n, base);
         self.reuse_full = false;
+        self.extra = base.disk != 0 || base.shared != 0;
     }
 
     /// Position `p` has overlap `o` (ignored out of range).
@@ -119,6 +125,7 @@ impl Hits {
     pub(crate) fn set_overlap_at(&mut self, p: usize, o: &Overlap) {
         if let Some(x) = self.ov.get_mut(p) {
             *x = saturated(o);
+            self.extra |= o.disk != 0 || o.shared != 0;
         }
     }
 
@@ -148,6 +155,7 @@ impl Hits {
         Columns {
             ov: self.ov.get(..self.n).unwrap_or_default(),
             reuse: reuse.get(..self.n).unwrap_or_default(),
+            extra: self.extra,
         }
     }
 
@@ -252,6 +260,9 @@ mod tests {
                     prop_assert_eq!(h.at(p), *m);
                 }
                 let c = h.columns();
+                if !c.extra {
+                    prop_assert!(c.ov.iter().all(|o| o.disk == 0 && o.shared == 0));
+                }
                 prop_assert_eq!(c.ov.len(), n);
                 prop_assert_eq!(c.reuse.len(), n);
             }
