@@ -55,10 +55,12 @@ pub fn segments(keys: &[Option<u64>]) -> Vec<usize> {
     ends
 }
 
+/// A future of [`join_all`] and its output once ready.
+type Slot<F> = (Pin<Box<F>>, Option<<F as Future>::Output>);
+
 /// Runs `futs` concurrently on the current task; outputs in input order.
 pub async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
-    let mut slots: Vec<(Pin<Box<F>>, Option<F::Output>)> =
-        futs.into_iter().map(|f| (Box::pin(f), None)).collect();
+    let mut slots: Vec<Slot<F>> = futs.into_iter().map(|f| (Box::pin(f), None)).collect();
     futures_lite::future::poll_fn(|cx: &mut Context<'_>| {
         let mut pending = false;
         for (f, out) in slots.iter_mut() {
