@@ -36,6 +36,22 @@ pub struct Result {
     /// latency figures).
     pub send_lag_us_p50: Option<f64>,
     pub send_lag_us_p99: Option<f64>,
+    /// Router CPU time (user + system, all threads) over the measurement, in cores.
+    pub router_cpu_cores: Option<f64>,
+    /// Router CPU time per decision (µs), ingest included.
+    pub router_cpu_us_per_decision: Option<f64>,
+}
+
+/// User + system CPU seconds used so far by process `pid` (all threads).
+fn cpu_secs(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14, 15.
+    let rest = s.get(s.rfind(')')? + 2..)?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (hz > 0.0).then(|| ticks / hz)
 }
 
 fn rss_mib(pid: u32) -> Option<f64> {
@@ -262,7 +278,7 @@ pub fn run(
     let kinds: Arc<Kinds> = Arc::new(Default::default());
     let mut rss_warm = None;
     let duration = Duration::from_secs(args.duration.clamp(1, 3600));
-    let (results, piped, secs, block_events) = std::thread::scope(|s| {
+    let (results, piped, secs, block_events, cpu) = std::thread::scope(|s| {
         let mut pubs = Vec::new();
         for w in 0..args.workers {
             let (stop, sent, rc) = (stop.clone(), sent.clone(), reconnects.clone());
@@ -273,6 +289,7 @@ pub fn run(
         let mut clients = Vec::new();
         let mut piped = Vec::new();
         let started = Instant::now();
+        let cpu0 = pid.and_then(cpu_secs);
         let base = sent.load(Ordering::Relaxed);
         for c in 0..args.connections {
             let stop = stop.clone();
@@ -301,6 +318,7 @@ pub fn run(
         stop.store(true, Ordering::Relaxed);
         let secs = started.elapsed().as_secs_f64();
         let block_events = sent.load(Ordering::Relaxed) - base;
+        let cpu = cpu0.zip(pid.and_then(cpu_secs)).map(|(a, b)| b - a);
         let mut out = Vec::new();
         for c in clients {
             if let Ok(x) = c.join() {
@@ -319,7 +337,7 @@ pub fn run(
                 eprintln!("kvroute-bench: publisher: {e}");
             }
         }
-        (out, piped_out, secs, block_events)
+        (out, piped_out, secs, block_events, cpu)
     });
     let mut lat: Vec<u32> = Vec::new();
     let mut decisions = 0u64;
@@ -370,14 +388,18 @@ pub fn run(
         },
         send_lag_us_p50: pipelined.then(|| percentile(&lag, 0.5)),
         send_lag_us_p99: pipelined.then(|| percentile(&lag, 0.99)),
+        router_cpu_cores: cpu.map(|c| c / secs),
+        router_cpu_us_per_decision: cpu
+            .filter(|_| decisions > 0)
+            .map(|c| c * 1e6 / decisions as f64),
     })
 }
 
 pub fn table(rs: &[Result]) -> String {
-    let mut s = String::from("| run | clients | block events/s | decisions/s | p50 µs | p99 µs | p999 µs | send lag p50/p99 µs | errors | lost | reconnects | RSS MiB warm→end (peak) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut s = String::from("| run | clients | block events/s | decisions/s | p50 µs | p99 µs | p999 µs | send lag p50/p99 µs | router CPU cores (µs/decision) | errors | lost | reconnects | RSS MiB warm→end (peak) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rs {
         s += &format!(
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} {:?} | {} | {} | {} → {} ({}) |\n",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} {:?} | {} | {} | {} → {} ({}) |\n",
             r.label,
             r.clients,
             r.block_events_per_s,
@@ -387,6 +409,11 @@ pub fn table(rs: &[Result]) -> String {
             r.latency_us_p999,
             match (r.send_lag_us_p50, r.send_lag_us_p99) {
                 (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
+                _ => "-".into(),
+            },
+            match (r.router_cpu_cores, r.router_cpu_us_per_decision) {
+                (Some(c), Some(d)) => format!("{c:.2} ({d:.0})"),
+                (Some(c), None) => format!("{c:.2}"),
                 _ => "-".into(),
             },
             r.errors,
