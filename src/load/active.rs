@@ -10,7 +10,8 @@
 //! Guarantees: `remove` of something never added is a no-op and counts never
 //! underflow; `add` and `remove` cost O(hashes) (plus the few workers sharing a hash);
 //! memory is one map entry per distinct active hash with its worker list inline for up
-//! to two workers (24 bytes), so it is bounded by the hashes of active requests.
+//! to two workers (24 bytes), so it is bounded by the hashes of active requests, and
+//! the table shrinks again after a burst (`remove`).
 
 use crate::types::WorkerSlot;
 use smallvec::SmallVec;
@@ -21,6 +22,9 @@ type Map<K, V> = hashbrown::HashMap<K, V, ahash::RandomState>;
 /// common system prompt is held by every active request of a worker, which may exceed
 /// 65 535, and with two inline entries a wider count costs no extra memory.
 type Holders = SmallVec<[(WorkerSlot, u32); 2]>;
+
+/// Tables at most this large are never shrunk (they stay in cache anyway).
+const SHRINK_FLOOR: usize = 4096;
 
 /// Active-block reference counts of one index shard.
 #[derive(Clone, Debug, Default)]
@@ -85,6 +89,20 @@ impl ActiveBlocksShard {
                 debug_assert!(*u >= dropped, "unique block count underflow");
                 *u = u.saturating_sub(dropped);
             }
+            self.shrink_if_sparse();
+        }
+    }
+
+    /// Gives back the room of a past burst: a map that once held many active hashes
+    /// keeps its table, and every later lookup lands somewhere in it (a cache miss per
+    /// hash once the table outgrows the cache). Shrinks to twice the live entries when
+    /// fewer than an eighth of the room is used; amortised O(1) per removal (the live
+    /// count must fall fourfold again before the next shrink).
+    fn shrink_if_sparse(&mut self) {
+        let cap = self.map.capacity();
+        if cap > SHRINK_FLOOR && self.map.len() * 8 < cap {
+            self.map
+                .shrink_to((self.map.len() * 2).max(SHRINK_FLOOR / 2));
         }
     }
 
@@ -184,6 +202,20 @@ mod tests {
         s.remove(2, &[10, 20]);
         assert!(s.is_empty());
         assert_eq!(s.unique_blocks(2), 0);
+    }
+
+    #[test]
+    fn table_shrinks_after_a_burst() {
+        let mut s = ActiveBlocksShard::new();
+        let burst: Vec<u64> = (0..100_000).collect();
+        s.add(1, &burst);
+        let big = s.map.capacity();
+        s.add(2, &[7, 1_000_000]);
+        s.remove(1, &burst);
+        assert!(s.map.capacity() < big / 8, "{} vs {big}", s.map.capacity());
+        assert_eq!(reuse(&s, &[7, 1_000_000, 5]), vec![(2, 2)]);
+        assert_eq!(s.unique_blocks(2), 2);
+        assert_eq!(s.unique_blocks(1), 0);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Binary request API connections (frontends ↔ router, port 7401).
 //!
-//! After `Hello`, frames are handled in order; all answers to one read are written
-//! back in a single write (pipelined clients get batched replies). Each answer carries
+//! After `Hello`, the frames of one read are answered concurrently where that cannot
+//! change an outcome (`batch`: never two frames about one request id, admin frames
+//! alone), and all answers to one read are written back in a single write, in frame
+//! order (pipelined clients get batched replies). Each answer carries
 //! the request's correlation id. A frame that cannot be decoded closes the connection
 //! with an `Error` (its correlation id is unknowable); request-level failures (unknown
 //! worker, duplicate id, no eligible worker, overload…) are `Error` answers and the
@@ -11,7 +13,7 @@ use super::conn::{error_kind, read_hello, yield_to_poll, FramedReader, READ_CHUN
 use super::core::Core;
 use super::msg::LifeOp;
 use super::router::{self, ApiError};
-use super::{control, errors};
+use super::{batch, control, errors};
 use crate::codec::{
     self, ErrorCode, LifecycleOp, Prompt, RequestMsg, ResponseMsg, PROTOCOL_VERSION,
 };
@@ -138,6 +140,50 @@ async fn answer(core: &Core, msg: RequestMsg) -> Result<ResponseMsg, &'static st
     })
 }
 
+/// What orders a frame among the frames of one read (`batch::segments`): the hash of
+/// its request id, or `None` for frames that must run alone.
+fn order_key(m: &RequestMsg) -> Option<u64> {
+    let id = match m {
+        RequestMsg::Route(r) => &r.request_id,
+        RequestMsg::Lifecycle { request_id, .. } => request_id,
+        RequestMsg::Hello { .. } | RequestMsg::Register { .. } | RequestMsg::Deregister { .. } => {
+            return None
+        }
+    };
+    Some(xxhash_rust::xxh3::xxh3_64(id.as_bytes()))
+}
+
+/// Answers the frames of one read into `out`, in frame order, running independent
+/// frames concurrently (`batch`). Stops at the first protocol violation.
+async fn answer_all(
+    core: &Core,
+    msgs: Vec<RequestMsg>,
+    out: &mut BytesMut,
+) -> Result<(), &'static str> {
+    let sh = &core.shared;
+    let keys: Vec<Option<u64>> = msgs.iter().map(order_key).collect();
+    let mut msgs = msgs.into_iter();
+    let mut start = 0usize;
+    for end in batch::segments(&keys) {
+        let n = end - start;
+        start = end;
+        sh.inflight.fetch_add(n, Ordering::SeqCst);
+        let answers = if n == 1 {
+            match msgs.next() {
+                Some(m) => vec![answer(core, m).await],
+                None => Vec::new(),
+            }
+        } else {
+            batch::join_all(msgs.by_ref().take(n).map(|m| answer(core, m)).collect()).await
+        };
+        sh.inflight.fetch_sub(n, Ordering::SeqCst);
+        for a in answers {
+            a?.encode(out);
+        }
+    }
+    Ok(())
+}
+
 async fn fatal(s: &mut TcpStream, out: &mut BytesMut, message: String) {
     ResponseMsg::Error {
         corr: 0,
@@ -206,28 +252,30 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
             Ok(n) if n == READ_CHUNK => yield_to_poll().await,
             Ok(_) => {}
         }
+        // Every complete frame of this read; a bad frame ends the connection after the
+        // frames before it are answered.
+        let mut msgs = Vec::new();
+        let mut bad = None;
         loop {
-            let msg = match rd.next_frame().map(|f| f.map(|f| RequestMsg::decode(&f))) {
+            match rd.next_frame().map(|f| f.map(|f| RequestMsg::decode(&f))) {
                 Ok(None) => break,
-                Ok(Some(Ok(m))) => m,
+                Ok(Some(Ok(m))) => msgs.push(m),
                 Ok(Some(Err(e))) | Err(e) => {
-                    sh.metrics.protocol_error(error_kind(&e));
-                    eprintln!("kvroute: api: {e}; closing connection");
-                    fatal(&mut s, &mut out, e.to_string()).await;
-                    return;
-                }
-            };
-            sh.inflight.fetch_add(1, Ordering::SeqCst);
-            let r = answer(&core, msg).await;
-            sh.inflight.fetch_sub(1, Ordering::SeqCst);
-            match r {
-                Ok(resp) => resp.encode(&mut out),
-                Err(kind) => {
-                    sh.metrics.protocol_error(kind);
-                    fatal(&mut s, &mut out, "Hello after handshake".into()).await;
-                    return;
+                    bad = Some(e);
+                    break;
                 }
             }
+        }
+        if let Err(kind) = answer_all(&core, msgs, &mut out).await {
+            sh.metrics.protocol_error(kind);
+            fatal(&mut s, &mut out, "Hello after handshake".into()).await;
+            return;
+        }
+        if let Some(e) = bad {
+            sh.metrics.protocol_error(error_kind(&e));
+            eprintln!("kvroute: api: {e}; closing connection");
+            fatal(&mut s, &mut out, e.to_string()).await;
+            return;
         }
         if !out.is_empty() && s.write_all(&out).await.is_err() {
             return;

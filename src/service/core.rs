@@ -160,26 +160,36 @@ impl Core {
 
     // ---- local operations ----------------------------------------------------------
 
-    /// Queries this core's shard (and reserves a request id if asked).
+    /// Queries this core's shard (and checks a request id is unknown here, if asked:
+    /// `Some(true)` when free).
     pub fn local_query(
         &self,
         items: &[(u32, u64)],
-        reserve: Option<&str>,
+        check_id: Option<&str>,
     ) -> (ShardAnswer, Vec<(WorkerSlot, u32)>, Option<bool>) {
-        let mut st = self.st.borrow_mut();
+        let st = self.st.borrow();
         let mut answer = ShardAnswer::default();
         st.index.query(items, &mut answer);
         let mut reuse = Vec::new();
         st.active.count_reuse(items, &mut reuse);
-        let reserved = reserve.map(|id| {
-            if st.pending.contains(id) || st.tracker.get(id).is_some() {
-                false
-            } else {
-                st.pending.insert(id.to_string());
-                true
-            }
-        });
-        (answer, reuse, reserved)
+        let free = check_id.map(|id| !st.pending.contains(id) && st.tracker.get(id).is_none());
+        (answer, reuse, free)
+    }
+
+    /// Claims request id `id` on this core for a routing in progress; `false` when
+    /// this core already routes or holds a request with that id.
+    pub fn claim(&self, id: &str) -> bool {
+        let mut st = self.st.borrow_mut();
+        if st.pending.contains(id) || st.tracker.get(id).is_some() {
+            return false;
+        }
+        st.pending.insert(id.to_string());
+        true
+    }
+
+    /// Drops the claim of a routing that failed.
+    pub fn release(&self, id: &str) {
+        self.st.borrow_mut().pending.remove(id);
     }
 
     /// Active requests plus reservations on this core.
@@ -247,7 +257,8 @@ impl Core {
         st.mark(slot);
     }
 
-    /// Runs a lifecycle call on this (owner) core.
+    /// Runs a lifecycle call on this core; `UnknownRequest` (without side effects)
+    /// when the request does not live here.
     pub fn lifecycle_local(&self, op: LifeOp, id: &str) -> Result<LifeOutcome, EngineError> {
         let now = self.shared.now_us();
         let map = |e: LifecycleError| match e {
@@ -358,16 +369,16 @@ impl Core {
                 from,
                 qid,
                 items,
-                reserve,
+                check_id,
             } => {
-                let (answer, reuse, reserved) = self.local_query(&items, reserve.as_deref());
+                let (answer, reuse, id_free) = self.local_query(&items, check_id.as_deref());
                 self.post(
                     from,
                     Msg::Answer {
                         qid,
                         answer,
                         reuse,
-                        reserved,
+                        id_free,
                     },
                 );
             }
@@ -375,19 +386,15 @@ impl Core {
                 qid,
                 answer,
                 reuse,
-                reserved,
+                id_free,
             } => self.complete(
                 qid,
                 Reply::Answer {
                     answer,
                     reuse,
-                    reserved,
+                    id_free,
                 },
             ),
-            Msg::Commit { req, retained } => self.commit(*req, retained),
-            Msg::Release { id } => {
-                self.st.borrow_mut().pending.remove(&id);
-            }
             Msg::Active { slot, add, hashes } => self.apply_active(slot, add, &hashes),
             Msg::Lifecycle { from, qid, op, id } => {
                 let result = self.lifecycle_local(op, &id);
@@ -398,22 +405,11 @@ impl Core {
         }
     }
 
-    /// Commits locally or hands the commit to the owner core.
-    pub async fn commit_at(&self, owner: usize, req: NewRequest, retained: Option<Retained>) {
-        let retained = retained.map(Box::new);
-        if owner == self.id {
-            self.commit(req, retained);
-            self.after_local();
-        } else {
-            self.send(
-                owner,
-                Msg::Commit {
-                    req: Box::new(req),
-                    retained,
-                },
-            )
-            .await;
-        }
+    /// Commits a request routed on this core (its home) and sends the active-block
+    /// updates to the other shards.
+    pub fn commit_here(&self, req: NewRequest, retained: Option<Retained>) {
+        self.commit(req, retained.map(Box::new));
+        self.after_local();
     }
 
     /// After a handler ran inside a task (not the run loop): publish its load changes

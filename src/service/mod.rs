@@ -10,6 +10,7 @@
 //! - `zmq_ingest`: OS threads subscribed to vLLM / SGLang KV events over ZMQ.
 
 pub mod api;
+pub mod batch;
 pub mod conn;
 pub mod control;
 pub mod core;

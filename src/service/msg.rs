@@ -1,14 +1,13 @@
 //! Messages that travel between cores through the mailboxes.
 //!
-//! Ownership rules: index and active-block messages go to the core owning the shard;
-//! everything about a request's lifecycle goes to the request's owner core
-//! (`Shared::owner_of`). Replies go back to the `from` core and complete the waiter
+//! Ownership rules: index and active-block messages go to the core owning the shard; a
+//! request lives on the core that routed it (its home), and a lifecycle call arriving
+//! elsewhere is asked of the other cores. Replies go back to the `from` core and complete the waiter
 //! registered under `qid`. Hash lists are shared (`Arc` / zero-copy wire bytes) and each
 //! shard picks out its own hashes, so a fan-out never copies them.
 
 use crate::engine::{EngineError, Prepared, RouteDecision};
 use crate::index::ShardAnswer;
-use crate::load::NewRequest;
 use crate::types::{Tier, WorkerSlot};
 use std::sync::Arc;
 
@@ -77,7 +76,7 @@ pub struct Retained {
     pub expected_output_tokens: Option<u32>,
 }
 
-/// Result of a lifecycle call at the owner core.
+/// Result of a lifecycle call at the core holding the request.
 #[derive(Debug)]
 pub enum LifeOutcome {
     Done,
@@ -93,28 +92,21 @@ pub enum Msg {
         ops: Arc<[IndexOp]>,
     },
     /// Drop everything about a slot (worker removed, or a new epoch).
-    Forget {
-        slot: WorkerSlot,
-    },
+    Forget { slot: WorkerSlot },
     Query {
         from: usize,
         qid: u64,
         items: Vec<(u32, u64)>,
-        /// Reserve this request id at its owner core (duplicate detection).
-        reserve: Option<String>,
+        /// Check that this request id is unknown at the receiver (duplicate
+        /// detection; the sender has claimed it on its own core first).
+        check_id: Option<String>,
     },
     Answer {
         qid: u64,
         answer: ShardAnswer,
         reuse: Vec<(WorkerSlot, u32)>,
-        reserved: Option<bool>,
-    },
-    Commit {
-        req: Box<NewRequest>,
-        retained: Option<Box<Retained>>,
-    },
-    Release {
-        id: String,
+        /// Answer to `check_id`: `Some(true)` when the id is unknown here.
+        id_free: Option<bool>,
     },
     Active {
         slot: WorkerSlot,
@@ -145,7 +137,7 @@ pub enum Lane {
 }
 
 impl Msg {
-    /// The lane this message travels in. `Forget` is urgent: it must reach the owner
+    /// The lane this message travels in. `Forget` is urgent: it must reach a
     /// core before any commit for the slot's new identity (both lanes are drained
     /// urgent-first, and index batches of an old identity are dropped by generation).
     pub fn lane(&self) -> Lane {
@@ -154,8 +146,6 @@ impl Msg {
             Msg::Forget { .. }
             | Msg::Query { .. }
             | Msg::Answer { .. }
-            | Msg::Commit { .. }
-            | Msg::Release { .. }
             | Msg::Active { .. }
             | Msg::Lifecycle { .. }
             | Msg::LifecycleDone { .. } => Lane::Urgent,
@@ -168,7 +158,7 @@ pub enum Reply {
     Answer {
         answer: ShardAnswer,
         reuse: Vec<(WorkerSlot, u32)>,
-        reserved: Option<bool>,
+        id_free: Option<bool>,
     },
     Lifecycle(Result<LifeOutcome, EngineError>),
 }

@@ -1,7 +1,12 @@
 //! The routing pipeline of the service, spread over cores:
-//! prepare (hash) → scatter positions to shards (+ reserve the id at its owner core) →
-//! gather per-shard matches → merge → decide (pure `select::decide`) → commit the
-//! request's load at its owner core. Lifecycle calls are forwarded to the owner core.
+//! prepare (hash) → claim the id on this core and scatter positions to shards (each
+//! other core also checks it does not know the id) → gather per-shard matches → merge
+//! → decide (pure `select::decide`) → commit the request's load on this core, its
+//! *home*. Lifecycle calls run where they arrive when the request lives there (a
+//! frontend sends them on the connection that routed it), else at whichever other
+//! core holds it. A request id lives on at most one core: a core claims it before
+//! asking the others, so of two cores routing one id at once neither can miss the
+//! other's claim.
 //!
 //! The steps are the engine's (`engine::Engine::route`), so the in-process engine and
 //! the service give the same decisions for the same state.
@@ -166,9 +171,14 @@ async fn route_prepared(
     prefill_failed: bool,
 ) -> Result<RouteDecision, ApiError> {
     let sh = &core.shared;
-    let owner = sh.owner_of(id);
     let n = prepared.hashes.len();
-    // Scatter.
+    // This core becomes the request's home: claim the id here before asking the other
+    // cores whether they know it, so two cores routing one id concurrently cannot both
+    // succeed (each sees the other's claim; both refuse).
+    if !core.claim(id) {
+        return Err(EngineError::Duplicate(id.to_string()).into());
+    }
+    // Scatter: every other core gets its shard's positions and the duplicate check.
     let mut items: Vec<Vec<(u32, u64)>> = vec![Vec::new(); sh.cores];
     for (i, &h) in prepared.hashes.iter().enumerate() {
         items[sh.shard_of(h)].push((i as u32, h));
@@ -178,25 +188,23 @@ async fn route_prepared(
     for (s, it) in items.into_iter().enumerate() {
         if s == core.id {
             local_items = it;
-        } else if !it.is_empty() || s == owner {
+        } else {
             let qid = core.new_wait();
-            let reserve = (s == owner).then(|| id.to_string());
             core.send(
                 s,
                 Msg::Query {
                     from: core.id,
                     qid,
                     items: it,
-                    reserve,
+                    check_id: Some(id.to_string()),
                 },
             )
             .await;
             qids.push(qid);
         }
     }
-    let (local, mut reuse, reserved_here) =
-        core.local_query(&local_items, (owner == core.id).then_some(id));
-    let mut reserved = reserved_here.unwrap_or(true);
+    let (local, mut reuse, _) = core.local_query(&local_items, None);
+    let mut free = true;
     // Gather.
     let mut answers: Vec<ShardAnswer> = Vec::with_capacity(qids.len() + 1);
     answers.push(local);
@@ -204,17 +212,16 @@ async fn route_prepared(
         if let Reply::Answer {
             answer,
             reuse: r,
-            reserved: res,
+            id_free,
         } = core.wait(qid).await
         {
             answers.push(answer);
             reuse.extend(r);
-            if let Some(ok) = res {
-                reserved &= ok;
-            }
+            free &= id_free.unwrap_or(true);
         }
     }
-    if !reserved {
+    if !free {
+        core.release(id);
         return Err(EngineError::Duplicate(id.to_string()).into());
     }
     // Merge + decide.
@@ -270,11 +277,7 @@ async fn route_prepared(
     let d = match decided {
         Ok(d) => d,
         Err(e) => {
-            if owner == core.id {
-                core.st.borrow_mut().pending.remove(id);
-            } else {
-                core.send(owner, Msg::Release { id: id.to_string() }).await;
-            }
+            core.release(id);
             return Err(EngineError::Route(e).into());
         }
     };
@@ -288,7 +291,7 @@ async fn route_prepared(
     });
     let hashes = std::mem::take(&mut prepared.hashes);
     let req = plan::new_request(id, &d, &prepared, hashes, cfg.block_size, osl, now_us);
-    core.commit_at(owner, req, retained).await;
+    core.commit_here(req, retained);
     Ok(out)
 }
 
@@ -300,28 +303,16 @@ pub async fn lifecycle(
 ) -> Result<Option<RouteDecision>, ApiError> {
     crate::engine::request::check_request_id(id).map_err(EngineError::from)?;
     refuse_when_stopping(core)?;
-    let owner = core.shared.owner_of(id);
-    let result = if owner == core.id {
-        let r = core.lifecycle_local(op, id);
-        core.after_local();
-        r
-    } else {
-        let qid = core.new_wait();
-        core.send(
-            owner,
-            Msg::Lifecycle {
-                from: core.id,
-                qid,
-                op,
-                id: id.to_string(),
-            },
-        )
-        .await;
-        match core.wait(qid).await {
-            Reply::Lifecycle(r) => r,
-            Reply::Answer { .. } => {
-                Err(EngineError::BadRequest("internal: mismatched reply".into()))
-            }
+    // Most calls arrive on the connection (so the core) that routed the request; the
+    // others ask the other cores, of which at most one knows the id.
+    let result = match core.lifecycle_local(op, id) {
+        Err(EngineError::UnknownRequest(_)) if core.shared.cores > 1 => {
+            core.after_local();
+            lifecycle_elsewhere(core, op, id).await
+        }
+        r => {
+            core.after_local();
+            r
         }
     };
     match result? {
@@ -342,4 +333,38 @@ pub async fn lifecycle(
             Ok(Some(d))
         }
     }
+}
+
+/// Runs a lifecycle call at whichever other core holds the request.
+async fn lifecycle_elsewhere(
+    core: &Core,
+    op: LifeOp,
+    id: &str,
+) -> Result<LifeOutcome, EngineError> {
+    let mut qids = Vec::with_capacity(core.shared.cores - 1);
+    for to in (0..core.shared.cores).filter(|&c| c != core.id) {
+        let qid = core.new_wait();
+        core.send(
+            to,
+            Msg::Lifecycle {
+                from: core.id,
+                qid,
+                op,
+                id: id.to_string(),
+            },
+        )
+        .await;
+        qids.push(qid);
+    }
+    let mut result = Err(EngineError::UnknownRequest(id.to_string()));
+    for qid in qids {
+        match core.wait(qid).await {
+            Reply::Lifecycle(Err(EngineError::UnknownRequest(_))) => {}
+            Reply::Lifecycle(r) => result = r,
+            Reply::Answer { .. } => {
+                result = Err(EngineError::BadRequest("internal: mismatched reply".into()))
+            }
+        }
+    }
+    result
 }

@@ -151,7 +151,8 @@ impl Shared {
         crate::index::shard_of(h, self.shard_bits)
     }
 
-    /// Core owning a request's lifecycle state.
+    /// Core that re-admits a restored in-flight request into its tracker (`persist`).
+    /// Requests routed while running live on the core that routed them.
     pub fn owner_of(&self, request_id: &str) -> usize {
         let h = xxhash_rust::xxh3::xxh3_64(request_id.as_bytes());
         (h as usize) & (self.cores - 1)

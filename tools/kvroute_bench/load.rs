@@ -29,6 +29,29 @@ pub struct Result {
     pub reconnects: u64,
     pub rss_mib_after_warmup: Option<f64>,
     pub rss_mib_end: Option<f64>,
+    /// `blocking N` (one thread per connection, send then wait) or `pipelined N`
+    /// (open loop over N connections, `pipelined`).
+    pub clients: String,
+    /// Pipelined mode: how late the sender was against the schedule (included in the
+    /// latency figures).
+    pub send_lag_us_p50: Option<f64>,
+    pub send_lag_us_p99: Option<f64>,
+    /// Router CPU time (user + system, all threads) over the measurement, in cores.
+    pub router_cpu_cores: Option<f64>,
+    /// Router CPU time per decision (µs), ingest included.
+    pub router_cpu_us_per_decision: Option<f64>,
+}
+
+/// User + system CPU seconds used so far by process `pid` (all threads).
+fn cpu_secs(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14, 15.
+    let rest = s.get(s.rfind(')')? + 2..)?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (hz > 0.0).then(|| ticks / hz)
 }
 
 fn rss_mib(pid: u32) -> Option<f64> {
@@ -255,7 +278,7 @@ pub fn run(
     let kinds: Arc<Kinds> = Arc::new(Default::default());
     let mut rss_warm = None;
     let duration = Duration::from_secs(args.duration.clamp(1, 3600));
-    let (results, secs, block_events) = std::thread::scope(|s| {
+    let (results, piped, secs, block_events, cpu) = std::thread::scope(|s| {
         let mut pubs = Vec::new();
         for w in 0..args.workers {
             let (stop, sent, rc) = (stop.clone(), sent.clone(), reconnects.clone());
@@ -264,9 +287,22 @@ pub fn run(
         // Register at least one worker before routing starts.
         std::thread::sleep(Duration::from_millis(300));
         let mut clients = Vec::new();
+        let mut piped = Vec::new();
         let started = Instant::now();
+        let cpu0 = pid.and_then(cpu_secs);
         let base = sent.load(Ordering::Relaxed);
-        for c in 0..args.clients {
+        for c in 0..args.connections {
+            let stop = stop.clone();
+            piped.push(s.spawn(move || {
+                crate::pipelined::connection(args, api, c, args.connections, &stop)
+            }));
+        }
+        let blocking = if args.connections > 0 {
+            0
+        } else {
+            args.clients
+        };
+        for c in 0..blocking {
             let (stop, errors, kinds, lost) =
                 (stop.clone(), errors.clone(), kinds.clone(), lost.clone());
             clients.push(s.spawn(move || {
@@ -282,10 +318,18 @@ pub fn run(
         stop.store(true, Ordering::Relaxed);
         let secs = started.elapsed().as_secs_f64();
         let block_events = sent.load(Ordering::Relaxed) - base;
+        let cpu = cpu0.zip(pid.and_then(cpu_secs)).map(|(a, b)| b - a);
         let mut out = Vec::new();
         for c in clients {
             if let Ok(x) = c.join() {
                 out.push(x);
+            }
+        }
+        let mut piped_out = Vec::new();
+        for c in piped {
+            match c.join() {
+                Ok(r) => piped_out.push(r),
+                Err(_) => piped_out.push(Err("connection thread panicked".into())),
             }
         }
         for p in pubs {
@@ -293,7 +337,7 @@ pub fn run(
                 eprintln!("kvroute-bench: publisher: {e}");
             }
         }
-        (out, secs, block_events)
+        (out, piped_out, secs, block_events, cpu)
     });
     let mut lat: Vec<u32> = Vec::new();
     let mut decisions = 0u64;
@@ -304,36 +348,74 @@ pub fn run(
         }
         lat.extend(l);
     }
+    let mut lag: Vec<u32> = Vec::new();
+    let mut kinds = kinds.lock().map(|k| k.clone()).unwrap_or_default();
+    let mut errors = errors.load(Ordering::Relaxed);
+    let mut lost = lost.load(Ordering::Relaxed);
+    for r in piped {
+        let r = r.map_err(|e| format!("connection: {e}"))?;
+        decisions += r.decisions;
+        errors += r.errors;
+        lost += r.lost;
+        lat.extend(r.latencies_us);
+        lag.extend(r.send_lag_us);
+        for (k, n) in r.errors_by_kind {
+            *kinds.entry(k).or_insert(0) += n;
+        }
+    }
     lat.sort_unstable();
+    lag.sort_unstable();
+    let pipelined = args.connections > 0;
     Ok(Result {
         label,
         seconds: secs,
         block_events_per_s: block_events as f64 / secs,
         decisions_per_s: decisions as f64 / secs,
-        errors: errors.load(Ordering::Relaxed),
+        errors,
         latency_us_p50: percentile(&lat, 0.5),
         latency_us_p99: percentile(&lat, 0.99),
         latency_us_p999: percentile(&lat, 0.999),
         peak_rss_mib: pid.and_then(peak_rss_mib),
-        decisions_lost: lost.load(Ordering::Relaxed),
-        errors_by_kind: kinds.lock().map(|k| k.clone()).unwrap_or_default(),
+        decisions_lost: lost,
+        errors_by_kind: kinds,
         reconnects: reconnects.load(Ordering::Relaxed),
         rss_mib_after_warmup: rss_warm,
         rss_mib_end: pid.and_then(rss_mib),
+        clients: if pipelined {
+            format!("pipelined {}", args.connections)
+        } else {
+            format!("blocking {}", args.clients)
+        },
+        send_lag_us_p50: pipelined.then(|| percentile(&lag, 0.5)),
+        send_lag_us_p99: pipelined.then(|| percentile(&lag, 0.99)),
+        router_cpu_cores: cpu.map(|c| c / secs),
+        router_cpu_us_per_decision: cpu
+            .filter(|_| decisions > 0)
+            .map(|c| c * 1e6 / decisions as f64),
     })
 }
 
 pub fn table(rs: &[Result]) -> String {
-    let mut s = String::from("| run | block events/s | decisions/s | p50 µs | p99 µs | p999 µs | errors | lost | reconnects | RSS MiB warm→end (peak) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut s = String::from("| run | clients | block events/s | decisions/s | p50 µs | p99 µs | p999 µs | send lag p50/p99 µs | router CPU cores (µs/decision) | errors | lost | reconnects | RSS MiB warm→end (peak) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rs {
         s += &format!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} {:?} | {} | {} | {} → {} ({}) |\n",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} {:?} | {} | {} | {} → {} ({}) |\n",
             r.label,
+            r.clients,
             r.block_events_per_s,
             r.decisions_per_s,
             r.latency_us_p50,
             r.latency_us_p99,
             r.latency_us_p999,
+            match (r.send_lag_us_p50, r.send_lag_us_p99) {
+                (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
+                _ => "-".into(),
+            },
+            match (r.router_cpu_cores, r.router_cpu_us_per_decision) {
+                (Some(c), Some(d)) => format!("{c:.2} ({d:.0})"),
+                (Some(c), None) => format!("{c:.2}"),
+                _ => "-".into(),
+            },
             r.errors,
             r.errors_by_kind,
             r.decisions_lost,

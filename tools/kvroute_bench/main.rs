@@ -2,8 +2,11 @@
 //! over its real binary protocols, from many connections at once:
 //! - sustained KV event ingest from `--workers` event connections (each keeps its
 //!   indexed blocks bounded by removing its oldest batches, like a real cache);
-//! - routing decisions at `--rate` per second over `--clients` request connections
-//!   (route + finish per request), latency measured at the client.
+//! - routing decisions at `--rate` per second (route + finish per request), latency
+//!   measured at the client: either `--clients` blocking threads, one connection each
+//!   (send, wait for the answer, send the next), or with `--connections N` an
+//!   open-loop pipelined client over N connections (`pipelined`: requests go out at
+//!   their scheduled times whatever is outstanding; latency from the scheduled time).
 //!
 //! It reports events/s, decisions/s, decision latency p50/p99/p999 and the router's
 //! peak RSS. `--spawn PATH --cores 1,2` starts the router itself once per core count
@@ -11,6 +14,7 @@
 //! `--duration`.
 
 mod load;
+mod pipelined;
 
 use clap::Parser;
 use std::process::{Child, Command, Stdio};
@@ -49,9 +53,13 @@ pub struct Args {
     /// Target block events/s over all workers (0 = as fast as the router accepts).
     #[arg(long, default_value_t = 0)]
     pub event_rate: u64,
-    /// Request connections.
+    /// Blocking request clients (one thread and connection each; used when
+    /// --connections is 0).
     #[arg(long, default_value_t = 64)]
     pub clients: usize,
+    /// Pipelined open-loop request connections (0 = use --clients blocking threads).
+    #[arg(long, default_value_t = 0)]
+    pub connections: usize,
     /// Target routing decisions/s over all clients.
     #[arg(long, default_value_t = 20_000)]
     pub rate: u64,
@@ -125,9 +133,14 @@ fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let mut results = Vec::new();
     let run = |args: &Args, events: &str, api: &str, pid: Option<u32>, label: String| {
+        let clients = if args.connections > 0 {
+            format!("{} pipelined connections", args.connections)
+        } else {
+            format!("{} blocking clients", args.clients)
+        };
         eprintln!(
-            "kvroute-bench: {label}: {} workers, {} clients at {}/s, {} s",
-            args.workers, args.clients, args.rate, args.duration
+            "kvroute-bench: {label}: {} workers, {clients} at {}/s, {} s",
+            args.workers, args.rate, args.duration
         );
         load::run(args, events, api, pid, label)
     };
