@@ -11,7 +11,6 @@ mod common;
 use common::Server;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 const BS: u32 = 4;
@@ -35,14 +34,6 @@ fn python_ok() -> bool {
     ok
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 struct Publisher {
     child: Child,
     stdin: ChildStdin,
@@ -50,16 +41,19 @@ struct Publisher {
 }
 
 impl Publisher {
-    /// `engines`: (pub port, replay port?) per engine.
-    fn start(encoding: &str, hashes: &str, engines: &[(u16, Option<u16>)]) -> Publisher {
+    /// One engine per entry of `replay` (with a replay socket where true), each bound
+    /// to a port the OS picks; returns the publisher and (pub port, replay port?) per
+    /// engine, as the script reports them.
+    fn start(
+        encoding: &str,
+        hashes: &str,
+        replay: &[bool],
+    ) -> (Publisher, Vec<(u16, Option<u16>)>) {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/vllm_publisher.py");
         let mut cmd = Command::new("python3");
         cmd.arg(script).arg(encoding).arg(hashes);
-        for (p, r) in engines {
-            cmd.arg(match r {
-                Some(r) => format!("{p}:{r}"),
-                None => p.to_string(),
-            });
+        for &r in replay {
+            cmd.arg(if r { "0:0" } else { "0" });
         }
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -74,8 +68,20 @@ impl Publisher {
             stdin,
             stdout,
         };
-        assert_eq!(p.line(), "ready");
-        p
+        let ready = p.line();
+        let ports = ready
+            .strip_prefix("ready ")
+            .unwrap_or_else(|| panic!("publisher did not start: {ready:?}"))
+            .split(' ')
+            .map(|e| {
+                let (pub_port, replay) = e.split_once(':').expect("pub:replay");
+                (
+                    pub_port.parse().expect("pub port"),
+                    (!replay.is_empty()).then(|| replay.parse().expect("replay port")),
+                )
+            })
+            .collect();
+        (p, ports)
     }
 
     fn line(&mut self) -> String {
@@ -149,10 +155,7 @@ fn stream_metric(s: &Server, worker: &str, kind: &str) -> f64 {
 }
 
 fn start_fleet(encoding: &str, hashes: &str, replay: bool) -> (Publisher, Server) {
-    let ports: Vec<(u16, Option<u16>)> = (0..2)
-        .map(|_| (free_port(), replay.then(free_port)))
-        .collect();
-    let p = Publisher::start(encoding, hashes, &ports);
+    let (p, ports) = Publisher::start(encoding, hashes, &[replay, replay]);
     let e0 = engine_flag("w0", ports[0].0, ports[0].1);
     let e1 = engine_flag("w1", ports[1].0, ports[1].1);
     let s = Server::start(2, &["--block-size", "4", "--engine", &e0, "--engine", &e1]);

@@ -24,7 +24,21 @@ fn free_port() -> u16 {
 
 impl Server {
     /// Starts `kvroute serve --cores N` plus extra flags; waits for /healthz.
+    ///
+    /// The ports are picked free but released before kvroute binds them, so another
+    /// process can take one in between; kvroute then exits at once and the start is
+    /// retried on fresh ports.
     pub fn start(cores: usize, extra: &[&str]) -> Server {
+        for _ in 0..4 {
+            if let Some(s) = Self::try_start(cores, extra) {
+                return s;
+            }
+        }
+        panic!("kvroute did not start on free ports four times");
+    }
+
+    /// One attempt of [`Server::start`]; `None` if kvroute exited (a port was taken).
+    fn try_start(cores: usize, extra: &[&str]) -> Option<Server> {
         let (e, a, h) = (free_port(), free_port(), free_port());
         let events = format!("127.0.0.1:{e}");
         let api = format!("127.0.0.1:{a}");
@@ -46,7 +60,7 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn kvroute");
-        let s = Server {
+        let mut s = Server {
             child,
             events,
             api,
@@ -54,13 +68,22 @@ impl Server {
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
+            if s.child.try_wait().ok().flatten().is_some() {
+                return None;
+            }
             if ureq::get(&s.url("/healthz")).call().is_ok() {
                 break;
             }
             assert!(Instant::now() < deadline, "kvroute did not become healthy");
             std::thread::sleep(Duration::from_millis(20));
         }
-        s
+        // A /healthz answer from someone else's port while ours failed to bind: our
+        // child exits within moments.
+        std::thread::sleep(Duration::from_millis(50));
+        if s.child.try_wait().ok().flatten().is_some() {
+            return None;
+        }
+        Some(s)
     }
 
     /// Hands over the child process (the harness no longer stops it).

@@ -104,14 +104,24 @@ class MapBatch(msgspec.Struct, omit_defaults=True, gc=False):
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
+def bind(sock, port):
+    if port == 0:
+        return sock.bind_to_random_port("tcp://127.0.0.1")
+    sock.bind(f"tcp://127.0.0.1:{port}")
+    return port
+
+
 class Engine:
     def __init__(self, ctx, pub_port, replay_port):
+        # Port 0: the OS picks a free port while the socket binds (no window in
+        # which another process could take it); the ports go out on the ready line.
         self.pub = ctx.socket(zmq.XPUB)
-        self.pub.bind(f"tcp://127.0.0.1:{pub_port}")
+        self.pub_port = bind(self.pub, pub_port)
         self.replay = None
-        if replay_port:
+        self.replay_port = None
+        if replay_port is not None:
             self.replay = ctx.socket(zmq.ROUTER)
-            self.replay.bind(f"tcp://127.0.0.1:{replay_port}")
+            self.replay_port = bind(self.replay, replay_port)
         self.seq = 0
         self.buffer = []
         self.subscribed = False
@@ -146,7 +156,7 @@ def main():
     engines = []
     for spec in sys.argv[3:]:
         pub, _, replay = spec.partition(":")
-        engines.append(Engine(ctx, int(pub), int(replay) if replay else None))
+        engines.append(Engine(ctx, int(pub), int(replay) if replay != "" else None))
     enc = msgspec.msgpack.Encoder()
 
     def h(name):
@@ -160,7 +170,8 @@ def main():
             return enc.encode(KVEventBatch(ts=time.time(), events=events))
         return enc.encode(MapBatch(ts=time.time(), events=events, data_parallel_rank=0))
 
-    print("ready", flush=True)
+    ports = " ".join(f"{e.pub_port}:{e.replay_port or ''}" for e in engines)
+    print(f"ready {ports}", flush=True)
     # Serve replays while waiting for commands (bounded: the test ends within minutes).
     import selectors
 
