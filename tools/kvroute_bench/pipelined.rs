@@ -103,6 +103,18 @@ fn handshake(api: &str) -> Result<(TcpStream, BytesMut, FrameDecoder), String> {
     }
 }
 
+/// Appends the Finish of request `i` of connection `c` to `out`.
+fn finish(c: usize, i: u64, out: &mut BytesMut) -> Result<(), String> {
+    RequestMsg::Lifecycle {
+        corr: 2 * i + 3,
+        op: LifecycleOp::Finish,
+        request_id: request_id(c as u64, i),
+        output_tokens: 0,
+    }
+    .try_encode(out)
+    .map_err(|e| e.to_string())
+}
+
 /// Runs connection `c` of `conns` until `stop`, then collects the answers still in
 /// flight (up to 2 s).
 pub fn connection(
@@ -133,14 +145,7 @@ pub fn connection(
             while !stop.load(Ordering::Relaxed) {
                 for i in fin_rx.try_iter() {
                     answered_floor = answered_floor.max(i + 1);
-                    RequestMsg::Lifecycle {
-                        corr: 2 * i + 3,
-                        op: LifecycleOp::Finish,
-                        request_id: request_id(c as u64, i),
-                        output_tokens: 0,
-                    }
-                    .try_encode(&mut out)
-                    .map_err(|e| e.to_string())?;
+                    finish(c, i, &mut out)?;
                 }
                 let now = Instant::now();
                 while sched(k) <= now {
@@ -173,14 +178,7 @@ pub fn connection(
             let grace = Instant::now() + Duration::from_secs(2);
             while !done_r.load(Ordering::Acquire) && Instant::now() < grace {
                 for i in fin_rx.try_iter() {
-                    RequestMsg::Lifecycle {
-                        corr: 2 * i + 3,
-                        op: LifecycleOp::Finish,
-                        request_id: request_id(c as u64, i),
-                        output_tokens: 0,
-                    }
-                    .try_encode(&mut out)
-                    .map_err(|e| e.to_string())?;
+                    finish(c, i, &mut out)?;
                 }
                 if !out.is_empty() {
                     s.write_all(&out).map_err(|e| e.to_string())?;
