@@ -46,6 +46,11 @@ impl CoreState {
             }
         }
     }
+
+    /// This core routes (claimed, not yet committed) or holds a request `id`.
+    fn knows(&self, id: &str) -> bool {
+        self.pending.contains(id) || self.tracker.get(id).is_some()
+    }
 }
 
 #[derive(Default)]
@@ -172,7 +177,7 @@ impl Core {
         st.index.query(items, &mut answer);
         let mut reuse = Vec::new();
         st.active.count_reuse(items, &mut reuse);
-        let free = check_id.map(|id| !st.pending.contains(id) && st.tracker.get(id).is_none());
+        let free = check_id.map(|id| !st.knows(id));
         (answer, reuse, free)
     }
 
@@ -180,7 +185,7 @@ impl Core {
     /// this core already routes or holds a request with that id.
     pub fn claim(&self, id: &str) -> bool {
         let mut st = self.st.borrow_mut();
-        if st.pending.contains(id) || st.tracker.get(id).is_some() {
+        if st.knows(id) {
             return false;
         }
         st.pending.insert(id.to_string());

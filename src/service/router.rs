@@ -305,15 +305,13 @@ pub async fn lifecycle(
     refuse_when_stopping(core)?;
     // Most calls arrive on the connection (so the core) that routed the request; the
     // others ask the other cores, of which at most one knows the id.
-    let result = match core.lifecycle_local(op, id) {
+    let local = core.lifecycle_local(op, id);
+    core.after_local();
+    let result = match local {
         Err(EngineError::UnknownRequest(_)) if core.shared.cores > 1 => {
-            core.after_local();
             lifecycle_elsewhere(core, op, id).await
         }
-        r => {
-            core.after_local();
-            r
-        }
+        r => r,
     };
     match result? {
         LifeOutcome::Done => Ok(None),
