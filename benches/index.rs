@@ -63,6 +63,37 @@ fn ingest(c: &mut Criterion) {
     g.finish();
 }
 
+/// `ingest_live/{entries}`: one shard, the `ingest` churn (store a 64-block batch,
+/// remove the oldest) with 65k, 800k (the service bench's share per shard with 8
+/// workers) and 3.2M entries alive: past the caches, each event costs DRAM misses.
+fn ingest_live(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ingest_live");
+    g.measurement_time(Duration::from_secs(3));
+    g.warm_up_time(Duration::from_secs(1));
+    g.throughput(Throughput::Elements(2 * BATCH));
+    for window in [1024u64, 12_500, 50_000] {
+        let mut idx = IndexShard::new();
+        let mut batch = [0u64; BATCH as usize];
+        for k in 0..window {
+            fill(k, &mut batch);
+            idx.stored((k % 16) as u16, Tier::Device, &batch);
+        }
+        let mut i = window;
+        g.bench_function(BenchmarkId::from_parameter(window * BATCH), |b| {
+            b.iter(|| {
+                fill(i, &mut batch);
+                let a = idx.stored((i % 16) as u16, Tier::Device, &batch);
+                let old = i - window;
+                fill(old, &mut batch);
+                let r = idx.removed((old % 16) as u16, Tier::Device, &batch);
+                i += 1;
+                black_box((a, r))
+            })
+        });
+    }
+    g.finish();
+}
+
 fn apply(shard: &mut IndexShard, events: &[Event]) -> u64 {
     let mut n = 0u64;
     for (w, store, h) in events {
@@ -179,5 +210,5 @@ fn memory(_c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, ingest, ingest_threads, query, memory);
+criterion_group!(benches, ingest, ingest_live, ingest_threads, query, memory);
 criterion_main!(benches);
