@@ -23,6 +23,7 @@ pub mod engines;
 pub mod hash;
 pub mod index;
 pub mod load;
+pub mod mem;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod process;
 pub mod registry;

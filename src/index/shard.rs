@@ -29,19 +29,44 @@ pub const DEFAULT_WORKER_CAP: u64 = 1 << 20;
 /// keeps small shards from compacting on every clear.
 const COMPACT_FLOOR: u64 = 4096;
 
-/// Hashes mixed and prefetched together before their table lookups: enough to overlap
-/// the cache misses of a large table, small enough to stay in registers / L1.
+/// Hashes mixed and prefetched together before their table lookups in a query: enough
+/// to overlap the cache misses of a large table, small enough to stay in registers / L1.
 const CHUNK: usize = 16;
 
-/// `mix`es `hashes` (at most [`CHUNK`]) into `keys` and prefetches their home slots.
-#[inline(always)]
-fn mix_chunk(map: &Table, hashes: &[u64], keys: &mut [u64; CHUNK]) -> usize {
-    let n = hashes.len().min(CHUNK);
-    for (k, &h) in keys.iter_mut().zip(hashes) {
-        *k = mix(h);
-        map.prefetch(*k);
+/// How many keys ahead of its use [`Ahead`] prefetches a home slot (a power of two).
+const AHEAD: usize = 16;
+
+/// The keys of a hash list in order, each key's home slot prefetched [`AHEAD`] keys
+/// before its turn: a steady pipeline of misses in flight for stores and removes,
+/// which (unlike a chunk prefetched at once) never waits a full memory latency at the
+/// start of every chunk. The table may change between keys (stores and removes
+/// shift slots) as long as it is not reallocated: a stale prefetch only wastes a load.
+struct Ahead {
+    ring: [u64; AHEAD],
+}
+
+impl Ahead {
+    #[inline(always)]
+    fn start(map: &Table, hashes: &[u64]) -> Ahead {
+        let mut ring = [0u64; AHEAD];
+        for (k, &h) in ring.iter_mut().zip(hashes) {
+            *k = mix(h);
+            map.prefetch(*k);
+        }
+        Ahead { ring }
     }
-    n
+
+    /// The key of `hashes[i]`; call with `i = 0, 1, 2, …` in turn.
+    #[inline(always)]
+    fn key(&mut self, map: &Table, hashes: &[u64], i: usize) -> u64 {
+        let r = &mut self.ring[i % AHEAD];
+        let k = *r;
+        if let Some(&h) = hashes.get(i + AHEAD) {
+            *r = mix(h);
+            map.prefetch(*r);
+        }
+        k
+    }
 }
 
 /// What a [`IndexShard::stored`] call did with its hashes.
@@ -229,22 +254,20 @@ impl IndexShard {
         let key = key_of(entry);
         // Entries `w` may still add before its cap (counted down as they are added).
         let mut room = ws.cap.saturating_sub(ws.total());
-        let mut keys = [0u64; CHUNK];
-        for chunk in hashes.chunks(CHUNK) {
-            let n = mix_chunk(&self.map, chunk, &mut keys);
-            for &k in &keys[..n] {
-                match self.map.find_or_slot(k) {
-                    Probe::Vacant(pos) => {
-                        if room == 0 {
-                            out.rejected += 1;
-                        } else {
-                            self.map.insert_at(pos, k, Holders::single(entry));
-                            room -= 1;
-                            out.added += 1;
-                        }
+        let mut ahead = Ahead::start(&self.map, hashes);
+        for i in 0..hashes.len() {
+            let k = ahead.key(&self.map, hashes, i);
+            match self.map.find_or_slot(k) {
+                Probe::Vacant(pos) => {
+                    if room == 0 {
+                        out.rejected += 1;
+                    } else {
+                        self.map.insert_at(pos, k, Holders::single(entry));
+                        room -= 1;
+                        out.added += 1;
                     }
-                    Probe::Found(i) => self.store_into(i, entry, key, &mut room, &mut out),
                 }
+                Probe::Found(i) => self.store_into(i, entry, key, &mut room, &mut out),
             }
         }
         if let Some(ws) = self.workers.get_mut(w as usize) {
@@ -325,29 +348,27 @@ impl IndexShard {
         let key = key_of(entry);
         let mut removed = 0u32;
         let mut stale_dropped = 0u64;
-        let mut keys = [0u64; CHUNK];
-        for chunk in hashes.chunks(CHUNK) {
-            let n = mix_chunk(&self.map, chunk, &mut keys);
-            for &k in &keys[..n] {
-                let Some(i) = self.map.find(k) else {
-                    continue;
-                };
-                let Some(hs) = self.map.holders_mut(i) else {
-                    continue;
-                };
-                let Some(j) = hs.find(&self.slab, key) else {
-                    continue;
-                };
-                let was_live = hs.entries(&self.slab).get(j) == Some(&entry);
-                hs.remove(&mut self.slab, j);
-                if hs.is_empty() {
-                    self.map.remove_at(i);
-                }
-                if was_live {
-                    removed += 1;
-                } else {
-                    stale_dropped += 1;
-                }
+        let mut ahead = Ahead::start(&self.map, hashes);
+        for n in 0..hashes.len() {
+            let k = ahead.key(&self.map, hashes, n);
+            let Some(i) = self.map.find(k) else {
+                continue;
+            };
+            let Some(hs) = self.map.holders_mut(i) else {
+                continue;
+            };
+            let Some(j) = hs.find(&self.slab, key) else {
+                continue;
+            };
+            let was_live = hs.entries(&self.slab).get(j) == Some(&entry);
+            hs.remove(&mut self.slab, j);
+            if hs.is_empty() {
+                self.map.remove_at(i);
+            }
+            if was_live {
+                removed += 1;
+            } else {
+                stale_dropped += 1;
             }
         }
         if let Some(ws) = self.workers.get_mut(w as usize) {
