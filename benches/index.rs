@@ -3,6 +3,9 @@
 //! - `ingest/{1,2}_shards`: steady-state stored/removed events (64-block batches, 16
 //!   workers, ~64K live entries), shards run sequentially in process; throughput is in
 //!   block events.
+//! - `ingest_live/{65536,800000,3200000}`: the same churn on one shard with that many
+//!   live entries (past the caches every event costs DRAM misses).
+//! - `ingest_live_threads/{1,2}`: 800k live entries per shard, one thread per shard.
 //! - `ingest_threads/shards/{1,2}`: one thread per shard, each applying its
 //!   pre-partitioned share of a Mooncake-derived store/remove stream (as the service
 //!   does); throughput is in block events of the whole stream.
@@ -88,6 +91,56 @@ fn ingest_live(c: &mut Criterion) {
                 let r = idx.removed((old % 16) as u16, Tier::Device, &batch);
                 i += 1;
                 black_box((a, r))
+            })
+        });
+    }
+    g.finish();
+}
+
+/// `ingest_live_threads/{1,2}`: the `ingest_live` churn at 800k live entries per
+/// shard, one thread per shard, as the service's cores run it (8 workers x 200k
+/// blocks over 2 shards). With two 20 MB tables the shards no longer share the L3
+/// comfortably: this shows what two cores get together.
+fn ingest_live_threads(c: &mut Criterion) {
+    const WINDOW: u64 = 12_500;
+    const STEPS: u64 = 256;
+    let mut g = c.benchmark_group("ingest_live_threads");
+    g.measurement_time(Duration::from_secs(3));
+    g.warm_up_time(Duration::from_secs(1));
+    g.sample_size(20);
+    for threads in [1u64, 2] {
+        g.throughput(Throughput::Elements(threads * STEPS * 2 * BATCH));
+        let mut shards: Vec<(IndexShard, u64)> = (0..threads)
+            .map(|t| {
+                let mut idx = IndexShard::new();
+                let mut batch = [0u64; BATCH as usize];
+                for k in 0..WINDOW {
+                    fill(k + (t << 40), &mut batch);
+                    idx.stored((k % 16) as u16, Tier::Device, &batch);
+                }
+                (idx, WINDOW)
+            })
+            .collect();
+        g.bench_function(BenchmarkId::from_parameter(threads), |b| {
+            b.iter_custom(|iters| {
+                let t0 = Instant::now();
+                std::thread::scope(|sc| {
+                    for (t, (idx, i)) in shards.iter_mut().enumerate() {
+                        let base = (t as u64) << 40;
+                        sc.spawn(move || {
+                            let mut batch = [0u64; BATCH as usize];
+                            for _ in 0..iters * STEPS {
+                                fill(*i + base, &mut batch);
+                                idx.stored((*i % 16) as u16, Tier::Device, &batch);
+                                let old = *i - WINDOW;
+                                fill(old + base, &mut batch);
+                                idx.removed((old % 16) as u16, Tier::Device, &batch);
+                                *i += 1;
+                            }
+                        });
+                    }
+                });
+                t0.elapsed()
             })
         });
     }
@@ -210,5 +263,13 @@ fn memory(_c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, ingest, ingest_live, ingest_threads, query, memory);
+criterion_group!(
+    benches,
+    ingest,
+    ingest_live,
+    ingest_live_threads,
+    ingest_threads,
+    query,
+    memory
+);
 criterion_main!(benches);
