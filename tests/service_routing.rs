@@ -401,3 +401,37 @@ fn bad_http_input_gets_4xx_json_errors() {
     );
     assert_eq!(d["decode_worker"], "w");
 }
+
+/// A JSON body larger than one index batch (several events, one of 3,000 hashes, a
+/// removal and a clear of another tier) is cut into batches and applied whole, in
+/// order, on every shard.
+fn large_json_event_bodies(cores: usize) {
+    let s = Server::start(cores, &[]);
+    s.register(worker("big"));
+    let h = hashes(77, 6000);
+    s.store("big", "host", &h[5000..]);
+    let (code, body) = s.post(
+        "/v1/workers/big/events",
+        json!({"events": [
+            {"type": "stored", "tier": "device", "parent": null, "block_hashes": &h[..3000]},
+            {"type": "stored", "tier": "device", "parent": null, "block_hashes": &h[3000..5500]},
+            {"type": "removed", "tier": "device", "block_hashes": &h[5000..5500]},
+            {"type": "cleared", "tier": "host"},
+        ]}),
+    );
+    assert_eq!(code, 200, "{body}");
+    s.wait_until("index", |s| s.cached("big") == 5000);
+    let d = route(
+        &s,
+        json!({"request_id": "big", "model": "m", "block_hashes": &h[..5200], "explain": true}),
+    );
+    assert_eq!(d["decode_worker"], "big", "{d}");
+    assert_eq!(d["overlap"]["device"], 5000, "{d}");
+    assert_eq!(d["overlap"]["host"], 0, "{d}");
+}
+
+#[test]
+fn large_json_event_bodies_are_cut_into_batches() {
+    large_json_event_bodies(1);
+    large_json_event_bodies(2);
+}

@@ -5,7 +5,8 @@
 //! per-slot generations, so events about a previous identity of a slot are dropped.
 
 use super::core::Core;
-use super::msg::{Hashes, IndexOp, Msg};
+use super::index_batch::Batch;
+use super::msg::{IndexOp, Msg};
 use super::router::ApiError;
 use super::shared::Shared;
 use crate::engine::{EngineError, KvEvent, WorkerState, WorkerStatus};
@@ -179,45 +180,45 @@ pub async fn json_events(core: &Core, id: &str, events: Vec<KvEvent>) -> Result<
         .map(|c| c.gen.load(Ordering::Acquire))
         .unwrap_or(0);
     let n = events.len();
-    let mut ops = Vec::with_capacity(n);
+    if let Some(e) = events.iter().find_map(|ev| match ev {
+        KvEvent::Stored { block_hashes, .. } | KvEvent::Removed { block_hashes, .. }
+            if block_hashes.len() > max =>
+        {
+            Some(block_hashes.len())
+        }
+        _ => None,
+    }) {
+        return Err(
+            EngineError::BadRequest(format!("{e} hashes in one event (at most {max})")).into(),
+        );
+    }
+    // Cut like binary events, so a large body never becomes one long shard batch.
+    let mut batch = Batch::default();
+    let mut full = Vec::new();
     for ev in events {
-        let op = match ev {
+        match ev {
             KvEvent::Stored {
                 tier, block_hashes, ..
             } => {
-                if block_hashes.len() > max {
-                    return Err(EngineError::BadRequest(format!(
-                        "more than {max} hashes in one event"
-                    ))
-                    .into());
-                }
                 sh.metrics.event("stored", 1);
-                IndexOp::Stored {
-                    tier,
-                    hashes: Hashes::Owned(block_hashes.into()),
-                }
+                let make = |hashes| IndexOp::Stored { tier, hashes };
+                batch.add_owned(block_hashes, make, &mut full);
             }
             KvEvent::Removed { tier, block_hashes } => {
-                if block_hashes.len() > max {
-                    return Err(EngineError::BadRequest(format!(
-                        "more than {max} hashes in one event"
-                    ))
-                    .into());
-                }
                 sh.metrics.event("removed", 1);
-                IndexOp::Removed {
-                    tier,
-                    hashes: Hashes::Owned(block_hashes.into()),
-                }
+                let make = |hashes| IndexOp::Removed { tier, hashes };
+                batch.add_owned(block_hashes, make, &mut full);
             }
             KvEvent::Cleared { tier } => {
                 sh.metrics.event("cleared", 1);
-                IndexOp::Cleared { tier }
+                batch.push(IndexOp::Cleared { tier });
             }
-        };
-        ops.push(op);
+        }
+        for ops in full.drain(..) {
+            index_ops(core, slot, gen, ops).await;
+        }
     }
-    index_ops(core, slot, gen, ops).await;
+    index_ops(core, slot, gen, batch.take()).await;
     if let Some(c) = sh.cells(slot) {
         c.last_seen_ms.store(sh.now_ms(), Ordering::Release);
     }

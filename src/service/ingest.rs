@@ -2,9 +2,9 @@
 //!
 //! Per connection: the worker's `Hello` registers it (heartbeat-tracked) and binds the
 //! connection to it exclusively; then every decoded read's events become batches of
-//! index operations fanned out to all shards, in order. A batch holds at most
-//! [`BATCH_HASHES`] block hashes (a long event is split, zero-copy), which bounds how
-//! long a shard spends on one batch and so how long a routing query can wait behind it. Sequence numbers are checked:
+//! index operations fanned out to all shards, in order, cut by [`super::index_batch`]
+//! (at most 1,024 hashes per batch, long events split zero-copy), which bounds how
+//! long a routing query can wait behind one. Sequence numbers are checked:
 //! a gap marks the worker suspect (overlap counted as zero) and asks it to resync; a
 //! full re-announce between `ResyncBegin` and `ResyncEnd` rebuilds its index state.
 //! A malformed, oversized or out-of-protocol frame closes only this connection, with
@@ -14,7 +14,8 @@ use super::conn::{error_kind, read_hello, yield_to_poll, FramedReader, READ_CHUN
 use super::control;
 use super::core::Core;
 use super::errors;
-use super::msg::{Hashes, IndexOp};
+use super::index_batch::Batch;
+use super::msg::IndexOp;
 use crate::codec::{resync_reason, ErrorCode, EventMsg, WorkerBound, PROTOCOL_VERSION};
 use bytes::BytesMut;
 use futures_lite::AsyncWriteExt;
@@ -35,43 +36,6 @@ async fn send_error(s: &mut TcpStream, code: ErrorCode, message: String) {
 
 fn log(msg: &str) {
     eprintln!("kvroute: events: {msg}");
-}
-
-/// Most block hashes in one index batch. A shard applies a batch without yielding, so
-/// this bounds the wait of an urgent message behind index work: 1,024 hashes are about
-/// 25–50 µs of shard work split over the cores, and still amortise the per-batch cost
-/// (one `Arc` and one message per core) over many hashes.
-pub const BATCH_HASHES: usize = 1024;
-
-/// Index operations of one connection waiting to be fanned out.
-#[derive(Default)]
-struct Batch {
-    ops: Vec<IndexOp>,
-    hashes: usize,
-}
-
-impl Batch {
-    /// Adds a Stored/Removed event's hashes, split so no batch exceeds
-    /// [`BATCH_HASHES`]; returns full batches ready to send.
-    fn add_hashes(
-        &mut self,
-        hashes: crate::codec::HashList,
-        make: impl Fn(Hashes) -> IndexOp,
-        full: &mut Vec<Vec<IndexOp>>,
-    ) {
-        for part in hashes.chunks(BATCH_HASHES) {
-            if self.hashes + part.len() > BATCH_HASHES && !self.ops.is_empty() {
-                full.push(self.take());
-            }
-            self.hashes += part.len();
-            self.ops.push(make(Hashes::Wire(part)));
-        }
-    }
-
-    fn take(&mut self) -> Vec<IndexOp> {
-        self.hashes = 0;
-        std::mem::take(&mut self.ops)
-    }
 }
 
 pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
@@ -243,11 +207,11 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
             match msg {
                 EventMsg::Stored { tier, hashes, .. } => {
                     sh.metrics.event("stored", 1);
-                    batch.add_hashes(hashes, |hashes| IndexOp::Stored { tier, hashes }, &mut full);
+                    batch.add_wire(hashes, |hashes| IndexOp::Stored { tier, hashes }, &mut full);
                 }
                 EventMsg::Removed { tier, hashes, .. } => {
                     sh.metrics.event("removed", 1);
-                    batch.add_hashes(
+                    batch.add_wire(
                         hashes,
                         |hashes| IndexOp::Removed { tier, hashes },
                         &mut full,
@@ -255,12 +219,12 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
                 }
                 EventMsg::Cleared { tier, .. } => {
                     sh.metrics.event("cleared", 1);
-                    batch.ops.push(IndexOp::Cleared { tier });
+                    batch.push(IndexOp::Cleared { tier });
                 }
                 EventMsg::Heartbeat { .. } => sh.metrics.event("heartbeat", 1),
                 EventMsg::ResyncBegin { .. } => {
                     sh.metrics.event("resync_begin", 1);
-                    batch.ops.push(IndexOp::Cleared { tier: None });
+                    batch.push(IndexOp::Cleared { tier: None });
                 }
                 EventMsg::ResyncEnd { .. } => {
                     sh.metrics.event("resync_end", 1);
@@ -282,47 +246,4 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
     }
     cells.next_seq.store(next, Ordering::Release);
     cells.connected.store(0, Ordering::Release);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::codec::HashList;
-    use crate::types::Tier;
-
-    fn hashes_of(ops: &[IndexOp]) -> Vec<u64> {
-        let mut out = Vec::new();
-        for op in ops {
-            if let IndexOp::Stored {
-                hashes: Hashes::Wire(w),
-                ..
-            } = op
-            {
-                out.extend(w.iter());
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn batches_are_capped_and_keep_order() {
-        let mut batch = Batch::default();
-        let mut full = Vec::new();
-        let stored = |hashes| IndexOp::Stored {
-            tier: Tier::Device,
-            hashes,
-        };
-        let big: Vec<u64> = (0..(BATCH_HASHES as u64 * 2 + 10)).collect();
-        let small: Vec<u64> = (10_000..10_100).collect();
-        batch.add_hashes(HashList::from_slice(&small), stored, &mut full);
-        batch.add_hashes(HashList::from_slice(&big), stored, &mut full);
-        full.push(batch.take());
-        let counts: Vec<usize> = full.iter().map(|b| hashes_of(b).len()).collect();
-        assert!(counts.iter().all(|&c| c <= BATCH_HASHES), "{counts:?}");
-        let joined: Vec<u64> = full.iter().flat_map(|b| hashes_of(b)).collect();
-        let expected: Vec<u64> = small.iter().chain(big.iter()).copied().collect();
-        assert_eq!(joined, expected);
-        assert_eq!(batch.hashes, 0);
-        assert!(batch.ops.is_empty());
-    }
 }

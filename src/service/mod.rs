@@ -17,6 +17,7 @@ pub mod core;
 pub mod errors;
 pub mod http;
 pub mod hyper_io;
+pub mod index_batch;
 pub mod ingest;
 pub mod metrics;
 pub mod msg;

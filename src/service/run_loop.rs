@@ -4,9 +4,8 @@
 //! Guarantees:
 //! - every urgent message (routing queries, answers, commits, lifecycle, active
 //!   blocks, forgets) announced before a bulk message is handled before it: a routing
-//!   query waits behind at most one index batch, and binary ingest caps a batch at
-//!   `ingest::BATCH_HASHES` hashes (JSON and ZMQ batches are not split yet: a large
-//!   `POST /v1/workers/{id}/events` body is one batch);
+//!   query waits behind at most one index batch, and every event source (binary,
+//!   JSON, ZMQ) caps a batch at `index_batch::BATCH_HASHES` hashes;
 //! - the loop yields after every bulk message to the tasks of its queue (a routing
 //!   task whose answer just arrived), and lets the executor poll its rings at least
 //!   every [`BULK_SLICE`] of bulk work, and whenever a socket receive has completed

@@ -14,8 +14,9 @@
 //! 200 ms of shutdown; a misbehaving engine only affects its own worker.
 
 use super::control;
+use super::index_batch::Batch;
 use super::metrics::EngineStreamLabels;
-use super::msg::{Hashes, IndexOp, Msg};
+use super::msg::{IndexOp, Msg};
 use super::shared::Shared;
 use crate::engines::adapter::{Adapter, AdapterStats, Change};
 use crate::engines::config::EngineEndpoint;
@@ -276,39 +277,38 @@ impl Stream {
             return true;
         }
         let sh = &self.sh;
-        let ops: Vec<IndexOp> = self
-            .out
-            .drain(..)
-            .map(|c| match c {
+        // Cut like binary events, so a burst never becomes one long shard batch.
+        let mut batch = Batch::default();
+        let mut full = Vec::new();
+        for c in self.out.drain(..) {
+            match c {
                 Change::Stored { tier, hashes } => {
                     sh.metrics.event("stored", 1);
-                    IndexOp::Stored {
-                        tier,
-                        hashes: Hashes::Owned(hashes.into()),
-                    }
+                    batch.add_owned(hashes, |hashes| IndexOp::Stored { tier, hashes }, &mut full);
                 }
                 Change::Removed { tier, hashes } => {
                     sh.metrics.event("removed", 1);
-                    IndexOp::Removed {
-                        tier,
-                        hashes: Hashes::Owned(hashes.into()),
-                    }
+                    let make = |hashes| IndexOp::Removed { tier, hashes };
+                    batch.add_owned(hashes, make, &mut full);
                 }
                 Change::Cleared { tier } => {
                     sh.metrics.event("cleared", 1);
-                    IndexOp::Cleared { tier }
+                    batch.push(IndexOp::Cleared { tier });
                 }
-            })
-            .collect();
-        let ops: Arc<[IndexOp]> = ops.into();
-        for to in 0..sh.cores {
-            let m = Msg::Index {
-                slot: self.slot,
-                gen: self.gen,
-                ops: ops.clone(),
-            };
-            if !control::send_blocking(sh, to, m) {
-                return false;
+            }
+        }
+        full.push(batch.take());
+        for ops in full.into_iter().filter(|ops| !ops.is_empty()) {
+            let ops: Arc<[IndexOp]> = ops.into();
+            for to in 0..sh.cores {
+                let m = Msg::Index {
+                    slot: self.slot,
+                    gen: self.gen,
+                    ops: ops.clone(),
+                };
+                if !control::send_blocking(sh, to, m) {
+                    return false;
+                }
             }
         }
         if let Some(c) = sh.cells(self.slot) {
