@@ -58,6 +58,46 @@ fn softmax_matches_analytic_frequencies() {
     }
 }
 
+/// Pools of 256+ workers sample by rejection first (`kernel::reject`); the group
+/// frequencies must still follow the softmax, with filtered workers never chosen, and
+/// a low temperature (proposals mostly rejected, full pass) must still favour the
+/// cheapest worker as the softmax does.
+#[test]
+fn softmax_of_a_large_pool_matches_analytic_frequencies() {
+    let costs: Vec<f64> = (0..300).map(|i| [0.0, 5.0, 10.0][i % 3]).collect();
+    let mut ws = with_costs(&costs);
+    for w in ws.iter_mut().skip(1).step_by(7) {
+        w.live = false;
+    }
+    let live: Vec<bool> = ws.iter().map(|w| w.live).collect();
+    let t = 0.5;
+    // 6,000 draws: standard error ≤ 0.0065 per group, so 0.02 is a 3σ bound.
+    let n = 6_000;
+    let f = empty_prompt()
+        .cfg(|c| c.router_temperature = t)
+        .frequencies(&ws, n, 11);
+    let weight = |c: f64| (-(c / 10.0) / t).exp();
+    let total: f64 = (0..300)
+        .filter(|&i| live[i])
+        .map(|i| weight(costs[i]))
+        .sum();
+    for g in 0..3 {
+        let members = (0..300).filter(|&i| i % 3 == g && live[i]);
+        let want: f64 = members.clone().map(|i| weight(costs[i])).sum::<f64>() / total;
+        let got = members.map(|i| f64::from(f[i])).sum::<f64>() / f64::from(n);
+        assert!((got - want).abs() < 0.02, "group {g}: {got} vs {want}");
+    }
+    for (i, &ok) in live.iter().enumerate() {
+        assert!(ok || f[i] == 0, "filtered worker {i} chosen {} times", f[i]);
+    }
+    let mut sharp = vec![10.0; 300];
+    sharp[17] = 0.0;
+    let f = empty_prompt()
+        .cfg(|c| c.router_temperature = 0.05)
+        .frequencies(&with_costs(&sharp), 500, 12);
+    assert_eq!(f[17], 500, "weight ratio e^20: the cheapest every time");
+}
+
 #[test]
 fn softmax_normalises_costs_so_scale_does_not_matter() {
     // Same relative spread at 100x the scale → same distribution.
