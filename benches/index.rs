@@ -36,6 +36,71 @@ fn fill(k: u64, batch: &mut [u64; BATCH as usize]) {
     }
 }
 
+/// What the churn benches drive: one shard, or a sharded index in one thread.
+trait Churn {
+    fn store(&mut self, w: u16, hashes: &[u64]) -> u32;
+    fn remove(&mut self, w: u16, hashes: &[u64]) -> u32;
+}
+
+impl Churn for IndexShard {
+    fn store(&mut self, w: u16, hashes: &[u64]) -> u32 {
+        self.stored(w, Tier::Device, hashes).added
+    }
+    fn remove(&mut self, w: u16, hashes: &[u64]) -> u32 {
+        self.removed(w, Tier::Device, hashes)
+    }
+}
+
+impl Churn for ShardedIndex {
+    fn store(&mut self, w: u16, hashes: &[u64]) -> u32 {
+        self.stored(w, Tier::Device, hashes).added
+    }
+    fn remove(&mut self, w: u16, hashes: &[u64]) -> u32 {
+        self.removed(w, Tier::Device, hashes)
+    }
+}
+
+/// A store/remove churn keeping `window` batches alive, like a worker's cache: step
+/// `i` stores batch `base + i` (of worker `i % 16`) and removes batch `base + i -
+/// window`.
+struct Churner {
+    window: u64,
+    base: u64,
+    i: u64,
+    batch: [u64; BATCH as usize],
+}
+
+impl Churner {
+    /// Stores the first `window` batches into `idx`.
+    fn prefilled(idx: &mut impl Churn, window: u64, base: u64) -> Churner {
+        let mut c = Churner {
+            window,
+            base,
+            i: 0,
+            batch: [0; BATCH as usize],
+        };
+        for k in 0..window {
+            fill(base + k, &mut c.batch);
+            idx.store((k % 16) as u16, &c.batch);
+        }
+        c.i = window;
+        c
+    }
+
+    /// One store and one remove (2 × 64 block events).
+    #[inline]
+    fn step(&mut self, idx: &mut impl Churn) -> (u32, u32) {
+        let i = self.i;
+        fill(self.base + i, &mut self.batch);
+        let a = idx.store((i % 16) as u16, &self.batch);
+        let old = i - self.window;
+        fill(self.base + old, &mut self.batch);
+        let r = idx.remove((old % 16) as u16, &self.batch);
+        self.i += 1;
+        (a, r)
+    }
+}
+
 fn ingest(c: &mut Criterion) {
     let mut g = c.benchmark_group("ingest");
     g.measurement_time(Duration::from_secs(3));
@@ -43,24 +108,9 @@ fn ingest(c: &mut Criterion) {
     g.throughput(Throughput::Elements(2 * BATCH));
     for bits in [0u32, 1] {
         let mut idx = ShardedIndex::new(bits);
-        let window = 1024u64; // batches alive at once
-        let mut i = 0u64;
-        let mut batch = [0u64; BATCH as usize];
-        for k in 0..window {
-            fill(k, &mut batch);
-            idx.stored((k % 16) as u16, Tier::Device, &batch);
-        }
-        i += window;
+        let mut churn = Churner::prefilled(&mut idx, 1024, 0);
         g.bench_function(BenchmarkId::new("shards", 1u32 << bits), |b| {
-            b.iter(|| {
-                fill(i, &mut batch);
-                let a = idx.stored((i % 16) as u16, Tier::Device, &batch);
-                let old = i - window;
-                fill(old, &mut batch);
-                let r = idx.removed((old % 16) as u16, Tier::Device, &batch);
-                i += 1;
-                black_box((a, r))
-            })
+            b.iter(|| black_box(churn.step(&mut idx)))
         });
     }
     g.finish();
@@ -76,22 +126,9 @@ fn ingest_live(c: &mut Criterion) {
     g.throughput(Throughput::Elements(2 * BATCH));
     for window in [1024u64, 12_500, 50_000] {
         let mut idx = IndexShard::new();
-        let mut batch = [0u64; BATCH as usize];
-        for k in 0..window {
-            fill(k, &mut batch);
-            idx.stored((k % 16) as u16, Tier::Device, &batch);
-        }
-        let mut i = window;
+        let mut churn = Churner::prefilled(&mut idx, window, 0);
         g.bench_function(BenchmarkId::from_parameter(window * BATCH), |b| {
-            b.iter(|| {
-                fill(i, &mut batch);
-                let a = idx.stored((i % 16) as u16, Tier::Device, &batch);
-                let old = i - window;
-                fill(old, &mut batch);
-                let r = idx.removed((old % 16) as u16, Tier::Device, &batch);
-                i += 1;
-                black_box((a, r))
-            })
+            b.iter(|| black_box(churn.step(&mut idx)))
         });
     }
     g.finish();
@@ -102,7 +139,6 @@ fn ingest_live(c: &mut Criterion) {
 /// blocks over 2 shards). With two 20 MB tables the shards no longer share the L3
 /// comfortably: this shows what two cores get together.
 fn ingest_live_threads(c: &mut Criterion) {
-    const WINDOW: u64 = 12_500;
     const STEPS: u64 = 256;
     let mut g = c.benchmark_group("ingest_live_threads");
     g.measurement_time(Duration::from_secs(3));
@@ -110,32 +146,21 @@ fn ingest_live_threads(c: &mut Criterion) {
     g.sample_size(20);
     for threads in [1u64, 2] {
         g.throughput(Throughput::Elements(threads * STEPS * 2 * BATCH));
-        let mut shards: Vec<(IndexShard, u64)> = (0..threads)
+        let mut shards: Vec<(IndexShard, Churner)> = (0..threads)
             .map(|t| {
                 let mut idx = IndexShard::new();
-                let mut batch = [0u64; BATCH as usize];
-                for k in 0..WINDOW {
-                    fill(k + (t << 40), &mut batch);
-                    idx.stored((k % 16) as u16, Tier::Device, &batch);
-                }
-                (idx, WINDOW)
+                let churn = Churner::prefilled(&mut idx, 12_500, t << 40);
+                (idx, churn)
             })
             .collect();
         g.bench_function(BenchmarkId::from_parameter(threads), |b| {
             b.iter_custom(|iters| {
                 let t0 = Instant::now();
                 std::thread::scope(|sc| {
-                    for (t, (idx, i)) in shards.iter_mut().enumerate() {
-                        let base = (t as u64) << 40;
+                    for (idx, churn) in shards.iter_mut() {
                         sc.spawn(move || {
-                            let mut batch = [0u64; BATCH as usize];
                             for _ in 0..iters * STEPS {
-                                fill(*i + base, &mut batch);
-                                idx.stored((*i % 16) as u16, Tier::Device, &batch);
-                                let old = *i - WINDOW;
-                                fill(old + base, &mut batch);
-                                idx.removed((old % 16) as u16, Tier::Device, &batch);
-                                *i += 1;
+                                black_box(churn.step(idx));
                             }
                         });
                     }
