@@ -310,10 +310,11 @@ fn softmax(buf: &mut [f64], sums: &mut [f64], t: f64, rng: &mut impl Rng) -> Opt
         return Some(j);
     }
     let mut total = 0.0;
+    let avx2 = avx2_available();
     for (chunk, s) in buf.chunks_mut(CHUNK).zip(sums.iter_mut()) {
         let whole = chunk.len() & !3;
         let (four, rest) = chunk.split_at_mut(whole);
-        let mut acc = weigh(four, lo, scale);
+        let mut acc = weigh(four, lo, scale, avx2);
         for c in rest {
             let w = exp_neg(-(*c - lo) * scale);
             *c = w;
@@ -386,15 +387,32 @@ fn reject(buf: &[f64], lo: f64, scale: f64, rng: &mut impl Rng) -> Option<usize>
     None
 }
 
-/// Replaces each cost `c` of `four` (a multiple of four long) by its weight
-/// `exp_neg(-(c - lo) * scale)`; returns the sums of lanes `i % 4`.
+/// Whether the CPU has AVX2 (always false off x86-64): checked once per softmax, not
+/// once per chunk.
 #[inline(always)]
-fn weigh(four: &mut [f64], lo: f64, scale: f64) -> [f64; 4] {
+fn avx2_available() -> bool {
     #[cfg(target_arch = "x86_64")]
-    if super::avx2::available() {
-        // SAFETY: the CPU has AVX2 (checked just above).
+    {
+        super::avx2::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Replaces each cost `c` of `four` (a multiple of four long) by its weight
+/// `exp_neg(-(c - lo) * scale)`; returns the sums of lanes `i % 4`. `avx2`: the result
+/// of [`avx2_available`].
+#[inline(always)]
+fn weigh(four: &mut [f64], lo: f64, scale: f64, avx2: bool) -> [f64; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        // SAFETY: `avx2` comes from `avx2_available`: the CPU has AVX2.
         return unsafe { super::avx2::weigh(four, lo, scale) };
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = avx2;
     let mut acc = [0.0f64; 4];
     for c in four.chunks_exact_mut(4) {
         for j in 0..4 {
