@@ -10,6 +10,7 @@ use super::msg::{IndexOp, Msg};
 use super::router::ApiError;
 use super::shared::Shared;
 use crate::engine::{EngineError, KvEvent, WorkerState, WorkerStatus};
+use crate::engines::adapter::Change;
 use crate::registry::Upsert;
 use crate::types::{WorkerSlot, WorkerSpec};
 use std::sync::atomic::Ordering;
@@ -196,24 +197,20 @@ pub async fn json_events(core: &Core, id: &str, events: Vec<KvEvent>) -> Result<
     let mut batch = Batch::default();
     let mut full = Vec::new();
     for ev in events {
-        match ev {
+        let c = match ev {
             KvEvent::Stored {
                 tier, block_hashes, ..
-            } => {
-                sh.metrics.event("stored", 1);
-                let make = |hashes| IndexOp::Stored { tier, hashes };
-                batch.add_owned(block_hashes, make, &mut full);
-            }
-            KvEvent::Removed { tier, block_hashes } => {
-                sh.metrics.event("removed", 1);
-                let make = |hashes| IndexOp::Removed { tier, hashes };
-                batch.add_owned(block_hashes, make, &mut full);
-            }
-            KvEvent::Cleared { tier } => {
-                sh.metrics.event("cleared", 1);
-                batch.push(IndexOp::Cleared { tier });
-            }
-        }
+            } => Change::Stored {
+                tier,
+                hashes: block_hashes,
+            },
+            KvEvent::Removed { tier, block_hashes } => Change::Removed {
+                tier,
+                hashes: block_hashes,
+            },
+            KvEvent::Cleared { tier } => Change::Cleared { tier },
+        };
+        sh.metrics.event(batch.add_change(c, &mut full), 1);
         for ops in full.drain(..) {
             index_ops(core, slot, gen, ops).await;
         }

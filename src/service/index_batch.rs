@@ -13,6 +13,7 @@
 
 use super::msg::{Hashes, IndexOp};
 use crate::codec::HashList;
+use crate::engines::adapter::Change;
 
 /// Most block hashes in one index batch. 1,024 hashes are about 25–50 µs of shard work
 /// split over the cores, and still amortise the per-batch cost (one `Arc` and one
@@ -52,6 +53,25 @@ impl Batch {
         } else {
             for part in hashes.chunks(BATCH_HASHES) {
                 self.add_part(Hashes::Owned(part.into()), &make, full);
+            }
+        }
+    }
+
+    /// Adds one owned change (JSON events and ZMQ streams); returns its kind for the
+    /// event metrics (`stored`, `removed`, `cleared`).
+    pub fn add_change(&mut self, c: Change, full: &mut Vec<Vec<IndexOp>>) -> &'static str {
+        match c {
+            Change::Stored { tier, hashes } => {
+                self.add_owned(hashes, |hashes| IndexOp::Stored { tier, hashes }, full);
+                "stored"
+            }
+            Change::Removed { tier, hashes } => {
+                self.add_owned(hashes, |hashes| IndexOp::Removed { tier, hashes }, full);
+                "removed"
+            }
+            Change::Cleared { tier } => {
+                self.push(IndexOp::Cleared { tier });
+                "cleared"
             }
         }
     }

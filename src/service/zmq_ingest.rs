@@ -281,21 +281,7 @@ impl Stream {
         let mut batch = Batch::default();
         let mut full = Vec::new();
         for c in self.out.drain(..) {
-            match c {
-                Change::Stored { tier, hashes } => {
-                    sh.metrics.event("stored", 1);
-                    batch.add_owned(hashes, |hashes| IndexOp::Stored { tier, hashes }, &mut full);
-                }
-                Change::Removed { tier, hashes } => {
-                    sh.metrics.event("removed", 1);
-                    let make = |hashes| IndexOp::Removed { tier, hashes };
-                    batch.add_owned(hashes, make, &mut full);
-                }
-                Change::Cleared { tier } => {
-                    sh.metrics.event("cleared", 1);
-                    batch.push(IndexOp::Cleared { tier });
-                }
-            }
+            sh.metrics.event(batch.add_change(c, &mut full), 1);
         }
         full.push(batch.take());
         for ops in full.into_iter().filter(|ops| !ops.is_empty()) {
