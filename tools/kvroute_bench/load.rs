@@ -40,6 +40,9 @@ pub struct Result {
     pub router_cpu_cores: Option<f64>,
     /// Router CPU time per decision (µs), ingest included.
     pub router_cpu_us_per_decision: Option<f64>,
+    /// HTTP calls answered as expected (`--http-clients`); their routes are counted in
+    /// `decisions_per_s` too.
+    pub http_ops_per_s: f64,
 }
 
 /// User + system CPU seconds used so far by process `pid` (all threads).
@@ -265,11 +268,15 @@ fn client(
 
 pub fn run(
     args: &Args,
-    events: &str,
-    api: &str,
+    addrs: &crate::Addrs,
     pid: Option<u32>,
     label: String,
 ) -> std::result::Result<Result, String> {
+    let (events, api, http) = (
+        addrs.events.as_str(),
+        addrs.api.as_str(),
+        addrs.http.as_str(),
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -278,7 +285,7 @@ pub fn run(
     let kinds: Arc<Kinds> = Arc::new(Default::default());
     let mut rss_warm = None;
     let duration = Duration::from_secs(args.duration.clamp(1, 3600));
-    let (results, piped, secs, block_events, cpu) = std::thread::scope(|s| {
+    let (results, piped, https, secs, block_events, cpu) = std::thread::scope(|s| {
         let mut pubs = Vec::new();
         for w in 0..args.workers {
             let (stop, sent, rc) = (stop.clone(), sent.clone(), reconnects.clone());
@@ -296,6 +303,11 @@ pub fn run(
             piped.push(s.spawn(move || {
                 crate::pipelined::connection(args, api, c, args.connections, &stop)
             }));
+        }
+        let mut https = Vec::new();
+        for c in 0..args.http_clients {
+            let stop = stop.clone();
+            https.push(s.spawn(move || crate::http_load::client(args, http, c, &stop)));
         }
         let blocking = if args.connections > 0 {
             0
@@ -332,12 +344,13 @@ pub fn run(
                 Err(_) => piped_out.push(Err("connection thread panicked".into())),
             }
         }
+        let https: Vec<_> = https.into_iter().filter_map(|h| h.join().ok()).collect();
         for p in pubs {
             if let Ok(Err(e)) = p.join() {
                 eprintln!("kvroute-bench: publisher: {e}");
             }
         }
-        (out, piped_out, secs, block_events, cpu)
+        (out, piped_out, https, secs, block_events, cpu)
     });
     let mut lat: Vec<u32> = Vec::new();
     let mut decisions = 0u64;
@@ -360,6 +373,16 @@ pub fn run(
         lat.extend(r.latencies_us);
         lag.extend(r.send_lag_us);
         for (k, n) in r.errors_by_kind {
+            *kinds.entry(k).or_insert(0) += n;
+        }
+    }
+    let mut http_ops = 0u64;
+    for h in https {
+        http_ops += h.ops;
+        decisions += h.routes;
+        errors += h.errors;
+        lost += h.lost;
+        for (k, n) in h.errors_by_kind {
             *kinds.entry(k).or_insert(0) += n;
         }
     }
@@ -392,14 +415,15 @@ pub fn run(
         router_cpu_us_per_decision: cpu
             .filter(|_| decisions > 0)
             .map(|c| c * 1e6 / decisions as f64),
+        http_ops_per_s: http_ops as f64 / secs,
     })
 }
 
 pub fn table(rs: &[Result]) -> String {
-    let mut s = String::from("| run | clients | block events/s | decisions/s | p50 µs | p99 µs | p999 µs | send lag p50/p99 µs | router CPU cores (µs/decision) | errors | lost | reconnects | RSS MiB warm→end (peak) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut s = String::from("| run | clients | block events/s | decisions/s | p50 µs | p99 µs | p999 µs | send lag p50/p99 µs | router CPU cores (µs/decision) | errors | lost | reconnects | RSS MiB warm→end (peak) | HTTP ops/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rs {
         s += &format!(
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} {:?} | {} | {} | {} → {} ({}) |\n",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} {:?} | {} | {} | {} → {} ({}) | {:.0} |\n",
             r.label,
             r.clients,
             r.block_events_per_s,
@@ -428,7 +452,8 @@ pub fn table(rs: &[Result]) -> String {
                 .unwrap_or_else(|| "-".into()),
             r.peak_rss_mib
                 .map(|m| format!("{m:.0}"))
-                .unwrap_or_else(|| "-".into())
+                .unwrap_or_else(|| "-".into()),
+            r.http_ops_per_s
         );
     }
     s

@@ -13,6 +13,7 @@
 //! (on free loopback ports) to show scaling. Loopback only; every loop is bounded by
 //! `--duration`.
 
+mod http_load;
 mod load;
 mod pipelined;
 
@@ -32,6 +33,9 @@ pub struct Args {
     /// Binary API address of a running router (ignored with --spawn).
     #[arg(long, default_value = "127.0.0.1:7401")]
     pub api: String,
+    /// HTTP address of a running router (ignored with --spawn; used by --http-clients).
+    #[arg(long, default_value = "127.0.0.1:7480")]
+    pub http: String,
     /// Start this kvroute binary for each --cores value instead of using a running one.
     #[arg(long)]
     pub spawn: Option<String>,
@@ -76,6 +80,15 @@ pub struct Args {
     pub soak: bool,
     #[arg(long, default_value_t = 20)]
     pub drop_every: u64,
+    /// JSON/HTTP clients (`http_load`): each registers a worker over HTTP, posts its
+    /// events, routes and finishes over one keep-alive connection, and now and then
+    /// sends a malformed body that must be refused with 400.
+    #[arg(long, default_value_t = 0)]
+    pub http_clients: usize,
+    /// Iterations/s over all HTTP clients (each: one events post, one route, one
+    /// finish).
+    #[arg(long, default_value_t = 200)]
+    pub http_rate: u64,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<String>,
@@ -97,7 +110,14 @@ impl Drop for Spawned {
     }
 }
 
-fn spawn(path: &str, cores: usize) -> Result<(Spawned, String, String), String> {
+/// Addresses of the router under load.
+pub struct Addrs {
+    pub events: String,
+    pub api: String,
+    pub http: String,
+}
+
+fn spawn(path: &str, cores: usize) -> Result<(Spawned, Addrs), String> {
     let p = |_| free_port().map_err(|e| e.to_string());
     let (e, a, h) = (p(0)?, p(1)?, p(2)?);
     let events = format!("127.0.0.1:{e}");
@@ -126,13 +146,13 @@ fn spawn(path: &str, cores: usize) -> Result<(Spawned, String, String), String> 
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Ok((s, events, api))
+    Ok((s, Addrs { events, api, http }))
 }
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let mut results = Vec::new();
-    let run = |args: &Args, events: &str, api: &str, pid: Option<u32>, label: String| {
+    let run = |args: &Args, addrs: &Addrs, pid: Option<u32>, label: String| {
         let clients = if args.connections > 0 {
             format!("{} pipelined connections", args.connections)
         } else {
@@ -142,7 +162,7 @@ fn main() -> std::process::ExitCode {
             "kvroute-bench: {label}: {} workers, {clients} at {}/s, {} s",
             args.workers, args.rate, args.duration
         );
-        load::run(args, events, api, pid, label)
+        load::run(args, addrs, pid, label)
     };
     if let Some(path) = &args.spawn {
         for c in args.cores.split(',') {
@@ -151,9 +171,9 @@ fn main() -> std::process::ExitCode {
                 return std::process::ExitCode::from(2);
             };
             match spawn(path, cores) {
-                Ok((s, ev, api)) => {
+                Ok((s, addrs)) => {
                     let pid = s.child.id();
-                    match run(&args, &ev, &api, Some(pid), format!("cores={cores}")) {
+                    match run(&args, &addrs, Some(pid), format!("cores={cores}")) {
                         Ok(r) => results.push(r),
                         Err(e) => {
                             eprintln!("kvroute-bench: {e}");
@@ -168,7 +188,12 @@ fn main() -> std::process::ExitCode {
             }
         }
     } else {
-        match run(&args, &args.events, &args.api, args.pid, "router".into()) {
+        let addrs = Addrs {
+            events: args.events.clone(),
+            api: args.api.clone(),
+            http: args.http.clone(),
+        };
+        match run(&args, &addrs, args.pid, "router".into()) {
             Ok(r) => results.push(r),
             Err(e) => {
                 eprintln!("kvroute-bench: {e}");
