@@ -304,3 +304,19 @@ fn a_failed_rename_leaves_no_temporary_file_and_the_router_recovers() {
     assert!(no_tmp(&dir));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_second_router_on_the_same_state_dir_is_refused() {
+    let (dir, d) = state_dir("shared");
+    let s = Server::start(2, &["--state-dir", &d]);
+    s.register(json!({"id": "w", "capacity_blocks": 100}));
+    let (st, err) = refused_start(&["--state-dir", &d]);
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(err.contains("in use by another kvroute"), "{err}");
+    // The first one's state is intact and it still saves it.
+    assert!(stop(s).success());
+    let s = Server::start(2, &["--state-dir", &d]);
+    assert_eq!(s.workers().len(), 1);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

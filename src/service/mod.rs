@@ -71,6 +71,8 @@ pub struct Running {
     handles: Vec<glommio::ExecutorJoinHandle<()>>,
     snapshotter: Option<std::thread::JoinHandle<()>>,
     engines: Vec<std::thread::JoinHandle<()>>,
+    /// The state dir's lock (`persist::StateDir`), held until the process exits.
+    _state_lock: Option<std::fs::File>,
 }
 
 impl Running {
@@ -133,7 +135,8 @@ pub fn start(settings: Settings) -> Result<Running, String> {
     let cores = effective_cores(settings.cores);
     let shard_bits = cores.trailing_zeros();
     let limits = settings.limits.clone();
-    let restored = persist::load_at_start(&settings, cores, shard_bits)?;
+    let state = persist::load_at_start(&settings, cores, shard_bits)?;
+    let restored = state.restored;
     let persist::RestoredState {
         registry,
         mut shards,
@@ -219,6 +222,7 @@ pub fn start(settings: Settings) -> Result<Running, String> {
         handles,
         snapshotter: None,
         engines: Vec::new(),
+        _state_lock: state.lock,
     };
     if let Some(e) = first_err {
         let _ = running.stop(false);
