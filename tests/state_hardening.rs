@@ -219,10 +219,15 @@ fn a_flipped_byte_or_another_block_size_is_refused_and_a_valid_restart_works() {
 fn a_state_dir_that_cannot_hold_files_refuses_the_start() {
     let (dir, _) = state_dir("unusable");
     std::fs::create_dir_all(&dir).unwrap();
-    // Root ignores permission bits; a path through a regular file fails for anyone.
+    // Root ignores permission bits, so: a path through a regular file, a directory in
+    // /proc (reading finds no snapshot there, but nothing can be created), and a state
+    // dir whose temporary file's name is taken by a directory (readable, not writable).
     let plain = dir.join("plain");
     std::fs::write(&plain, b"").unwrap();
-    for bad in [plain.join("state"), plain.clone()] {
+    let writable_not = dir.join("taken");
+    std::fs::create_dir_all(writable_not.join(snapshot::TMP_NAME).join("x")).unwrap();
+    let proc_dir = PathBuf::from(format!("/proc/kvroute-state-{}", std::process::id()));
+    for bad in [plain.join("state"), plain.clone(), proc_dir, writable_not] {
         let b = bad.to_str().unwrap();
         let (st, err) = refused_start(&["--state-dir", b]);
         assert_eq!(st.code(), Some(2), "{err}");

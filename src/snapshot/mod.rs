@@ -223,6 +223,9 @@ pub fn probe_dir(dir: &Path) -> Result<(), SnapshotError> {
         let path = path.to_path_buf();
         move |err| SnapshotError::Io { path, err }
     };
+    if dir.exists() && !dir.is_dir() {
+        return Err(io(dir)(std::io::Error::other("exists but is not a directory")));
+    }
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let tmp = dir.join(TMP_NAME);
     match std::fs::remove_file(&tmp) {
