@@ -325,3 +325,63 @@ fn a_second_router_on_the_same_state_dir_is_refused() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A small tmpfs mounted for one test (root with CAP_SYS_ADMIN only); unmounted on drop.
+struct SmallFs(PathBuf);
+
+impl SmallFs {
+    fn mount(name: &str, size: &str) -> Option<SmallFs> {
+        let (dir, d) = state_dir(name);
+        std::fs::create_dir_all(&dir).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", &d])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = std::fs::remove_dir(&dir);
+            return None;
+        }
+        Some(SmallFs(dir))
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_full_filesystem_is_counted_and_keeps_the_previous_snapshot() {
+    let Some(fs) = SmallFs::mount("full", "64k") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)");
+        return;
+    };
+    let dir = fs.0.join("state");
+    let d = dir.to_str().unwrap().to_string();
+    let s = Server::start(2, &["--state-dir", &d, "--snapshot-interval-ms", "100"]);
+    s.register(json!({"id": "w", "capacity_blocks": 20000}));
+    s.wait_until("a small snapshot", |s| {
+        metric(s, "kvroute_snapshots_total") >= 1.0
+    });
+    let small = std::fs::read(dir.join(snapshot::FILE_NAME)).unwrap();
+    // 10,000 entries need ~90 KB: more than the filesystem holds.
+    s.store("w", "device", &hashes(33, 10_000));
+    s.wait_until("indexed", |s| s.cached("w") == 10_000);
+    let before = metric(&s, "kvroute_snapshot_failures_total");
+    s.wait_until("failures counted", |s| {
+        metric(s, "kvroute_snapshot_failures_total") >= before + 2.0
+    });
+    assert!(no_tmp(&dir), "a failed snapshot left its temporary file");
+    assert_eq!(health(&s)["status"], "degraded");
+    let st = stop(s);
+    assert_eq!(st.code(), Some(1), "{st:?}");
+    assert!(no_tmp(&dir));
+    // The last good snapshot is intact and restores.
+    assert_eq!(std::fs::read(dir.join(snapshot::FILE_NAME)).unwrap(), small);
+    let s = Server::start(2, &["--state-dir", &d]);
+    assert_eq!((s.workers().len(), s.cached("w")), (1, 0));
+    drop(s);
+}

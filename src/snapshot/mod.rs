@@ -224,7 +224,9 @@ pub fn probe_dir(dir: &Path) -> Result<(), SnapshotError> {
         move |err| SnapshotError::Io { path, err }
     };
     if dir.exists() && !dir.is_dir() {
-        return Err(io(dir)(std::io::Error::other("exists but is not a directory")));
+        return Err(io(dir)(std::io::Error::other(
+            "exists but is not a directory",
+        )));
     }
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let tmp = dir.join(TMP_NAME);
