@@ -385,3 +385,61 @@ fn a_full_filesystem_is_counted_and_keeps_the_previous_snapshot() {
     assert_eq!((s.workers().len(), s.cached("w")), (1, 0));
     drop(s);
 }
+
+#[test]
+fn a_worker_full_to_its_cap_restores_whole_or_refuses_never_in_part() {
+    let (dir, d) = state_dir("cap");
+    let s = Server::start(2, &["--state-dir", &d]);
+    s.register(json!({"id": "w", "capacity_blocks": 100}));
+    s.store("w", "device", &hashes(34, 200));
+    std::thread::sleep(Duration::from_millis(200));
+    let cached = s.cached("w");
+    assert!(cached >= 100, "{cached}");
+    assert!(stop(s).success());
+    // Same settings: everything the router held comes back.
+    let s = Server::start(2, &["--state-dir", &d]);
+    assert_eq!(s.cached("w"), cached);
+    assert!(stop(s).success());
+    // Fewer cores change each shard's share of the cap: all of it, or a refusal that
+    // names the worker, never a silent part.
+    let (e, a, h) = (free_addr(), free_addr(), free_addr());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args([
+            "serve",
+            "--cores",
+            "1",
+            "--state-dir",
+            &d,
+            "--events-addr",
+            &e,
+        ])
+        .args(["--api-addr", &a, "--http-addr", &h])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let url = format!("http://{h}/v1/workers");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(st.code(), Some(2), "{err}");
+            assert!(
+                err.contains("saved worker \"w\"") && err.contains("cap"),
+                "{err}"
+            );
+            eprintln!("refused, as it may be: {err}");
+            break;
+        }
+        if let Ok(r) = ureq::get(&url).call() {
+            let w: serde_json::Value = r.into_json().unwrap();
+            assert_eq!(w[0]["cached_blocks"].as_u64(), Some(cached), "{w}");
+            kvroute::process::terminate(&mut child, Duration::from_secs(10));
+            break;
+        }
+        assert!(Instant::now() < deadline, "neither started nor refused");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -351,6 +351,9 @@ pub fn restore(
                 id: w.spec.id,
                 entries: entries.len() as u64,
                 lost,
+                capacity: w.spec.capacity_blocks,
+                max_blocks_per_worker: expect.max_blocks_per_worker,
+                cores,
             });
         }
         saved.push((slot, w));

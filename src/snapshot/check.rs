@@ -2,8 +2,9 @@
 //! Pure: a snapshot and the settings in, the first problem out.
 //!
 //! Restore is all or nothing: a snapshot that cannot come back entirely (an invalid
-//! or repeated worker, more workers than `max_workers`, more entries than a worker's
-//! cap, a bad or repeated request id, hashes computed under other hash settings) is
+//! or repeated worker, more workers than `max_workers`, a bad or repeated request id,
+//! hashes computed under other hash settings; entries over a worker's cap are found
+//! by the restore itself, `RestoreError::NotRestored`) is
 //! refused with a message naming the worker or request and the rule or setting, so
 //! that nothing is dropped silently. The caller stops the start before any listener
 //! binds; the operator fixes the setting or moves the file away to start cold.
@@ -19,7 +20,7 @@ pub struct Expect {
     pub params: HashParams,
     /// `limits.max_workers`.
     pub max_workers: usize,
-    /// `limits.max_blocks_per_worker`.
+    /// `limits.max_blocks_per_worker` (the restore applies it; named in its errors).
     pub max_blocks_per_worker: u64,
 }
 
@@ -60,19 +61,23 @@ pub enum RestoreError {
     },
     #[error("it lists entries for {entries} workers but holds {workers} workers")]
     EntryLists { workers: usize, entries: usize },
+    /// Found while restoring (`service::persist`), since the caps depend on how the
+    /// hashes split over the cores: entries the index refused (over the worker's cap
+    /// under these settings) or that repeat another.
     #[error(
-        "saved worker {id:?} holds {entries} index entries, above its cap of {cap} \
-         (the lower of its capacity_blocks and max_blocks_per_worker, --max-blocks-per-worker \
-         / KVROUTE_MAX_BLOCKS_PER_WORKER / [limits] max_blocks_per_worker): raise the limit \
-         to at least {entries}"
+        "saved worker {id:?}: {lost} of its {entries} index entries do not fit its cap \
+         under these settings (capacity_blocks {capacity}, --max-blocks-per-worker \
+         {max_blocks_per_worker}, {cores} cores), or repeat an entry: restart with the \
+         previous --cores / --max-blocks-per-worker"
     )]
-    OverCap { id: String, entries: u64, cap: u64 },
-    #[error(
-        "saved worker {id:?}: {lost} of its {entries} index entries do not fit its \
-         per-core share of the cap (or repeat an entry); restart with the previous --cores \
-         or a higher --max-blocks-per-worker"
-    )]
-    NotRestored { id: String, entries: u64, lost: u64 },
+    NotRestored {
+        id: String,
+        entries: u64,
+        lost: u64,
+        capacity: u64,
+        max_blocks_per_worker: u64,
+        cores: usize,
+    },
     #[error("saved request #{index} {id:?} is invalid: {reason}")]
     InvalidRequest {
         index: usize,
@@ -125,7 +130,7 @@ pub fn check(snap: &Snapshot, expect: &Expect) -> Result<(), RestoreError> {
         });
     }
     let mut seen: HashMap<&str, usize> = HashMap::with_capacity(snap.workers.len());
-    for (index, (w, entries)) in snap.workers.iter().zip(&snap.entries).enumerate() {
+    for (index, w) in snap.workers.iter().enumerate() {
         let id = &w.spec.id;
         w.spec
             .validate()
@@ -142,15 +147,6 @@ pub fn check(snap: &Snapshot, expect: &Expect) -> Result<(), RestoreError> {
             });
         }
         seen.insert(id, index);
-        let cap = w.spec.capacity_blocks.min(expect.max_blocks_per_worker);
-        let n = entries.len() as u64;
-        if n > cap {
-            return Err(RestoreError::OverCap {
-                id: id.clone(),
-                entries: n,
-                cap,
-            });
-        }
     }
     let workers = snap.workers.len() as u32;
     let mut ids: HashMap<&str, usize> = HashMap::with_capacity(snap.requests.len());
