@@ -263,13 +263,10 @@ fn check_names_what_cannot_be_restored() {
     s.workers[1].spec.id = "a".into();
     let m = e(&s, &expect());
     assert!(m.contains("\"a\" is saved twice"), "{m}");
+    // Caps are the restore's to judge (they depend on the split over cores).
     let mut x = expect();
     x.max_blocks_per_worker = 1;
-    let m = e(&sample(), &x);
-    assert!(
-        m.contains("\"a\" holds 2") && m.contains("max_blocks_per_worker"),
-        "{m}"
-    );
+    check(&sample(), &x).unwrap();
     let mut s = sample();
     s.requests[1].id = "r-1".into();
     assert!(e(&s, &expect()).contains("\"r-1\" is saved twice"));
