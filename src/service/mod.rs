@@ -25,6 +25,7 @@ pub mod persist;
 pub mod router;
 pub mod run_loop;
 pub mod shared;
+pub mod state_dir;
 pub mod zmq_ingest;
 
 use self::core::Core;
@@ -71,7 +72,7 @@ pub struct Running {
     handles: Vec<glommio::ExecutorJoinHandle<()>>,
     snapshotter: Option<std::thread::JoinHandle<()>>,
     engines: Vec<std::thread::JoinHandle<()>>,
-    /// The state dir's lock (`persist::StateDir`), held until the process exits.
+    /// The state dir's lock (`state_dir::StateDir`), held until the process exits.
     _state_lock: Option<std::fs::File>,
 }
 
@@ -135,7 +136,7 @@ pub fn start(settings: Settings) -> Result<Running, String> {
     let cores = effective_cores(settings.cores);
     let shard_bits = cores.trailing_zeros();
     let limits = settings.limits.clone();
-    let state = persist::load_at_start(&settings, cores, shard_bits)?;
+    let state = state_dir::load_at_start(&settings, cores, shard_bits)?;
     let restored = state.restored;
     let persist::RestoredState {
         registry,
