@@ -1,5 +1,9 @@
 //! The `kvroute` binary: `kvroute serve` runs the router; `kvroute print-config` shows
 //! the effective settings.
+//!
+//! Exit codes: 0 stopped cleanly; 1 stopped, but the shutdown snapshot (`state_dir`)
+//! failed; 2 could not start (bad settings, unusable state dir, snapshot that cannot be
+//! restored, port taken, ...).
 
 #[cfg(all(target_os = "linux", feature = "service"))]
 #[global_allocator]
@@ -58,9 +62,18 @@ fn serve(settings: kvroute::settings::Settings) -> ExitCode {
     if let Some(sig) = signals.forever().next() {
         eprintln!("kvroute: signal {sig}, shutting down");
     }
-    running.shutdown();
-    eprintln!("kvroute: stopped");
-    ExitCode::SUCCESS
+    match running.shutdown() {
+        Ok(()) => {
+            eprintln!("kvroute: stopped");
+            ExitCode::SUCCESS
+        }
+        // Distinct from 2 (could not start): served, but the state was not saved.
+        Err(e) => {
+            eprintln!("kvroute: {e}");
+            eprintln!("kvroute: stopped, state not saved");
+            ExitCode::from(1)
+        }
+    }
 }
 
 #[cfg(not(all(target_os = "linux", feature = "service")))]

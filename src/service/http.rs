@@ -125,7 +125,7 @@ async fn route_http(
     let core = core.clone();
     let method = method.clone();
     let resp = match (&method, parts) {
-        (&Method::GET, ["healthz"]) => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
+        (&Method::GET, ["healthz"]) => json(StatusCode::OK, &super::persist::healthz(&core.shared)),
         (&Method::GET, ["metrics"]) => {
             let text = super::scrape(&core);
             Response::builder()

@@ -63,6 +63,16 @@ pub struct Metrics {
     pub worker_cached_blocks: Family<WorkerLabel, Gauge>,
     pub worker_live: Family<WorkerLabel, Gauge>,
     pub engine_stream: Family<EngineStreamLabels, Counter>,
+    /// Snapshots written (periodic and shutdown).
+    pub snapshots: Counter,
+    /// Snapshot attempts that failed.
+    pub snapshot_failures: Counter,
+    /// Failed attempts since the last success (> 0: `/healthz` says degraded).
+    pub snapshot_consecutive_failures: Gauge,
+    /// Unix time (s) of the last snapshot written by this process; 0 = none yet.
+    pub snapshot_last_success: Gauge,
+    /// Size in bytes of the last snapshot written.
+    pub snapshot_bytes: Gauge,
 }
 
 impl Default for Metrics {
@@ -96,6 +106,11 @@ impl Metrics {
             worker_cached_blocks: Family::default(),
             worker_live: Family::default(),
             engine_stream: Family::default(),
+            snapshots: Counter::default(),
+            snapshot_failures: Counter::default(),
+            snapshot_consecutive_failures: Gauge::default(),
+            snapshot_last_success: Gauge::default(),
+            snapshot_bytes: Gauge::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -184,6 +199,31 @@ impl Metrics {
                 "engine_stream",
                 "ZMQ engine event streams: gaps, replays, replay failures, clears, restarts, batches",
                 m.engine_stream.clone(),
+            );
+            r.register(
+                "snapshots",
+                "Warm-restart snapshots written (periodic and shutdown)",
+                m.snapshots.clone(),
+            );
+            r.register(
+                "snapshot_failures",
+                "Warm-restart snapshot attempts that failed",
+                m.snapshot_failures.clone(),
+            );
+            r.register(
+                "snapshot_consecutive_failures",
+                "Snapshot attempts failed since the last success (> 0: /healthz degraded)",
+                m.snapshot_consecutive_failures.clone(),
+            );
+            r.register(
+                "snapshot_last_success_timestamp_seconds",
+                "Unix time of the last snapshot written by this process (0: none yet)",
+                m.snapshot_last_success.clone(),
+            );
+            r.register(
+                "snapshot_bytes",
+                "Size of the last snapshot written",
+                m.snapshot_bytes.clone(),
             );
         }
         m

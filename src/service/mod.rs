@@ -25,6 +25,7 @@ pub mod persist;
 pub mod router;
 pub mod run_loop;
 pub mod shared;
+pub mod state_dir;
 pub mod zmq_ingest;
 
 use self::core::Core;
@@ -71,17 +72,28 @@ pub struct Running {
     handles: Vec<glommio::ExecutorJoinHandle<()>>,
     snapshotter: Option<std::thread::JoinHandle<()>>,
     engines: Vec<std::thread::JoinHandle<()>>,
+    /// The state dir's lock (`state_dir::StateDir`), held until the process exits.
+    _state_lock: Option<std::fs::File>,
 }
 
 impl Running {
     /// Stops accepting, takes the shutdown snapshot (with `state_dir`), lets in-flight
-    /// work finish (bounded), and joins the cores.
-    pub fn shutdown(mut self) {
+    /// work finish (bounded), and joins the cores. `Err` when the shutdown snapshot
+    /// failed: the state dir then holds an older snapshot (or none), and the caller
+    /// must say so (`kvroute serve` exits 1).
+    pub fn shutdown(self) -> Result<(), String> {
+        self.stop(true)
+    }
+
+    /// [`Running::shutdown`]; without `snapshot` (a start that failed) the state dir is
+    /// left as it was, since nothing was served that it lacks.
+    fn stop(mut self, snapshot: bool) -> Result<(), String> {
+        let mut result = Ok(());
         self.shared.stopping.store(true, Ordering::SeqCst);
         if let Some(t) = self.snapshotter.take() {
             let _ = t.join();
         }
-        if let Some(dir) = &self.shared.settings.state_dir {
+        if let Some(dir) = self.shared.settings.state_dir.as_ref().filter(|_| snapshot) {
             // Routing and lifecycle calls are refused from `stopping` on; let the ones
             // already running finish so the snapshot holds every answered request.
             let t0 = std::time::Instant::now();
@@ -90,12 +102,16 @@ impl Running {
             {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            match persist::take(&self.shared, std::path::Path::new(dir)) {
+            match persist::take_recorded(&self.shared, std::path::Path::new(dir)) {
                 Ok(t) => eprintln!(
                     "kvroute: shutdown snapshot: {} index entries, {} in-flight requests in {dir}",
                     t.entries, t.requests
                 ),
-                Err(e) => eprintln!("kvroute: shutdown snapshot failed: {e}"),
+                Err(e) => {
+                    result = Err(format!(
+                        "shutdown snapshot failed: {e}; {dir} does not hold the state at shutdown"
+                    ))
+                }
             }
         }
         self.shared.shutdown.store(true, Ordering::SeqCst);
@@ -108,6 +124,7 @@ impl Running {
         for h in self.engines {
             let _ = h.join();
         }
+        result
     }
 }
 
@@ -119,31 +136,8 @@ pub fn start(settings: Settings) -> Result<Running, String> {
     let cores = effective_cores(settings.cores);
     let shard_bits = cores.trailing_zeros();
     let limits = settings.limits.clone();
-    let restored = match &settings.state_dir {
-        Some(dir) => {
-            match crate::snapshot::read(std::path::Path::new(dir)).map_err(|e| {
-                format!("{e} (move the file away to start cold, without warm restart)")
-            })? {
-                Some(snap) => {
-                    let n: usize = snap.entries.iter().map(|e| e.len()).sum();
-                    eprintln!(
-                        "kvroute: restoring {} workers, {n} index entries and {} in-flight requests from {dir}",
-                        snap.workers.len(),
-                        snap.requests.len()
-                    );
-                    Some(persist::restore(
-                        snap,
-                        limits.max_workers,
-                        cores,
-                        shard_bits,
-                        |c| control::cap_per_shard(c, limits.max_blocks_per_worker, cores),
-                    ))
-                }
-                None => None,
-            }
-        }
-        None => None,
-    };
+    let state = state_dir::load_at_start(&settings, cores, shard_bits)?;
+    let restored = state.restored;
     let persist::RestoredState {
         registry,
         mut shards,
@@ -229,9 +223,10 @@ pub fn start(settings: Settings) -> Result<Running, String> {
         handles,
         snapshotter: None,
         engines: Vec::new(),
+        _state_lock: state.lock,
     };
     if let Some(e) = first_err {
-        running.shutdown();
+        let _ = running.stop(false);
         return Err(e);
     }
     if let Some(dir) = running.shared.settings.state_dir.clone() {

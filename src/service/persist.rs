@@ -11,6 +11,12 @@
 //! every restored request to its shard of the active-block index, and the request's
 //! owner under the new core count (`Shared::owner_of`) re-admits it into its tracker,
 //! so a restart with another `--cores` works; the load board is then republished.
+//!
+//! Restore is all or nothing (`snapshot::check` first, then every entry must land in
+//! its shard): any problem stops the start with a message naming it. Snapshot outcomes
+//! are exposed, not only logged: `kvroute_snapshot_*` metrics and the `snapshot` part
+//! of `/healthz` (`degraded` while the last attempt failed); the shutdown snapshot's
+//! failure makes `kvroute serve` exit non-zero.
 
 use super::core::Core;
 use super::msg::{Msg, Retained};
@@ -19,7 +25,9 @@ use crate::engine::Prepared;
 use crate::index::IndexShard;
 use crate::load::CarriedRequest;
 use crate::registry::Registry;
-use crate::snapshot::{self, SavedRequest, SavedReroute, SavedWorker, Snapshot};
+use crate::snapshot::{
+    self, Expect, RestoreError, SavedRequest, SavedReroute, SavedWorker, Snapshot,
+};
 use crate::types::{Tier, WorkerSlot};
 use std::collections::HashMap;
 use std::path::Path;
@@ -81,8 +89,13 @@ pub fn restore_requests(core: &Core, restored: &[Restored]) {
         if sh.owner_of(&c.id) != core.id {
             continue;
         }
-        if st.tracker.restore(c.clone(), now).is_err() {
-            continue; // a duplicate id in a corrupt-but-decodable file: keep the first
+        if let Err(e) = st.tracker.restore(c.clone(), now) {
+            // `snapshot::check` refused bad and repeated ids already: never expected.
+            eprintln!(
+                "kvroute: restored request {:?} not re-admitted: {e:?}",
+                c.id
+            );
+            continue;
         }
         if let Some(r) = reroute {
             let retained = Retained {
@@ -162,7 +175,10 @@ pub fn take(sh: &Shared, dir: &Path) -> Result<Taken, String> {
         .wait(Duration::from_secs(30))
         .ok_or("cores did not answer the snapshot request")?;
     let mut index_of: HashMap<WorkerSlot, usize> = HashMap::new();
-    let mut snap = Snapshot::default();
+    let mut snap = Snapshot {
+        params: Some(snapshot::HashParams::current(sh.settings.router.block_size)),
+        ..Snapshot::default()
+    };
     for e in reg.iter() {
         let c = sh.cells(e.slot);
         index_of.insert(e.slot, snap.workers.len());
@@ -207,11 +223,61 @@ pub fn take(sh: &Shared, dir: &Path) -> Result<Taken, String> {
         }
     }
     let requests = snap.requests.len();
-    snapshot::write(dir, &snap).map_err(|e| e.to_string())?;
+    let bytes = snapshot::write(dir, &snap).map_err(|e| e.to_string())?;
     Ok(Taken {
         entries: n,
         requests,
+        bytes,
     })
+}
+
+/// [`take`], with its outcome recorded in the metrics (and so in `/healthz`).
+pub fn take_recorded(sh: &Shared, dir: &Path) -> Result<Taken, String> {
+    let r = take(sh, dir);
+    let m = &sh.metrics;
+    match &r {
+        Ok(t) => {
+            m.snapshots.inc();
+            m.snapshot_consecutive_failures.set(0);
+            m.snapshot_bytes.set(t.bytes as i64);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            m.snapshot_last_success.set(now as i64);
+        }
+        Err(_) => {
+            m.snapshot_failures.inc();
+            m.snapshot_consecutive_failures.inc();
+        }
+    }
+    r
+}
+
+/// The `snapshot` part of `/healthz` and whether it makes the router `degraded`
+/// (`None` without `state_dir`). Liveness is unaffected: `/healthz` stays 200.
+pub fn health(sh: &Shared) -> Option<(bool, serde_json::Value)> {
+    sh.settings.state_dir.as_ref()?;
+    let m = &sh.metrics;
+    let failing = m.snapshot_consecutive_failures.get();
+    let last = m.snapshot_last_success.get();
+    let v = serde_json::json!({
+        "state": if failing > 0 { "failing" } else { "ok" },
+        "consecutive_failures": failing,
+        "failures_total": m.snapshot_failures.get(),
+        "last_success_unix_seconds": (last > 0).then_some(last),
+    });
+    Some((failing > 0, v))
+}
+
+/// `/healthz` body: `{"status": "ok" | "degraded"}`, plus `snapshot` with a state dir.
+pub fn healthz(sh: &Shared) -> serde_json::Value {
+    match health(sh) {
+        None => serde_json::json!({"status": "ok"}),
+        Some((degraded, snap)) => serde_json::json!({
+            "status": if degraded { "degraded" } else { "ok" },
+            "snapshot": snap,
+        }),
+    }
 }
 
 /// What a snapshot held.
@@ -219,6 +285,8 @@ pub fn take(sh: &Shared, dir: &Path) -> Result<Taken, String> {
 pub struct Taken {
     pub entries: usize,
     pub requests: usize,
+    /// Size of the file written.
+    pub bytes: usize,
 }
 
 /// A snapshot restored into the state the cores start from.
@@ -231,27 +299,33 @@ pub struct RestoredState {
     pub requests: Vec<Restored>,
 }
 
-/// Restores a snapshot into a registry and per-core shards (before the cores start).
+/// Restores a snapshot into a registry and per-core shards (before the cores start):
+/// all of it, or an error naming what does not fit `expect`.
 pub fn restore(
     snap: Snapshot,
-    max_workers: usize,
+    expect: &Expect,
     cores: usize,
     shard_bits: u32,
     cap_of: impl Fn(u64) -> u64,
-) -> RestoredState {
-    let mut reg = Registry::new(max_workers);
+) -> Result<RestoredState, RestoreError> {
+    snapshot::check(&snap, expect)?;
+    let mut reg = Registry::new(expect.max_workers);
     let mut shards: Vec<IndexShard> = (0..cores).map(|_| IndexShard::new()).collect();
     let mut saved = Vec::new();
     let mut slot_of: Vec<Option<WorkerSlot>> = Vec::with_capacity(snap.workers.len());
     let mut per: Vec<Vec<u64>> = vec![Vec::new(); cores];
-    for (w, entries) in snap.workers.into_iter().zip(snap.entries) {
-        let Ok(up) = reg.upsert(w.spec.clone()) else {
-            slot_of.push(None);
-            continue;
-        };
+    for (index, (w, entries)) in snap.workers.into_iter().zip(snap.entries).enumerate() {
+        let up = reg
+            .upsert(w.spec.clone())
+            .map_err(|e| RestoreError::InvalidWorker {
+                index,
+                id: w.spec.id.clone(),
+                reason: e.to_string(),
+            })?;
         let slot = up.slot();
         slot_of.push(Some(slot));
         let cap = cap_of(w.spec.capacity_blocks);
+        let mut lost = 0u64;
         for s in &mut shards {
             s.set_worker_cap(slot, cap);
         }
@@ -266,45 +340,59 @@ pub fn restore(
             }
             for (s, hashes) in shards.iter_mut().zip(&per) {
                 if !hashes.is_empty() {
-                    s.stored(slot, tier, hashes);
+                    let out = s.stored(slot, tier, hashes);
+                    lost += u64::from(out.rejected) + u64::from(out.duplicate);
                 }
             }
+        }
+        if lost > 0 {
+            return Err(RestoreError::NotRestored {
+                id: w.spec.id,
+                entries: entries.len() as u64,
+                lost,
+                capacity: w.spec.capacity_blocks,
+                max_blocks_per_worker: expect.max_blocks_per_worker,
+                cores,
+            });
         }
         saved.push((slot, w));
     }
     let slot = |i: u32| slot_of.get(i as usize).copied().flatten();
-    let requests = snap
-        .requests
-        .into_iter()
-        .filter_map(|r| {
-            let decode_worker = slot(r.decode)?;
-            let prefill_worker = match r.prefill {
-                Some(p) => Some(slot(p)?),
-                None => None,
-            };
-            let c = CarriedRequest {
+    let mut requests = Vec::with_capacity(snap.requests.len());
+    for (index, r) in snap.requests.into_iter().enumerate() {
+        // `check` verified every worker index; a miss here would be a bug, not data.
+        let (Some(decode_worker), Some(prefill_worker)) = (
+            slot(r.decode),
+            r.prefill.map(|p| slot(p).map(Some)).unwrap_or(Some(None)),
+        ) else {
+            return Err(RestoreError::InvalidRequest {
+                index,
                 id: r.id,
-                decode_worker,
-                prefill_worker,
-                input_tokens: r.input_tokens,
-                cached_tokens: r.cached_tokens,
-                prompt_blocks: r.prompt_blocks,
-                hashes: r.hashes,
-                expected_output_tokens: r.expected_output_tokens,
-                in_prefill: r.in_prefill,
-                output_tokens: r.output_tokens,
-                age_us: r.age_us,
-                first_token_age_us: r.first_token_age_us,
-            };
-            Some((c, r.reroute))
-        })
-        .collect();
-    RestoredState {
+                reason: "names a worker the snapshot does not hold",
+            });
+        };
+        let c = CarriedRequest {
+            id: r.id,
+            decode_worker,
+            prefill_worker,
+            input_tokens: r.input_tokens,
+            cached_tokens: r.cached_tokens,
+            prompt_blocks: r.prompt_blocks,
+            hashes: r.hashes,
+            expected_output_tokens: r.expected_output_tokens,
+            in_prefill: r.in_prefill,
+            output_tokens: r.output_tokens,
+            age_us: r.age_us,
+            first_token_age_us: r.first_token_age_us,
+        };
+        requests.push((c, r.reroute));
+    }
+    Ok(RestoredState {
         registry: reg,
         shards,
         saved,
         requests,
-    }
+    })
 }
 
 /// The periodic snapshot thread (runs until shutdown).
@@ -321,8 +409,19 @@ pub fn spawn_periodic(
             waited += tick;
             if waited >= every {
                 waited = Duration::ZERO;
-                if let Err(e) = take(&sh, &dir) {
-                    eprintln!("kvroute: snapshot failed: {e}");
+                let before = sh.metrics.snapshot_consecutive_failures.get();
+                match take_recorded(&sh, &dir) {
+                    // Logged at the first failure and then at 2, 4, 8, ... in a row, so a
+                    // lasting failure does not flood the log (the metrics count each).
+                    Err(e) if (before + 1).count_ones() == 1 => eprintln!(
+                        "kvroute: snapshot failed ({} in a row; /healthz says degraded): {e}",
+                        before + 1
+                    ),
+                    Ok(_) if before > 0 => eprintln!(
+                        "kvroute: snapshot written to {} again after {before} failures",
+                        dir.display()
+                    ),
+                    _ => {}
                 }
             }
         }

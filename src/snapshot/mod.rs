@@ -1,17 +1,34 @@
 //! Warm-restart snapshots: the worker registry (specs, epochs, sequence resume points),
 //! every live index entry and the in-flight requests, in one file written atomically.
 //!
-//! Format (all integers little-endian): magic `KVRS`, version u16 (2), u32 length +
-//! JSON of the saved workers, then per saved worker: u64 count and `count` × (u8 tier,
-//! u64 hash), then u64 request count and the requests (layout in `requests`). Version 1
-//! files end after the index entries; they are still read, with no requests. Other
-//! versions are refused with a message naming the versions this build reads. Decoding validates everything and never panics; a corrupt or foreign file
-//! is an error, never a partial restore. Writing goes to `NAME.tmp`, is fsynced, then
-//! renamed over `NAME` (and the directory fsynced), so a crash mid-write leaves the
-//! previous snapshot intact.
+//! Format version 3 (all integers little-endian; README "Warm restart" has the table):
+//! magic `KVRS`, version u16 (3), the hash parameters that give the saved hashes their
+//! meaning (u32 block size, u64 hash seed, u8 length + ASCII name of the hash scheme),
+//! u32 length + JSON of the saved workers, then per saved worker: u64 count and
+//! `count` × (u8 tier, u64 hash), then u64 request count and the requests (layout in
+//! `requests`), and last a u64 XXH3-64 (seed 0) of every byte before it.
+//!
+//! Guarantees: a file whose checksum does not match is refused before any field is
+//! parsed, so one flipped bit anywhere is an error, never a different index. Versions 1
+//! and 2 (older builds) are still read: they carry no checksum and no hash parameters
+//! (`Snapshot::params` is `None`), version 1 no requests either. Other versions are
+//! refused with a message naming the versions this build reads. Decoding validates
+//! every length against the bytes left and never panics. Whether a decoded snapshot
+//! fits the running settings is `check`'s job (pure, all or nothing).
+//!
+//! Writing: the directory must exist (it is created and probed once at start,
+//! [`probe_dir`]; a directory that vanishes later is not silently recreated, since it may
+//! have been a mount point). The file goes to `NAME.tmp` (created afresh, never through
+//! an existing file or link), is fsynced, then renamed over `NAME` (and the directory
+//! fsynced), so a crash mid-write leaves the previous snapshot intact; on any failure
+//! the temporary file is removed.
 
+mod check;
 mod requests;
+#[cfg(test)]
+mod tests;
 
+pub use check::{check, Expect, RestoreError};
 use requests::{bad, Reader};
 pub use requests::{SavedRequest, SavedReroute};
 
@@ -19,11 +36,42 @@ use crate::types::{Tier, WorkerSpec};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use xxhash_rust::xxh3::xxh3_64;
 
 const MAGIC: &[u8; 4] = b"KVRS";
-const VERSION: u16 = 2;
+const VERSION: u16 = 3;
 /// File name inside the state directory.
 pub const FILE_NAME: &str = "kvroute.snapshot";
+/// Name of the temporary file a snapshot is written to before the rename.
+pub const TMP_NAME: &str = "kvroute.snapshot.tmp";
+/// Name of the probe file [`probe_dir`] writes and removes.
+pub const PROBE_NAME: &str = "kvroute.snapshot.probe";
+/// The block-hash scheme of this build (`crate::hash`): Dynamo's XXH3-64 chain over
+/// little-endian u32 token ids, external ids mixed by XXH3-64 of their LE bytes.
+pub const HASH_SCHEME: &str = "dynamo-xxh3-64";
+
+/// The settings that give saved hashes their meaning: the same token prefix hashes to
+/// the same value only under equal parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HashParams {
+    /// Tokens per block (`router.block_size`).
+    pub block_size: u32,
+    /// Seed of every XXH3 call of the scheme (`crate::hash::SEED`).
+    pub seed: u64,
+    /// Name of the scheme ([`HASH_SCHEME`] for this build).
+    pub scheme: String,
+}
+
+impl HashParams {
+    /// The parameters of this build with `block_size` tokens per block.
+    pub fn current(block_size: u32) -> HashParams {
+        HashParams {
+            block_size,
+            seed: crate::hash::SEED,
+            scheme: HASH_SCHEME.to_string(),
+        }
+    }
+}
 
 /// A worker as saved: its registration and where its event stream resumes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -37,14 +85,17 @@ pub struct SavedWorker {
 /// Everything a snapshot holds.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
+    /// Hash parameters the hashes were computed under; `None` when read from a version
+    /// 1 or 2 file (which did not record them). Always written (version 3).
+    pub params: Option<HashParams>,
     pub workers: Vec<SavedWorker>,
     /// Per worker (same order as `workers`): its live (tier, hash) entries.
     pub entries: Vec<Vec<(Tier, u64)>>,
-    /// In-flight requests (version 2; none when read from a version 1 file).
+    /// In-flight requests (version 2 on; none when read from a version 1 file).
     pub requests: Vec<SavedRequest>,
 }
 
-/// Why a snapshot could not be read.
+/// Why a snapshot could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     #[error("i/o on {path}: {err}")]
@@ -57,9 +108,20 @@ impl Snapshot {
     pub fn encode(&self) -> Vec<u8> {
         let meta = serde_json::to_vec(&self.workers).unwrap_or_else(|_| b"[]".to_vec());
         let n: usize = self.entries.iter().map(|e| e.len()).sum();
-        let mut out = Vec::with_capacity(24 + meta.len() + n * 9 + self.entries.len() * 8);
+        let mut out = Vec::with_capacity(64 + meta.len() + n * 9 + self.entries.len() * 8);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
+        // No params (never the case for a snapshot of a running service) is written as
+        // block size 0, which decodes back to `None`.
+        let (block_size, seed, scheme) = match &self.params {
+            Some(p) => (p.block_size, p.seed, p.scheme.as_bytes()),
+            None => (0, 0, &b""[..]),
+        };
+        out.extend_from_slice(&block_size.to_le_bytes());
+        out.extend_from_slice(&seed.to_le_bytes());
+        let scheme = &scheme[..scheme.len().min(usize::from(u8::MAX))];
+        out.push(scheme.len() as u8);
+        out.extend_from_slice(scheme);
         out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
         out.extend_from_slice(&meta);
         for i in 0..self.workers.len() {
@@ -74,6 +136,8 @@ impl Snapshot {
         for r in &self.requests {
             r.encode(&mut out);
         }
+        let sum = xxh3_64(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
         out
     }
 
@@ -83,10 +147,38 @@ impl Snapshot {
             return Err(bad("bad magic"));
         }
         let v = r.u16()?;
-        if v != 1 && v != VERSION {
+        if !(1..=VERSION).contains(&v) {
             return Err(SnapshotError::Corrupt(format!(
-                "unsupported version {v} (this build reads versions 1 and {VERSION})"
+                "unsupported version {v} (this build reads versions 1 to {VERSION})"
             )));
+        }
+        let mut params = None;
+        if v >= 3 {
+            // Checksum first: nothing of a damaged file is interpreted.
+            let Some(split) = bytes.len().checked_sub(8).filter(|&s| s >= 6) else {
+                return Err(bad("truncated"));
+            };
+            let (body, sum) = bytes.split_at(split);
+            let stored = u64::from_le_bytes(sum.try_into().map_err(|_| bad("truncated"))?);
+            let computed = xxh3_64(body);
+            if stored != computed {
+                return Err(SnapshotError::Corrupt(format!(
+                    "checksum mismatch (stored {stored:016x}, computed {computed:016x}): \
+                     the file was damaged after it was written"
+                )));
+            }
+            r = Reader(&body[6..]);
+            let block_size = r.u32()?;
+            let seed = r.u64()?;
+            let n = usize::from(r.u8()?);
+            let scheme = std::str::from_utf8(r.take(n)?)
+                .map_err(|_| bad("hash scheme name"))?
+                .to_string();
+            params = (block_size != 0).then_some(HashParams {
+                block_size,
+                seed,
+                scheme,
+            });
         }
         let len = r.u32()? as usize;
         let workers: Vec<SavedWorker> = serde_json::from_slice(r.take(len)?)
@@ -114,6 +206,7 @@ impl Snapshot {
             return Err(bad("trailing bytes"));
         }
         Ok(Snapshot {
+            params,
             workers,
             entries,
             requests,
@@ -121,24 +214,69 @@ impl Snapshot {
     }
 }
 
-/// Writes `snap` atomically to `dir/FILE_NAME`.
-pub fn write(dir: &Path, snap: &Snapshot) -> Result<(), SnapshotError> {
+/// Makes sure snapshots can be written to `dir`: creates it if missing, then writes,
+/// fsyncs and removes a probe file. Also removes a temporary file a crash left behind.
+/// Called once at start, so a read-only, full or misnamed state directory stops the
+/// start instead of failing every snapshot later.
+pub fn probe_dir(dir: &Path) -> Result<(), SnapshotError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |err| SnapshotError::Io { path, err }
     };
+    if dir.exists() && !dir.is_dir() {
+        return Err(io(dir)(std::io::Error::other(
+            "exists but is not a directory",
+        )));
+    }
     std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let tmp = dir.join(format!("{FILE_NAME}.tmp"));
+    let tmp = dir.join(TMP_NAME);
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&tmp)(e)),
+        _ => {}
+    }
+    let probe = dir.join(PROBE_NAME);
+    let _ = std::fs::remove_file(&probe);
+    let written = create_fresh(&probe)
+        .and_then(|mut f| f.write_all(b"kvroute probe\n").and_then(|_| f.sync_all()));
+    let removed = std::fs::remove_file(&probe);
+    written.map_err(io(&probe))?;
+    removed.map_err(io(&probe))?;
+    Ok(())
+}
+
+/// Opens `path` for writing, failing if anything (file, link, directory) is there.
+fn create_fresh(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+}
+
+/// Writes `snap` atomically to `dir/FILE_NAME`; returns the bytes written. On failure
+/// no temporary file is left behind and the previous snapshot is untouched.
+pub fn write(dir: &Path, snap: &Snapshot) -> Result<usize, SnapshotError> {
+    let tmp = dir.join(TMP_NAME);
     let dst = dir.join(FILE_NAME);
-    let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-    f.write_all(&snap.encode()).map_err(io(&tmp))?;
-    f.sync_all().map_err(io(&tmp))?;
-    drop(f);
-    std::fs::rename(&tmp, &dst).map_err(io(&dst))?;
+    let bytes = snap.encode();
+    // A temporary file left by a failed rename or a crash: replaced, never written
+    // through (it could be a link planted in the directory).
+    let _ = std::fs::remove_file(&tmp);
+    let written = create_fresh(&tmp).and_then(|mut f| {
+        f.write_all(&bytes)?;
+        f.sync_all()
+    });
+    if let Err(err) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(SnapshotError::Io { path: tmp, err });
+    }
+    if let Err(err) = std::fs::rename(&tmp, &dst) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(SnapshotError::Io { path: dst, err });
+    }
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();
     }
-    Ok(())
+    Ok(bytes.len())
 }
 
 /// Reads `dir/FILE_NAME`; `Ok(None)` when there is none yet.
@@ -148,127 +286,5 @@ pub fn read(dir: &Path) -> Result<Option<Snapshot>, SnapshotError> {
         Ok(bytes) => Snapshot::decode(&bytes).map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(err) => Err(SnapshotError::Io { path, err }),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sample() -> Snapshot {
-        let mut a = WorkerSpec::new("a");
-        a.epoch = 3;
-        Snapshot {
-            workers: vec![
-                SavedWorker {
-                    spec: a,
-                    heartbeat: true,
-                    next_seq: 42,
-                },
-                SavedWorker {
-                    spec: WorkerSpec::new("b"),
-                    heartbeat: false,
-                    next_seq: 0,
-                },
-            ],
-            entries: vec![vec![(Tier::Device, 1), (Tier::Host, u64::MAX)], vec![]],
-            requests: vec![
-                SavedRequest {
-                    id: "r-1".into(),
-                    decode: 1,
-                    prefill: Some(0),
-                    input_tokens: 300,
-                    cached_tokens: 128,
-                    prompt_blocks: 3,
-                    hashes: vec![5, 6, 7],
-                    expected_output_tokens: Some(50),
-                    in_prefill: true,
-                    output_tokens: 0,
-                    age_us: 1234,
-                    first_token_age_us: None,
-                    reroute: Some(SavedReroute {
-                        filters: crate::select::Filters {
-                            model: "m".into(),
-                            ..Default::default()
-                        },
-                        mode: crate::config::Mode::Kv,
-                    }),
-                },
-                SavedRequest {
-                    id: "r-2".into(),
-                    decode: 0,
-                    prefill: None,
-                    input_tokens: 10,
-                    cached_tokens: 0,
-                    prompt_blocks: 1,
-                    hashes: vec![],
-                    expected_output_tokens: None,
-                    in_prefill: false,
-                    output_tokens: 17,
-                    age_us: 0,
-                    first_token_age_us: Some(9),
-                    reroute: None,
-                },
-            ],
-        }
-    }
-
-    #[test]
-    fn roundtrip_and_atomic_file() {
-        let s = sample();
-        assert_eq!(Snapshot::decode(&s.encode()).unwrap(), s);
-        let dir = std::env::temp_dir().join(format!("kvroute-snap-{}", std::process::id()));
-        assert!(read(&dir).unwrap().is_none());
-        write(&dir, &s).unwrap();
-        assert_eq!(read(&dir).unwrap().unwrap(), s);
-        assert!(!dir.join(format!("{FILE_NAME}.tmp")).exists());
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn corrupt_input_is_an_error_never_a_panic() {
-        let bytes = sample().encode();
-        for cut in 0..bytes.len() {
-            assert!(Snapshot::decode(&bytes[..cut]).is_err(), "cut at {cut}");
-        }
-        let mut extra = bytes.clone();
-        extra.push(0);
-        assert!(Snapshot::decode(&extra).is_err());
-        let s = sample();
-        let mut no_requests = s.clone();
-        no_requests.requests.clear();
-        let mut bad_tier = no_requests.encode();
-        let pos = bad_tier.len() - 8 - 8 - 9;
-        bad_tier[pos] = 9;
-        assert!(Snapshot::decode(&bad_tier).is_err());
-        assert!(Snapshot::decode(b"nope").is_err());
-        // A request naming a worker the snapshot does not have.
-        let mut bad_worker = s.clone();
-        bad_worker.requests[1].decode = 2;
-        assert!(Snapshot::decode(&bad_worker.encode()).is_err());
-        // A huge request count is refused before allocating.
-        let mut huge = no_requests.encode();
-        let n = huge.len();
-        huge[n - 8..].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(Snapshot::decode(&huge).is_err());
-        // Every single-byte corruption is an error or a valid snapshot, never a panic.
-        for i in 0..bytes.len() {
-            let mut b = bytes.clone();
-            b[i] ^= 0xa5;
-            let _ = Snapshot::decode(&b);
-        }
-    }
-
-    #[test]
-    fn version_1_files_are_read_without_requests_and_others_refused() {
-        let mut v1 = sample();
-        v1.requests.clear();
-        let mut bytes = v1.encode();
-        bytes.truncate(bytes.len() - 8); // version 1 ends after the index entries
-        bytes[4..6].copy_from_slice(&1u16.to_le_bytes());
-        assert_eq!(Snapshot::decode(&bytes).unwrap(), v1);
-        bytes[4..6].copy_from_slice(&3u16.to_le_bytes());
-        let e = Snapshot::decode(&bytes).unwrap_err().to_string();
-        assert!(e.contains("unsupported version 3"), "{e}");
     }
 }
