@@ -3,6 +3,10 @@
 //! Registry writes are serialised by one mutex (rare, cold) and published as a new
 //! snapshot; the shards learn about identity changes through `Forget` messages and
 //! per-slot generations, so events about a previous identity of a slot are dropped.
+//!
+//! JSON events are read-your-writes: `json_events` returns only once every shard has
+//! applied the batches it queued ([`applied_everywhere`]), so a route sent after the
+//! answer sees them. Binary and ZMQ ingest answer no event and skip that round trip.
 
 use super::core::Core;
 use super::index_batch::Batch;
@@ -219,7 +223,32 @@ pub async fn json_events(core: &Core, id: &str, events: Vec<KvEvent>) -> Result<
     if let Some(c) = sh.cells(slot) {
         c.last_seen_ms.store(sh.now_ms(), Ordering::Release);
     }
+    // "applied" means visible: routing queries travel in the urgent lane and would
+    // otherwise overtake the batches still queued in the bulk lane.
+    applied_everywhere(core).await;
     Ok(n)
+}
+
+/// Resolves once every core has handled every bulk message this core queued to it
+/// before the call: a `Barrier` follows them in each core's bulk lane (a FIFO per
+/// sender) and comes back as `Applied`.
+pub async fn applied_everywhere(core: &Core) {
+    let mut qids = Vec::with_capacity(core.shared.cores);
+    for to in 0..core.shared.cores {
+        let qid = core.new_wait();
+        core.send(
+            to,
+            Msg::Barrier {
+                from: core.id,
+                qid,
+            },
+        )
+        .await;
+        qids.push(qid);
+    }
+    for qid in qids {
+        core.wait(qid).await;
+    }
 }
 
 /// Status of every worker (fleet view summed over cores).
