@@ -410,3 +410,39 @@ fn error_messages_are_truncated_at_a_char_boundary() {
     let f = Frame::from_encoded(&encoded(&wb)).unwrap();
     assert!(WorkerBound::decode(&f).is_ok());
 }
+
+#[test]
+fn error_codes_follow_the_protocol_table() {
+    use crate::codec::ErrorCode;
+    let hello = |magic: &[u8], version: u16| {
+        let mut p = BytesMut::new();
+        p.put_slice(magic);
+        p.put_u16_le(version);
+        p.put_u16_le(0);
+        Frame::new(kind::RQ_HELLO, p.freeze())
+    };
+    let own = &kind::RESPONSES[..];
+    let code = |f: &Frame| RequestMsg::decode(f).unwrap_err().error_code(own);
+    assert_eq!(code(&hello(b"KVRX", 1)), ErrorCode::BadRequest);
+    assert_eq!(code(&hello(b"KVRQ", 2)), ErrorCode::UnsupportedVersion);
+    assert_eq!(
+        code(&Frame::new(kind::RQ_ROUTE, bytes::Bytes::from_static(&[1, 2]))),
+        ErrorCode::BadRequest
+    );
+    assert_eq!(
+        code(&Frame::new(0x7f, bytes::Bytes::new())),
+        ErrorCode::BadRequest
+    );
+    assert_eq!(
+        code(&Frame::new(kind::RS_ACK, bytes::Bytes::new())),
+        ErrorCode::ProtocolViolation
+    );
+    assert_eq!(
+        CodecError::EmptyFrame.error_code(own),
+        ErrorCode::BadRequest
+    );
+    assert_eq!(
+        CodecError::Oversized { len: 9, max: 1 }.error_code(own),
+        ErrorCode::BadRequest
+    );
+}
