@@ -265,3 +265,147 @@ fn api_port_error_codes_match_the_protocol() {
     let (code, _) = s.get("/healthz");
     assert_eq!(code, 200);
 }
+
+// ---- item 9: one id rule at every door ----------------------------------------------
+
+/// Ids a path segment cannot carry as is (and the length limit).
+fn bad_ids() -> Vec<String> {
+    ["a/b", "a?b", "a#b", "a%2Fb", "a b", ""]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(std::iter::once("x".repeat(129)))
+        .collect()
+}
+
+const RULE: &str = "1..=128 bytes of [A-Z a-z 0-9 . _ : @ + = -]";
+
+fn assert_refused(what: &str, code: u16, body: &Value) {
+    assert_eq!(code, 400, "{what}: {body}");
+    assert_eq!(body["code"], "bad_request", "{what}: {body}");
+    let msg = body["error"].as_str().unwrap_or_default();
+    assert!(msg.contains(RULE), "{what}: the error names the rule: {msg}");
+}
+
+/// Before the fix `a/b`, `a?b`, `a#b` and `a%2Fb` were accepted as worker and request
+/// ids, and the lifecycle and DELETE calls could not address them (their requests
+/// stayed active forever). Now every door refuses them with `bad_request` naming the
+/// rule, and an id using every allowed character at the maximum length round-trips
+/// through every door.
+#[test]
+fn ids_outside_the_rule_are_refused_at_every_door() {
+    use kvroute::client::{EventPublisher, RequestClient};
+    use kvroute::codec::ErrorCode;
+    let s = Server::start(1, &[]);
+    s.register(worker("w"));
+    let h = hashes(9, 4);
+    for id in bad_ids() {
+        // HTTP register, route.
+        let mut spec = worker("w");
+        spec["id"] = json!(id);
+        let (code, body) = s.post("/v1/workers", spec);
+        assert_refused(&format!("register {id:?}"), code, &body);
+        let (code, body) = s.post(
+            "/v1/route",
+            json!({"request_id": id, "model": "m", "block_hashes": h}),
+        );
+        assert_refused(&format!("route {id:?}"), code, &body);
+        // Binary Register, Hello, Route, Lifecycle, Deregister.
+        let mut api = RequestClient::connect(&s.api, "").unwrap();
+        let e = api.register(common::spec(&id)).unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{id:?}: {e}");
+        let e = api.route(&common::req(&id, &h)).unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{id:?}: {e}");
+        let e = api.finish(&id).unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{id:?}: {e}");
+        let e = api.deregister(&id).unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{id:?}: {e}");
+        match EventPublisher::connect(&s.events, common::spec(&id), "") {
+            Err(e) => assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{id:?}: {e}"),
+            Ok(_) => panic!("Hello with worker id {id:?} accepted"),
+        }
+    }
+    // HTTP doors addressed by path: an encoded or over-long segment is refused, not
+    // "unknown".
+    for seg in ["a%2Fb", "a%23b", "a%3Fb", &"x".repeat(129)] {
+        let (code, body) = s.post(&format!("/v1/requests/{seg}/finish"), json!({}));
+        assert_refused(&format!("finish {seg}"), code, &body);
+        let (code, body) = s.delete(&format!("/v1/workers/{seg}"));
+        assert_refused(&format!("delete {seg}"), code, &body);
+        let (code, body) = s.post(
+            &format!("/v1/workers/{seg}/events"),
+            json!({"events": [{"type": "cleared"}]}),
+        );
+        assert_refused(&format!("events {seg}"), code, &body);
+    }
+    assert_eq!(s.workers().len(), 1, "only w is registered");
+    // The whole charset at the maximum length works through every door.
+    let long = format!("{}{}", "AZaz09._:@+=-", "x".repeat(128 - 13));
+    assert_eq!(long.len(), 128);
+    s.register(worker(&long));
+    let (code, body) = s.post(
+        &format!("/v1/workers/{long}/events"),
+        json!({"events": [{"type": "stored", "tier": "device", "parent": null, "block_hashes": h}]}),
+    );
+    assert_eq!(code, 200, "{body}");
+    let (code, d) = s.post(
+        "/v1/route",
+        json!({"request_id": long, "model": "m", "block_hashes": h, "pin": long}),
+    );
+    assert_eq!(code, 200, "{d}");
+    assert_eq!(d["overlap"]["device"], 4, "{d}");
+    let (code, body) = s.post(&format!("/v1/requests/{long}/finish"), json!({}));
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = s.delete(&format!("/v1/workers/{long}"));
+    assert_eq!(code, 200, "{body}");
+    let mut api = RequestClient::connect(&s.api, "").unwrap();
+    api.register(common::spec(&long)).unwrap();
+    api.route(&common::req(&long, &h)).unwrap();
+    api.finish(&long).unwrap();
+    api.deregister(&long).unwrap();
+}
+
+/// `[[engines]]` worker ids follow the same rule: the router refuses to start.
+#[test]
+fn engine_worker_ids_outside_the_rule_stop_the_start() {
+    use std::process::{Command, Stdio};
+    let port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    for id in ["e/1", "e?1", "e#1"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args(["serve", "--cores", "1"])
+            .args(["--events-addr", &format!("127.0.0.1:{}", port())])
+            .args(["--api-addr", &format!("127.0.0.1:{}", port())])
+            .args(["--http-addr", &format!("127.0.0.1:{}", port())])
+            .args([
+                "--engine",
+                &format!("worker_id={id},endpoint=tcp://127.0.0.1:{}", port()),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break Some(st);
+            }
+            if std::time::Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let Some(status) = status else {
+            kvroute::process::terminate(&mut child, Duration::from_secs(10));
+            panic!("kvroute started with engine worker_id {id:?}");
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert!(!status.success(), "{id:?}: {err}");
+        assert!(err.contains(RULE), "{id:?}: the error names the rule: {err}");
+    }
+}

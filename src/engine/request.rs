@@ -124,16 +124,11 @@ pub struct Prepared {
 pub struct BadRequest(pub String);
 
 /// Longest accepted request id.
-pub const MAX_REQUEST_ID: usize = 128;
+pub const MAX_REQUEST_ID: usize = crate::ids::MAX_ID_LEN;
 
-/// Checks a request id: 1..=128 bytes of printable ASCII.
+/// Checks a request id against the id rule (`crate::ids`).
 pub fn check_request_id(id: &str) -> Result<(), BadRequest> {
-    if id.is_empty() || id.len() > MAX_REQUEST_ID || !id.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(BadRequest(
-            "request_id must be 1..=128 bytes of printable ASCII without spaces".into(),
-        ));
-    }
-    Ok(())
+    crate::ids::check("request_id", id).map_err(BadRequest)
 }
 
 impl RouteRequest {

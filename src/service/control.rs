@@ -121,6 +121,7 @@ pub fn send_blocking(sh: &Shared, to: usize, mut msg: Msg) -> bool {
 
 /// Removes a worker and everything known about it.
 pub async fn deregister(core: &Core, id: &str) -> Result<(), ApiError> {
+    crate::ids::check("worker id", id).map_err(EngineError::BadRequest)?;
     let sh = &core.shared;
     let slot = {
         let _guard = sh
@@ -173,6 +174,7 @@ pub async fn index_ops(core: &Core, slot: WorkerSlot, gen: u64, ops: Vec<IndexOp
 
 /// Applies JSON events of worker `id` (same semantics as the binary protocol).
 pub async fn json_events(core: &Core, id: &str, events: Vec<KvEvent>) -> Result<usize, ApiError> {
+    crate::ids::check("worker id", id).map_err(EngineError::BadRequest)?;
     let sh = &core.shared;
     let slot = sh
         .registry
