@@ -409,3 +409,99 @@ fn engine_worker_ids_outside_the_rule_stop_the_start() {
         assert!(err.contains(RULE), "{id:?}: the error names the rule: {err}");
     }
 }
+
+// ---- item 16: LoRA on route ------------------------------------------------------------
+
+/// What the engine adapter stores for a vLLM `BlockStored` of `tokens` under LoRA
+/// `lora` (the hashes a ZMQ-connected engine's blocks get in the index).
+fn adapter_hashes(tokens: &[u32], block_size: u32, lora: Option<&str>) -> Vec<u64> {
+    use kvroute::engines::adapter::{Adapter, Change};
+    use kvroute::engines::{EngineEvent, EngineHash, Stored};
+    let n = tokens.len() / block_size as usize;
+    let mut a = Adapter::new(block_size, 1 << 16, None);
+    let mut out = Vec::new();
+    a.apply(
+        &EngineEvent::Stored(Stored {
+            block_hashes: (0..n as u64).map(EngineHash::Int).collect(),
+            token_ids: tokens.to_vec(),
+            lora_name: lora.map(str::to_string),
+            ..Default::default()
+        }),
+        &mut out,
+    );
+    out.into_iter()
+        .flat_map(|c| match c {
+            Change::Stored { hashes, .. } => hashes,
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect()
+}
+
+/// A frontend routes LoRA token prompts by name (`lora_name`), over HTTP and the binary
+/// API, and finds the blocks the engine adapter stored for that adapter; without the
+/// name (or with another one) the same tokens match nothing. Before the fix
+/// `lora_name` was an unknown field (400) and the binary Route had no such field.
+#[test]
+fn lora_name_on_route_finds_the_adapters_blocks() {
+    use kvroute::client::RequestClient;
+    let s = Server::start(2, &["--block-size", "16"]);
+    s.register(worker("w"));
+    let tokens: Vec<u32> = (0..16 * 8).map(|i| 1000 + i).collect();
+    let salted = adapter_hashes(&tokens, 16, Some("sql-lora"));
+    assert_eq!(salted.len(), 8);
+    assert_eq!(
+        salted,
+        kvroute::engines::salted_sequence_hashes(&tokens, 16, Some("sql-lora")),
+        "the library helper agrees with the adapter"
+    );
+    s.store("w", "device", &salted);
+    // HTTP.
+    let route = |id: &str, lora: Option<&str>| {
+        let mut body = json!({"request_id": id, "model": "m", "tokens": tokens});
+        if let Some(l) = lora {
+            body["lora_name"] = json!(l);
+        }
+        let (code, d) = s.post("/v1/route", body);
+        assert_eq!(code, 200, "{d}");
+        d["overlap"]["device"].as_u64().unwrap()
+    };
+    assert_eq!(route("h1", Some("sql-lora")), 8);
+    assert_eq!(route("h2", None), 0);
+    assert_eq!(route("h3", Some("other-lora")), 0);
+    // Binary.
+    let mut api = RequestClient::connect(&s.api, "").unwrap();
+    let mut r = kvroute::engine::RouteRequest {
+        request_id: "b1".into(),
+        model: Some("m".into()),
+        tokens: Some(tokens.clone()),
+        lora_name: Some("sql-lora".into()),
+        ..Default::default()
+    };
+    assert_eq!(api.route(&r).unwrap().overlap.device, 8);
+    r.request_id = "b2".into();
+    r.lora_name = None;
+    assert_eq!(api.route(&r).unwrap().overlap.device, 0);
+    r.request_id = "b3".into();
+    r.lora_name = Some("other-lora".into());
+    assert_eq!(api.route(&r).unwrap().overlap.device, 0);
+    // Precomputed hashes are used as given: a LoRA name with them is refused, on both.
+    let (code, body) = s.post(
+        "/v1/route",
+        json!({"request_id": "h4", "model": "m", "block_hashes": salted, "lora_name": "sql-lora"}),
+    );
+    assert_eq!((code, &body["code"]), (400, &json!("bad_request")), "{body}");
+    let e = api
+        .route(&kvroute::engine::RouteRequest {
+            request_id: "b4".into(),
+            block_hashes: Some(salted.clone()),
+            lora_name: Some("sql-lora".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert_eq!(e.code(), Some(kvroute::codec::ErrorCode::BadRequest), "{e}");
+    let (code, body) = s.post(
+        "/v1/route",
+        json!({"request_id": "h5", "model": "m", "tokens": tokens, "lora_name": ""}),
+    );
+    assert_eq!(code, 400, "{body}");
+}

@@ -43,6 +43,7 @@ pub fn to_route_request(r: codec::Route) -> RouteRequest {
         tolerations: (!r.tolerations.is_empty()).then_some(r.tolerations),
         mode: r.mode,
         explain: r.explain,
+        lora_name: r.lora_name,
     }
 }
 
