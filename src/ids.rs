@@ -76,7 +76,10 @@ mod tests {
     #[test]
     fn the_rule_is_what_is_written() {
         let listed: Vec<u8> = (0u8..=255).filter(|&b| is_id_byte(b)).collect();
-        let mut want: Vec<u8> = (b'0'..=b'9').chain(b'A'..=b'Z').chain(b'a'..=b'z').collect();
+        let mut want: Vec<u8> = (b'0'..=b'9')
+            .chain(b'A'..=b'Z')
+            .chain(b'a'..=b'z')
+            .collect();
         want.extend(b".:_@+=-");
         want.sort_unstable();
         assert_eq!(listed, want);

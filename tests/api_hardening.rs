@@ -283,7 +283,10 @@ fn assert_refused(what: &str, code: u16, body: &Value) {
     assert_eq!(code, 400, "{what}: {body}");
     assert_eq!(body["code"], "bad_request", "{what}: {body}");
     let msg = body["error"].as_str().unwrap_or_default();
-    assert!(msg.contains(RULE), "{what}: the error names the rule: {msg}");
+    assert!(
+        msg.contains(RULE),
+        "{what}: the error names the rule: {msg}"
+    );
 }
 
 /// Before the fix `a/b`, `a?b`, `a#b` and `a%2Fb` were accepted as worker and request
@@ -406,7 +409,10 @@ fn engine_worker_ids_outside_the_rule_stop_the_start() {
         let mut err = String::new();
         std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
         assert!(!status.success(), "{id:?}: {err}");
-        assert!(err.contains(RULE), "{id:?}: the error names the rule: {err}");
+        assert!(
+            err.contains(RULE),
+            "{id:?}: the error names the rule: {err}"
+        );
     }
 }
 
@@ -489,7 +495,11 @@ fn lora_name_on_route_finds_the_adapters_blocks() {
         "/v1/route",
         json!({"request_id": "h4", "model": "m", "block_hashes": salted, "lora_name": "sql-lora"}),
     );
-    assert_eq!((code, &body["code"]), (400, &json!("bad_request")), "{body}");
+    assert_eq!(
+        (code, &body["code"]),
+        (400, &json!("bad_request")),
+        "{body}"
+    );
     let e = api
         .route(&kvroute::engine::RouteRequest {
             request_id: "b4".into(),

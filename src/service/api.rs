@@ -205,7 +205,13 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
         Err(kind) => {
             sh.metrics.protocol_error(kind);
             let code = errors::hello_failure(kind);
-            fatal(&mut s, &mut out, code, format!("no valid first frame ({kind})")).await;
+            fatal(
+                &mut s,
+                &mut out,
+                code,
+                format!("no valid first frame ({kind})"),
+            )
+            .await;
             return;
         }
     };

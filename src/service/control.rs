@@ -238,14 +238,7 @@ pub async fn applied_everywhere(core: &Core) {
     let mut qids = Vec::with_capacity(core.shared.cores);
     for to in 0..core.shared.cores {
         let qid = core.new_wait();
-        core.send(
-            to,
-            Msg::Barrier {
-                from: core.id,
-                qid,
-            },
-        )
-        .await;
+        core.send(to, Msg::Barrier { from: core.id, qid }).await;
         qids.push(qid);
     }
     for qid in qids {

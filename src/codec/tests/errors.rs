@@ -427,7 +427,10 @@ fn error_codes_follow_the_protocol_table() {
     assert_eq!(code(&hello(b"KVRX", 1)), ErrorCode::BadRequest);
     assert_eq!(code(&hello(b"KVRQ", 2)), ErrorCode::UnsupportedVersion);
     assert_eq!(
-        code(&Frame::new(kind::RQ_ROUTE, bytes::Bytes::from_static(&[1, 2]))),
+        code(&Frame::new(
+            kind::RQ_ROUTE,
+            bytes::Bytes::from_static(&[1, 2])
+        )),
         ErrorCode::BadRequest
     );
     assert_eq!(
