@@ -16,7 +16,7 @@ fn post(agent: &ureq::Agent, url: &str, body: Value) -> (u16, Value) {
     match agent.post(url).send_json(body) {
         Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
         Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or(Value::Null)),
-        Err(e) => panic!("POST {url}: {e}"),
+        Err(e) => panic!("POST {url}: {e:?}"),
     }
 }
 
@@ -66,6 +66,61 @@ fn events_are_visible_to_the_next_route() {
         "{} of 500 routes missed blocks just applied: {misses:?}",
         misses.len()
     );
+}
+
+/// Reads one HTTP/1.1 response (headers and a Content-Length body); `None` at EOF.
+fn read_response(s: &mut std::net::TcpStream) -> Option<String> {
+    use std::io::Read;
+    let mut got = Vec::new();
+    let mut b = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        match s.read(&mut b) {
+            Ok(1) => got.push(b[0]),
+            _ => return None,
+        }
+    }
+    let head = String::from_utf8_lossy(&got).to_string();
+    let len = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).ok()?;
+    Some(format!("{head}{}", String::from_utf8_lossy(&body)))
+}
+
+/// A lifecycle call that takes no body but is sent one (`{}`, as clients do), arriving
+/// after its headers, leaves the keep-alive connection usable. Before the fix the
+/// handler answered without reading the body and hyper closed the connection after the
+/// answer, so the client's next request on it failed with an EOF (it showed up as
+/// "Unexpected EOF" in the 500-try test above once the route was read-your-writes).
+#[test]
+fn bodies_of_bodiless_calls_are_read_so_keep_alive_holds() {
+    use std::io::Write;
+    let s = Server::start(1, &[]);
+    s.register(worker("w"));
+    let mut c = std::net::TcpStream::connect(&s.http).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for op in ["first_token", "finish", "prefill_failed"] {
+        let head = format!(
+            "POST /v1/requests/nope/{op} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n"
+        );
+        c.write_all(head.as_bytes()).unwrap();
+        c.flush().unwrap();
+        // The body comes in its own segment, after the handler may have answered.
+        std::thread::sleep(Duration::from_millis(50));
+        c.write_all(b"{}").unwrap();
+        let r = read_response(&mut c).expect("an answer");
+        assert!(r.starts_with("HTTP/1.1 404"), "{op}: {r}");
+        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .unwrap();
+        let r = read_response(&mut c).unwrap_or_else(|| panic!("{op}: connection closed"));
+        assert!(r.starts_with("HTTP/1.1 200"), "{op}: {r}");
+    }
 }
 
 // ---- item 10: error codes of the binary handshake and framing -------------------------
