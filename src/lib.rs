@@ -13,6 +13,7 @@
 //! - [`codec`]: the binary event and request protocols (docs/PROTOCOL.md).
 //! - [`registry`]: the worker registry (slots, specs, liveness).
 //! - [`engine`]: an in-process router that wires the pure modules together.
+//! - [`ids`]: the one charset and length rule for worker and request ids.
 
 pub mod cli;
 pub mod client;
@@ -21,6 +22,7 @@ pub mod config;
 pub mod engine;
 pub mod engines;
 pub mod hash;
+pub mod ids;
 pub mod index;
 pub mod load;
 pub mod mem;

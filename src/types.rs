@@ -149,7 +149,7 @@ impl DpRanks {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerSpec {
-    /// External id, unique in the fleet (1..=128 bytes of printable ASCII).
+    /// External id, unique in the fleet (the id rule of `crate::ids`: 1..=128 bytes of `[A-Za-z0-9._:@+=-]`).
     pub id: String,
     #[serde(default)]
     pub role: Role,
@@ -197,12 +197,7 @@ impl WorkerSpec {
 
     /// Checks the fields that cannot be expressed by types alone.
     pub fn validate(&self) -> Result<(), String> {
-        if self.id.is_empty() || self.id.len() > 128 {
-            return Err("worker id must be 1..=128 bytes".into());
-        }
-        if !self.id.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err("worker id must be printable ASCII without spaces".into());
-        }
+        crate::ids::check("worker id", &self.id)?;
         if self.model.len() > 256 || self.topology.len() > 256 {
             return Err("model and topology must be at most 256 bytes".into());
         }

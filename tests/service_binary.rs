@@ -93,13 +93,13 @@ fn malformed_and_oversized_frames_close_only_that_connection() {
     good.flush().unwrap();
     s.wait_until("index", |s| s.cached("good") == 8);
 
-    // Garbage after a valid handshake: Error frame, then closed.
+    // Garbage after a valid handshake: Error(bad_request), then closed.
     let mut bad = EventPublisher::connect(&s.events, spec("bad"), "").unwrap();
     bad.send_raw(&[9, 0, 0, 0, 0x02, 1, 2, 3, 4, 5, 6, 7, 8])
         .unwrap();
     match bad.poll(Duration::from_secs(5)) {
         Ok(Some(WorkerBound::Error { code, .. })) => {
-            assert_eq!(code, ErrorCode::ProtocolViolation.as_u16())
+            assert_eq!(code, ErrorCode::BadRequest.as_u16())
         }
         other => panic!("expected an error frame, got {other:?}"),
     }

@@ -8,6 +8,7 @@
 //! the next frame can still be decoded (the protocols nevertheless tell the router to
 //! answer with an `Error` frame and close, see docs/PROTOCOL.md §Errors).
 
+use super::response::ErrorCode;
 use std::fmt;
 
 /// Everything that can go wrong turning bytes into messages, or (for
@@ -46,6 +47,25 @@ pub enum CodecError {
         len: usize,
         max: usize,
     },
+}
+
+impl CodecError {
+    /// The docs/PROTOCOL.md §5 code a receiver answers this error with (one mapping for
+    /// both ports): `unsupported_version` for a `Hello` of another version;
+    /// `protocol_violation` for a frame the receiver itself sends (`own_kinds`: the
+    /// peer sent it the wrong way); `bad_request` for everything else (framing, unknown
+    /// kind, bad magic, a truncated or invalid field, trailing bytes).
+    pub fn error_code(&self, own_kinds: &[u8]) -> ErrorCode {
+        match self {
+            CodecError::UnsupportedVersion { .. } => ErrorCode::UnsupportedVersion,
+            CodecError::UnknownKind(k) if own_kinds.contains(k) => ErrorCode::ProtocolViolation,
+            CodecError::Oversized { .. }
+            | CodecError::EmptyFrame
+            | CodecError::UnknownKind(_)
+            | CodecError::Malformed { .. }
+            | CodecError::TooLarge { .. } => ErrorCode::BadRequest,
+        }
+    }
 }
 
 /// The precise problem behind [`CodecError::Malformed`].

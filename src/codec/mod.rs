@@ -84,6 +84,10 @@ pub mod kind {
     pub const RS_DECISION: u8 = 0xC2;
     pub const RS_ACK: u8 = 0xC3;
     pub const RS_ERROR: u8 = 0xC4;
+    /// Every router → worker kind (a worker sending one is a `protocol_violation`).
+    pub const WORKER_BOUND: [u8; 3] = [WB_HELLO_ACK, WB_RESYNC, WB_ERROR];
+    /// Every router → frontend kind (a frontend sending one is a `protocol_violation`).
+    pub const RESPONSES: [u8; 4] = [RS_HELLO_ACK, RS_DECISION, RS_ACK, RS_ERROR];
 }
 
 /// Reasons a router gives in [`WorkerBound::Resync`]. The field stays a raw `u8` on the

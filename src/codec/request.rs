@@ -61,6 +61,10 @@ pub struct Route {
     pub dp: Option<(u32, u32)>,
     /// Taints this request tolerates.
     pub tolerations: Vec<String>,
+    /// LoRA adapter the prompt runs under: token prompts are hashed in that adapter's
+    /// hash space, as the engine adapter hashes its events (`engines::lora_salt`).
+    /// On the wire: bit 1 of `prompt_kind` (docs/PROTOCOL.md §4.1 `Route`).
+    pub lora_name: Option<String>,
     pub prompt: Prompt,
 }
 
@@ -79,6 +83,7 @@ impl Route {
             pin: None,
             dp: None,
             tolerations: Vec::new(),
+            lora_name: None,
             prompt,
         }
     }
@@ -229,12 +234,14 @@ impl RequestMsg {
     }
 }
 
-/// Prompt kind byte.
+/// Prompt kind byte: bit 0 = hashes (else token ids), bit 1 = a `lora_name` string
+/// precedes the prompt array. Values above 3 are malformed.
 const PROMPT_TOKENS: u8 = 0;
 const PROMPT_HASHES: u8 = 1;
+const PROMPT_LORA: u8 = 2;
 
 fn read_route(r: &mut Reader<'_>) -> Result<Route, CodecError> {
-    Ok(Route {
+    let mut route = Route {
         corr: r.u64("corr")?,
         request_id: r.string("request_id")?,
         model: r.string("model")?,
@@ -248,19 +255,23 @@ fn read_route(r: &mut Reader<'_>) -> Result<Route, CodecError> {
         pin: r.opt("pin", |r| r.string("pin"))?,
         dp: r.opt("dp", |r| Ok((r.u32("dp.lo")?, r.u32("dp.hi")?)))?,
         tolerations: r.string_list("tolerations")?,
-        prompt: {
-            let prompt_kind = r.enum_u8("prompt_kind", |k| {
-                (k == PROMPT_TOKENS || k == PROMPT_HASHES).then_some(k)
-            })?;
-            if prompt_kind == PROMPT_TOKENS {
-                let b = r.tail_array("prompt", TokenList::ITEM_SIZE)?;
-                Prompt::Tokens(TokenList::from_le_bytes(b).unwrap_or_default())
-            } else {
-                let b = r.tail_array("prompt", HashList::ITEM_SIZE)?;
-                Prompt::Hashes(HashList::from_le_bytes(b).unwrap_or_default())
-            }
-        },
-    })
+        lora_name: None,
+        prompt: Prompt::Tokens(TokenList::default()),
+    };
+    let prompt_kind = r.enum_u8("prompt_kind", |k| {
+        (k <= (PROMPT_HASHES | PROMPT_LORA)).then_some(k)
+    })?;
+    if prompt_kind & PROMPT_LORA != 0 {
+        route.lora_name = Some(r.string("lora_name")?);
+    }
+    route.prompt = if prompt_kind & PROMPT_HASHES == 0 {
+        let b = r.tail_array("prompt", TokenList::ITEM_SIZE)?;
+        Prompt::Tokens(TokenList::from_le_bytes(b).unwrap_or_default())
+    } else {
+        let b = r.tail_array("prompt", HashList::ITEM_SIZE)?;
+        Prompt::Hashes(HashList::from_le_bytes(b).unwrap_or_default())
+    };
+    Ok(route)
 }
 
 fn write_route(w: &mut Writer<'_>, route: &Route) -> Result<(), CodecError> {
@@ -288,14 +299,21 @@ fn write_route(w: &mut Writer<'_>, route: &Route) -> Result<(), CodecError> {
         Ok(())
     })?;
     w.string_list("tolerations", &route.tolerations)?;
+    let lora = if route.lora_name.is_some() {
+        PROMPT_LORA
+    } else {
+        0
+    };
+    let kind = match &route.prompt {
+        Prompt::Tokens(_) => PROMPT_TOKENS,
+        Prompt::Hashes(_) => PROMPT_HASHES,
+    };
+    w.u8(kind | lora);
+    if let Some(name) = &route.lora_name {
+        w.string("lora_name", name)?;
+    }
     match &route.prompt {
-        Prompt::Tokens(t) => {
-            w.u8(PROMPT_TOKENS);
-            w.raw_array("prompt", TokenList::ITEM_SIZE, t.as_le_bytes())
-        }
-        Prompt::Hashes(h) => {
-            w.u8(PROMPT_HASHES);
-            w.raw_array("prompt", HashList::ITEM_SIZE, h.as_le_bytes())
-        }
+        Prompt::Tokens(t) => w.raw_array("prompt", TokenList::ITEM_SIZE, t.as_le_bytes()),
+        Prompt::Hashes(h) => w.raw_array("prompt", HashList::ITEM_SIZE, h.as_le_bytes()),
     }
 }

@@ -58,6 +58,12 @@ pub struct RouteRequest {
     pub mode: Option<Mode>,
     #[serde(default)]
     pub explain: bool,
+    /// LoRA adapter the prompt runs under. Token prompts are then hashed in that
+    /// adapter's hash space, exactly as the engine adapter hashes the engine's events
+    /// for it (`engines::lora_salt`), so a frontend needs no salting of its own. Only
+    /// with `tokens`: `block_hashes` are used as given.
+    #[serde(default)]
+    pub lora_name: Option<String>,
 }
 
 mod mode_opt {
@@ -123,17 +129,15 @@ pub struct Prepared {
 #[error("{0}")]
 pub struct BadRequest(pub String);
 
-/// Longest accepted request id.
-pub const MAX_REQUEST_ID: usize = 128;
+/// Longest accepted `lora_name`, in bytes (the binary protocol's string limit).
+pub const MAX_LORA_NAME: usize = u16::MAX as usize;
 
-/// Checks a request id: 1..=128 bytes of printable ASCII.
+/// Longest accepted request id.
+pub const MAX_REQUEST_ID: usize = crate::ids::MAX_ID_LEN;
+
+/// Checks a request id against the id rule (`crate::ids`).
 pub fn check_request_id(id: &str) -> Result<(), BadRequest> {
-    if id.is_empty() || id.len() > MAX_REQUEST_ID || !id.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(BadRequest(
-            "request_id must be 1..=128 bytes of printable ASCII without spaces".into(),
-        ));
-    }
-    Ok(())
+    crate::ids::check("request_id", id).map_err(BadRequest)
 }
 
 impl RouteRequest {
@@ -141,6 +145,20 @@ impl RouteRequest {
     pub fn prepare(&self, block_size: u32, max_hashes: usize) -> Result<Prepared, BadRequest> {
         check_request_id(&self.request_id)?;
         let bs = block_size.max(1) as usize;
+        let salt = match &self.lora_name {
+            None => None,
+            Some(n) if n.is_empty() || n.len() > MAX_LORA_NAME => {
+                return Err(BadRequest(format!(
+                    "lora_name must be 1..={MAX_LORA_NAME} bytes"
+                )))
+            }
+            Some(_) if self.block_hashes.is_some() => {
+                return Err(BadRequest(
+                    "lora_name applies to tokens; block_hashes are used as given".into(),
+                ))
+            }
+            Some(n) => Some(crate::engines::lora_salt(n)),
+        };
         let (hashes, default_isl) = match (&self.tokens, &self.block_hashes) {
             (Some(_), Some(_)) => {
                 return Err(BadRequest(
@@ -157,7 +175,9 @@ impl RouteRequest {
                 }
                 let len =
                     u32::try_from(t.len()).map_err(|_| BadRequest("prompt too long".into()))?;
-                (crate::hash::sequence_hashes(t, bs), len)
+                let mut hashes = Vec::with_capacity(t.len() / bs);
+                crate::hash::sequence_hashes_after(salt, t, bs, &mut hashes);
+                (hashes, len)
             }
             (None, Some(h)) => {
                 if h.len() > max_hashes {

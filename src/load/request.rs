@@ -7,7 +7,7 @@ use crate::types::WorkerSlot;
 use thiserror::Error;
 
 /// Longest accepted request id, in bytes.
-pub const MAX_REQUEST_ID_LEN: usize = 128;
+pub const MAX_REQUEST_ID_LEN: usize = crate::ids::MAX_ID_LEN;
 
 /// A routing decision to account for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,14 +43,14 @@ pub enum LifecycleError {
     /// The id is not active: never routed, already finished, or its worker was removed.
     #[error("unknown request id (never routed, already finished, or its worker was removed)")]
     UnknownRequest,
-    /// The id is empty or longer than 128 bytes.
-    #[error("request id must be 1..=128 bytes")]
+    /// The id breaks the id rule (`crate::ids`: 1..=128 bytes of `[A-Za-z0-9._:@+=-]`).
+    #[error("request id must be 1..=128 bytes of [A-Z a-z 0-9 . _ : @ + = -]")]
     InvalidId,
 }
 
-/// Checks the id length rule shared by every lifecycle call.
+/// Checks the id rule (`crate::ids`) shared by every lifecycle call and restore.
 pub(super) fn check_id(id: &str) -> Result<(), LifecycleError> {
-    if id.is_empty() || id.len() > MAX_REQUEST_ID_LEN {
+    if crate::ids::check("request id", id).is_err() {
         Err(LifecycleError::InvalidId)
     } else {
         Ok(())

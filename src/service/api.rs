@@ -43,6 +43,7 @@ pub fn to_route_request(r: codec::Route) -> RouteRequest {
         tolerations: (!r.tolerations.is_empty()).then_some(r.tolerations),
         mode: r.mode,
         explain: r.explain,
+        lora_name: r.lora_name,
     }
 }
 
@@ -184,10 +185,10 @@ async fn answer_all(
     Ok(())
 }
 
-async fn fatal(s: &mut TcpStream, out: &mut BytesMut, message: String) {
+async fn fatal(s: &mut TcpStream, out: &mut BytesMut, code: ErrorCode, message: String) {
     ResponseMsg::Error {
         corr: 0,
-        code: ErrorCode::ProtocolViolation.as_u16(),
+        code: code.as_u16(),
         message,
     }
     .encode(out);
@@ -203,7 +204,14 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
         Ok(f) => f,
         Err(kind) => {
             sh.metrics.protocol_error(kind);
-            fatal(&mut s, &mut out, format!("no valid first frame ({kind})")).await;
+            let code = errors::hello_failure(kind);
+            fatal(
+                &mut s,
+                &mut out,
+                code,
+                format!("no valid first frame ({kind})"),
+            )
+            .await;
             return;
         }
     };
@@ -223,12 +231,14 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
         }
         Ok(_) => {
             sh.metrics.protocol_error("no_hello");
-            fatal(&mut s, &mut out, "first frame must be Hello".into()).await;
+            let code = ErrorCode::ProtocolViolation;
+            fatal(&mut s, &mut out, code, "first frame must be Hello".into()).await;
             return;
         }
         Err(e) => {
             sh.metrics.protocol_error(error_kind(&e));
-            fatal(&mut s, &mut out, format!("bad hello: {e}")).await;
+            let code = e.error_code(&codec::kind::RESPONSES);
+            fatal(&mut s, &mut out, code, format!("bad hello: {e}")).await;
             return;
         }
     }
@@ -268,13 +278,15 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
         }
         if let Err(kind) = answer_all(&core, msgs, &mut out).await {
             sh.metrics.protocol_error(kind);
-            fatal(&mut s, &mut out, "Hello after handshake".into()).await;
+            let code = ErrorCode::ProtocolViolation;
+            fatal(&mut s, &mut out, code, "Hello after handshake".into()).await;
             return;
         }
         if let Some(e) = bad {
             sh.metrics.protocol_error(error_kind(&e));
             eprintln!("kvroute: api: {e}; closing connection");
-            fatal(&mut s, &mut out, e.to_string()).await;
+            let code = e.error_code(&codec::kind::RESPONSES);
+            fatal(&mut s, &mut out, code, e.to_string()).await;
             return;
         }
         if !out.is_empty() && s.write_all(&out).await.is_err() {

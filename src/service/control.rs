@@ -3,6 +3,10 @@
 //! Registry writes are serialised by one mutex (rare, cold) and published as a new
 //! snapshot; the shards learn about identity changes through `Forget` messages and
 //! per-slot generations, so events about a previous identity of a slot are dropped.
+//!
+//! JSON events are read-your-writes: `json_events` returns only once every shard has
+//! applied the batches it queued ([`applied_everywhere`]), so a route sent after the
+//! answer sees them. Binary and ZMQ ingest answer no event and skip that round trip.
 
 use super::core::Core;
 use super::index_batch::Batch;
@@ -117,6 +121,7 @@ pub fn send_blocking(sh: &Shared, to: usize, mut msg: Msg) -> bool {
 
 /// Removes a worker and everything known about it.
 pub async fn deregister(core: &Core, id: &str) -> Result<(), ApiError> {
+    crate::ids::check("worker id", id).map_err(EngineError::BadRequest)?;
     let sh = &core.shared;
     let slot = {
         let _guard = sh
@@ -169,6 +174,7 @@ pub async fn index_ops(core: &Core, slot: WorkerSlot, gen: u64, ops: Vec<IndexOp
 
 /// Applies JSON events of worker `id` (same semantics as the binary protocol).
 pub async fn json_events(core: &Core, id: &str, events: Vec<KvEvent>) -> Result<usize, ApiError> {
+    crate::ids::check("worker id", id).map_err(EngineError::BadRequest)?;
     let sh = &core.shared;
     let slot = sh
         .registry
@@ -219,7 +225,25 @@ pub async fn json_events(core: &Core, id: &str, events: Vec<KvEvent>) -> Result<
     if let Some(c) = sh.cells(slot) {
         c.last_seen_ms.store(sh.now_ms(), Ordering::Release);
     }
+    // "applied" means visible: routing queries travel in the urgent lane and would
+    // otherwise overtake the batches still queued in the bulk lane.
+    applied_everywhere(core).await;
     Ok(n)
+}
+
+/// Resolves once every core has handled every bulk message this core queued to it
+/// before the call: a `Barrier` follows them in each core's bulk lane (a FIFO per
+/// sender) and comes back as `Applied`.
+pub async fn applied_everywhere(core: &Core) {
+    let mut qids = Vec::with_capacity(core.shared.cores);
+    for to in 0..core.shared.cores {
+        let qid = core.new_wait();
+        core.send(to, Msg::Barrier { from: core.id, qid }).await;
+        qids.push(qid);
+    }
+    for qid in qids {
+        core.wait(qid).await;
+    }
 }
 
 /// Status of every worker (fleet view summed over cores).

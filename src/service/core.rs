@@ -407,6 +407,8 @@ impl Core {
             }
             Msg::LifecycleDone { qid, result } => self.complete(qid, Reply::Lifecycle(result)),
             Msg::Snapshot(collect) => collect.put(self.id, super::persist::dump(self)),
+            Msg::Barrier { from, qid } => self.post(from, Msg::Applied { qid }),
+            Msg::Applied { qid } => self.complete(qid, Reply::Applied),
         }
     }
 

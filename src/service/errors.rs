@@ -31,6 +31,16 @@ pub fn code(e: &ApiError) -> ErrorCode {
     }
 }
 
+/// The code for a connection whose first frame could not be read (`conn::read_hello`'s
+/// metric label): a framing error is `bad_request`; a timeout or a close before any
+/// frame is a `protocol_violation` (docs/PROTOCOL.md §5).
+pub fn hello_failure(label: &str) -> ErrorCode {
+    match label {
+        "oversized_frame" | "malformed_frame" | "unknown_kind" => ErrorCode::BadRequest,
+        _ => ErrorCode::ProtocolViolation,
+    }
+}
+
 /// HTTP status and machine-readable code of a service error.
 pub fn classify(e: &ApiError) -> (u16, &'static str) {
     let c = code(e);

@@ -49,22 +49,29 @@ fn api_error(e: &ApiError) -> Resp {
     )
 }
 
+/// Reads the whole body (size-limited), so a keep-alive connection can carry the next
+/// request: hyper closes a connection whose request body was left unread when the
+/// response is written, and a client sending its next request on it gets an EOF.
+async fn body_bytes(core: &Core, req: Request<Incoming>) -> Result<Bytes, Resp> {
+    let limit = core.shared.settings.limits.max_body_bytes;
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) => {
+            core.shared.metrics.protocol_error("http_body");
+            Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("request body rejected (limit {limit} bytes): {e}"),
+            ))
+        }
+    }
+}
+
 async fn body_json<T: serde::de::DeserializeOwned>(
     core: &Core,
     req: Request<Incoming>,
 ) -> Result<T, Resp> {
-    let limit = core.shared.settings.limits.max_body_bytes;
-    let bytes = match Limited::new(req.into_body(), limit).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            core.shared.metrics.protocol_error("http_body");
-            return Err(error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!("request body rejected (limit {limit} bytes): {e}"),
-            ));
-        }
-    };
+    let bytes = body_bytes(core, req).await?;
     serde_json::from_slice(&bytes).map_err(|e| {
         core.shared.metrics.protocol_error("http_json");
         error(
@@ -181,11 +188,20 @@ async fn route_http(
                 "first_token" => Some(LifeOp::FirstToken),
                 "finish" => Some(LifeOp::Finish),
                 "prefill_failed" => Some(LifeOp::PrefillFailed),
-                "progress" => match body_json::<Progress>(&core, req).await {
+                "progress" => Some(LifeOp::Progress(0)),
+                _ => None,
+            };
+            let op = match op {
+                Some(LifeOp::Progress(_)) => match body_json::<Progress>(&core, req).await {
                     Ok(p) => Some(LifeOp::Progress(p.output_tokens)),
                     Err(r) => return r,
                 },
-                _ => None,
+                // The other calls take no body; whatever was sent is read and ignored.
+                Some(other) => match body_bytes(&core, req).await {
+                    Ok(_) => Some(other),
+                    Err(r) => return r,
+                },
+                None => None,
             };
             match op {
                 None => error(

@@ -48,7 +48,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
             sh.metrics.protocol_error(kind);
             send_error(
                 &mut s,
-                ErrorCode::ProtocolViolation,
+                errors::hello_failure(kind),
                 format!("no valid first frame ({kind})"),
             )
             .await;
@@ -72,7 +72,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
             log(&format!("bad hello: {e}"));
             send_error(
                 &mut s,
-                ErrorCode::ProtocolViolation,
+                e.error_code(&crate::codec::kind::WORKER_BOUND),
                 format!("bad hello: {e}"),
             )
             .await;
@@ -173,7 +173,8 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
                     sh.metrics.protocol_error(error_kind(&e));
                     log(&format!("worker {worker_id:?}: {e}; closing"));
                     control::index_ops(&core, slot, gen, batch.take()).await;
-                    send_error(&mut s, ErrorCode::ProtocolViolation, e.to_string()).await;
+                    let code = e.error_code(&crate::codec::kind::WORKER_BOUND);
+                    send_error(&mut s, code, e.to_string()).await;
                     break 'conn;
                 }
             };

@@ -146,6 +146,12 @@ pub enum Msg {
     },
     /// Dump this core's shard into the collector (warm-restart snapshot).
     Snapshot(Arc<super::persist::Collect>),
+    /// Read-your-writes barrier: travels in the bulk lane behind the index batches the
+    /// sender queued before it, so when the receiver handles it every one of those
+    /// batches is applied; it answers `Applied { qid }` to `from`.
+    Barrier { from: usize, qid: u64 },
+    /// Answer to a `Barrier`: the receiver applied everything queued before it.
+    Applied { qid: u64 },
 }
 
 /// Which inbox of a core a message travels in (see `service::lanes`).
@@ -163,13 +169,14 @@ impl Msg {
     /// urgent-first, and index batches of an old identity are dropped by generation).
     pub fn lane(&self) -> Lane {
         match self {
-            Msg::Index { .. } | Msg::Snapshot(_) => Lane::Bulk,
+            Msg::Index { .. } | Msg::Snapshot(_) | Msg::Barrier { .. } => Lane::Bulk,
             Msg::Forget { .. }
             | Msg::Query { .. }
             | Msg::Answer { .. }
             | Msg::Active { .. }
             | Msg::Lifecycle { .. }
-            | Msg::LifecycleDone { .. } => Lane::Urgent,
+            | Msg::LifecycleDone { .. }
+            | Msg::Applied { .. } => Lane::Urgent,
         }
     }
 }
@@ -182,6 +189,8 @@ pub enum Reply {
         id_free: Option<bool>,
     },
     Lifecycle(Result<LifeOutcome, EngineError>),
+    /// A `Barrier` came back: that core applied what was queued before it.
+    Applied,
 }
 
 /// What the API layers get back from a route call.

@@ -359,7 +359,7 @@ async fn lifecycle_elsewhere(
         match core.wait(qid).await {
             Reply::Lifecycle(Err(EngineError::UnknownRequest(_))) => {}
             Reply::Lifecycle(r) => result = r,
-            Reply::Answer { .. } => {
+            Reply::Answer { .. } | Reply::Applied => {
                 result = Err(EngineError::BadRequest("internal: mismatched reply".into()))
             }
         }

@@ -277,8 +277,9 @@ fn out_of_range_enum_and_flag_bytes_are_invalid_values() {
     assert!(invalid("explain", 14, 2)(&poke(&route, 14, 2).unwrap_err()));
     let f = Frame::from_encoded(&encoded(&route)).unwrap();
     let kind_at = f.payload.len() - 5;
-    assert!(invalid("prompt_kind", kind_at, 2)(
-        &poke(&route, kind_at, 2).unwrap_err()
+    // 0..=3 are prompt kinds (bit 0 hashes, bit 1 LoRA name); 4 is not.
+    assert!(invalid("prompt_kind", kind_at, 4)(
+        &poke(&route, kind_at, 4).unwrap_err()
     ));
     let life = RequestMsg::Lifecycle {
         corr: 1,
@@ -409,4 +410,43 @@ fn error_messages_are_truncated_at_a_char_boundary() {
     };
     let f = Frame::from_encoded(&encoded(&wb)).unwrap();
     assert!(WorkerBound::decode(&f).is_ok());
+}
+
+#[test]
+fn error_codes_follow_the_protocol_table() {
+    use crate::codec::ErrorCode;
+    let hello = |magic: &[u8], version: u16| {
+        let mut p = BytesMut::new();
+        p.put_slice(magic);
+        p.put_u16_le(version);
+        p.put_u16_le(0);
+        Frame::new(kind::RQ_HELLO, p.freeze())
+    };
+    let own = &kind::RESPONSES[..];
+    let code = |f: &Frame| RequestMsg::decode(f).unwrap_err().error_code(own);
+    assert_eq!(code(&hello(b"KVRX", 1)), ErrorCode::BadRequest);
+    assert_eq!(code(&hello(b"KVRQ", 2)), ErrorCode::UnsupportedVersion);
+    assert_eq!(
+        code(&Frame::new(
+            kind::RQ_ROUTE,
+            bytes::Bytes::from_static(&[1, 2])
+        )),
+        ErrorCode::BadRequest
+    );
+    assert_eq!(
+        code(&Frame::new(0x7f, bytes::Bytes::new())),
+        ErrorCode::BadRequest
+    );
+    assert_eq!(
+        code(&Frame::new(kind::RS_ACK, bytes::Bytes::new())),
+        ErrorCode::ProtocolViolation
+    );
+    assert_eq!(
+        CodecError::EmptyFrame.error_code(own),
+        ErrorCode::BadRequest
+    );
+    assert_eq!(
+        CodecError::Oversized { len: 9, max: 1 }.error_code(own),
+        ErrorCode::BadRequest
+    );
 }

@@ -66,6 +66,27 @@ fn stored_example_matches_the_document() {
     assert_documented("Stored", &example_stored());
 }
 
+/// A LoRA token `Route` (prompt kind 2, revision 1.1).
+pub(super) fn example_lora_route() -> RequestMsg {
+    RequestMsg::Route(Route {
+        model: "m".into(),
+        lora_name: Some("sql".into()),
+        ..Route::new(1, "r1", Prompt::from_tokens(&[1, 2]))
+    })
+}
+
+#[test]
+fn lora_route_example_matches_the_document() {
+    let msg = example_lora_route();
+    let dump = hex_dump(&encoded(&msg));
+    assert!(
+        PROTOCOL_MD.contains(&dump),
+        "docs/PROTOCOL.md lacks the LoRA Route example; it should read:\n{dump}"
+    );
+    let f = Frame::from_encoded(&encoded(&msg)).unwrap();
+    assert_eq!(RequestMsg::decode(&f).unwrap(), msg);
+}
+
 #[test]
 fn documented_kind_bytes_match_the_code() {
     for (name, k) in [

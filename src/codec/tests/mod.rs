@@ -153,6 +153,7 @@ pub(super) fn full_route() -> Route {
         pin: Some("w-2".into()),
         dp: Some((0, 3)),
         tolerations: vec!["spot".into()],
+        lora_name: None,
         prompt: Prompt::from_hashes(&[9, 8, 7]),
     }
 }
@@ -167,6 +168,14 @@ pub(super) fn request_samples() -> Vec<RequestMsg> {
         RequestMsg::Route(Route {
             allow: Some(vec![]),
             ..Route::new(13, "", Prompt::from_tokens(&[]))
+        }),
+        RequestMsg::Route(Route {
+            lora_name: Some("sql-lora".into()),
+            ..Route::new(17, "r", Prompt::from_tokens(&[1, 2, 3]))
+        }),
+        RequestMsg::Route(Route {
+            lora_name: Some(String::new()),
+            ..Route::new(18, "r", Prompt::from_hashes(&[4]))
         }),
         RequestMsg::Lifecycle {
             corr: 14,

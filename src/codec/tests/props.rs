@@ -107,14 +107,14 @@ fn route() -> impl Strategy<Value = Route> {
             option::of(text()),
             option::of(any::<(u32, u32)>()),
         ),
-        (vec(text(), 0..3), prompt),
+        (vec(text(), 0..3), option::of(text()), prompt),
     )
         .prop_map(
             |(
                 (corr, request_id, model, mode, explain),
                 (isl, osl),
                 (allow, pin, dp),
-                (tol, prompt),
+                (tol, lora_name, prompt),
             )| Route {
                 corr,
                 request_id,
@@ -127,6 +127,7 @@ fn route() -> impl Strategy<Value = Route> {
                 pin,
                 dp,
                 tolerations: tol,
+                lora_name,
                 prompt,
             },
         )

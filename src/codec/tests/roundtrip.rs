@@ -137,6 +137,8 @@ fn accessors_report_kind_seq_and_corr() {
             Some(11),
             Some(12),
             Some(13),
+            Some(17),
+            Some(18),
             Some(14),
             Some(15),
             Some(16)
