@@ -368,7 +368,7 @@ pub fn restore(
             return Err(RestoreError::InvalidRequest {
                 index,
                 id: r.id,
-                reason: "names a worker the snapshot does not hold",
+                reason: "names a worker the snapshot does not hold".into(),
             });
         };
         let c = CarriedRequest {

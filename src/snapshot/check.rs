@@ -10,7 +10,6 @@
 //! binds; the operator fixes the setting or moves the file away to start cold.
 
 use super::{HashParams, Snapshot};
-use crate::load::request::MAX_REQUEST_ID_LEN;
 use std::collections::HashMap;
 
 /// The running settings a snapshot must fit.
@@ -82,7 +81,7 @@ pub enum RestoreError {
     InvalidRequest {
         index: usize,
         id: String,
-        reason: &'static str,
+        reason: String,
     },
     #[error("request id {id:?} is saved twice (requests #{first} and #{second})")]
     DuplicateRequest {
@@ -156,11 +155,11 @@ pub fn check(snap: &Snapshot, expect: &Expect) -> Result<(), RestoreError> {
             id: r.id.clone(),
             reason,
         };
-        if r.id.is_empty() || r.id.len() > MAX_REQUEST_ID_LEN {
-            return Err(invalid("request id must be 1..=128 bytes"));
-        }
+        // The one id rule of every door (`ids`), so a restart accepts exactly the
+        // requests a running router could have admitted.
+        crate::ids::check("request id", &r.id).map_err(invalid)?;
         if r.decode >= workers || r.prefill.is_some_and(|p| p >= workers) {
-            return Err(invalid("names a worker the snapshot does not hold"));
+            return Err(invalid("names a worker the snapshot does not hold".into()));
         }
         if let Some(&first) = ids.get(r.id.as_str()) {
             return Err(RestoreError::DuplicateRequest {
