@@ -56,20 +56,21 @@ pub enum Admission {
     Refuse,
 }
 
-/// Why an occupant is displaced (a metric label).
+/// What the displaced occupant was doing (a metric label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
-    /// Over the pre-handshake cap: the oldest pre-handshake connection goes.
-    PreAuthCap,
-    /// At `max_connections`: the pre-handshake or longest-idle connection goes.
-    Full,
+    /// Still pre-handshake: over the pre-handshake cap (the oldest goes), or at
+    /// `max_connections`.
+    PreAuth,
+    /// Idle after its handshake, at `max_connections` (the longest idle goes).
+    Idle,
 }
 
 impl Reason {
     pub fn label(self) -> &'static str {
         match self {
-            Reason::PreAuthCap => "preauth_displaced",
-            Reason::Full => "idle_displaced",
+            Reason::PreAuth => "preauth_displaced",
+            Reason::Idle => "idle_displaced",
         }
     }
 }
@@ -109,7 +110,7 @@ pub fn admit(occupants: &[Occupant], caps: Caps, now_ms: u64) -> Admission {
         if let Some(o) = preauth {
             return Admission::Displace {
                 key: o.key,
-                why: Reason::PreAuthCap,
+                why: Reason::PreAuth,
             };
         }
     }
@@ -120,9 +121,13 @@ pub fn admit(occupants: &[Occupant], caps: Caps, now_ms: u64) -> Admission {
         .filter_map(|o| rank(o.activity, now_ms).map(|r| (r, o.key)))
         .min()
     {
-        Some((_, key)) => Admission::Displace {
+        Some(((class, _), key)) => Admission::Displace {
             key,
-            why: Reason::Full,
+            why: if class == 0 {
+                Reason::PreAuth
+            } else {
+                Reason::Idle
+            },
         },
         None => Admission::Refuse,
     }
@@ -177,7 +182,7 @@ mod tests {
             admit(&o, CAPS, 10),
             Admission::Displace {
                 key: 3,
-                why: Reason::Full
+                why: Reason::Idle
             }
         );
     }
@@ -189,7 +194,7 @@ mod tests {
             admit(&o, CAPS, 10),
             Admission::Displace {
                 key: 3,
-                why: Reason::Full
+                why: Reason::PreAuth
             }
         );
     }
@@ -206,7 +211,7 @@ mod tests {
             admit(&o, CAPS, 150),
             Admission::Displace {
                 key: 1,
-                why: Reason::Full
+                why: Reason::Idle
             }
         );
     }
@@ -222,7 +227,7 @@ mod tests {
             admit(&o, caps, 10),
             Admission::Displace {
                 key: 3,
-                why: Reason::PreAuthCap
+                why: Reason::PreAuth
             }
         );
     }
@@ -238,7 +243,7 @@ mod tests {
             admit(&o2, CAPS, 10),
             Admission::Displace {
                 key: 2,
-                why: Reason::Full
+                why: Reason::Idle
             }
         );
     }
@@ -260,7 +265,7 @@ mod tests {
             admit(&o, CAPS, 10),
             Admission::Displace {
                 key: 4,
-                why: Reason::Full
+                why: Reason::Idle
             }
         );
     }
