@@ -80,7 +80,9 @@ impl Drop for Trickle {
 }
 
 fn connect_many(addr: &str, n: usize) -> Vec<TcpStream> {
-    (0..n).filter_map(|_| TcpStream::connect(addr).ok()).collect()
+    (0..n)
+        .filter_map(|_| TcpStream::connect(addr).ok())
+        .collect()
 }
 
 fn agent() -> ureq::Agent {
@@ -141,7 +143,10 @@ fn http_head_must_arrive_within_the_header_timeout() {
     // One silent connection, one trickling: both closed at about 1 s, not later.
     let t0 = Instant::now();
     assert!(closed_within(&mut socks[0], Duration::from_secs(5)));
-    assert!(t0.elapsed() >= Duration::from_millis(800), "not before the deadline");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(800),
+        "not before the deadline"
+    );
     s.wait_until("timeouts counted", |s| {
         s.metric("kvroute_protocol_errors_total{kind=\"http_header_timeout\"}") >= 2.0
     });
@@ -152,14 +157,16 @@ fn http_head_must_arrive_within_the_header_timeout() {
 fn idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     let s = Server::start(1, &["--http-idle-timeout-ms", "1000"]);
     let mut c = TcpStream::connect(&s.http).unwrap();
-    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut buf = [0u8; 1024];
     let n = c.read(&mut buf).unwrap();
     assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
     // Still open well before the timeout: a second request on it is answered.
     std::thread::sleep(Duration::from_millis(400));
-    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     let n = c.read(&mut buf).unwrap();
     assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
     let t0 = Instant::now();
@@ -225,8 +232,12 @@ fn api_session_idle_longer_than_the_timeout_is_closed_an_active_one_is_not() {
     // The active client sends a request every 400 ms for 2.4 s, pipelining two.
     for i in 0..6 {
         std::thread::sleep(Duration::from_millis(400));
-        let a = active.send_route(&req(&format!("a{i}"), &hashes(i, 4))).unwrap();
-        let b = active.send_route(&req(&format!("b{i}"), &hashes(i, 4))).unwrap();
+        let a = active
+            .send_route(&req(&format!("a{i}"), &hashes(i, 4)))
+            .unwrap();
+        let b = active
+            .send_route(&req(&format!("b{i}"), &hashes(i, 4)))
+            .unwrap();
         active.flush().unwrap();
         for want in [a, b] {
             match active.recv().unwrap() {
@@ -258,14 +269,22 @@ fn preauth_flood_does_not_lock_out_a_worker() {
     assert!(closed_within(&mut silent[0], Duration::from_secs(2)));
     // The API port is unaffected by the event port's flood, and has its own slots.
     let mut c = RequestClient::connect(&s.api, "").unwrap();
-    assert_eq!(c.route(&req("r", &hashes(1, 8))).unwrap().decode_worker, "w");
+    assert_eq!(
+        c.route(&req("r", &hashes(1, 8))).unwrap().decode_worker,
+        "w"
+    );
 }
 
 #[test]
 fn preauth_connections_are_capped_and_timed_out_and_big_hellos_refused() {
     let s = Server::start(
         1,
-        &["--max-preauth-connections", "8", "--hello-timeout-ms", "1500"],
+        &[
+            "--max-preauth-connections",
+            "8",
+            "--hello-timeout-ms",
+            "1500",
+        ],
     );
     let mut silent = connect_many(&s.events, 30);
     std::thread::sleep(Duration::from_millis(300));
