@@ -139,7 +139,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream, conn: Rc<Slot>) {
     out.clear();
     rd.authenticated(sh.settings.limits.max_frame_bytes);
     let ctx = Session {
-        core: &core,
+        core: core.clone(),
         conn: &conn,
         cells,
         slot,
@@ -153,7 +153,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream, conn: Rc<Slot>) {
 
 /// What the event loop of one authenticated connection works with.
 struct Session<'a> {
-    core: &'a Rc<Core>,
+    core: Rc<Core>,
     conn: &'a Slot,
     cells: &'a super::shared::WorkerCells,
     slot: crate::types::WorkerSlot,
