@@ -343,3 +343,40 @@ fn a_silent_event_connection_makes_room_but_a_live_one_does_not() {
         .any(|w| w["id"] == "live" && w["state"] == "live");
     assert!(live_ok, "{:?}", s.workers());
 }
+
+#[test]
+fn new_settings_layer_defaults_file_env_and_flags() {
+    let dir = std::env::temp_dir().join(format!("kvroute-conns-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("c.toml");
+    std::fs::write(
+        &file,
+        "api_idle_timeout_ms = 7777\nhello_timeout_ms = 1\n[limits]\nmax_hello_bytes = 2048\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["print-config", "--config", file.to_str().unwrap()])
+        .args(["--hello-timeout-ms", "1234"])
+        .env("KVROUTE_HTTP_IDLE_TIMEOUT_MS", "4321")
+        .env("KVROUTE_MAX_PREAUTH_CONNECTIONS", "9")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "hello_timeout_ms = 1234",        // flag over file
+        "api_idle_timeout_ms = 7777",     // file
+        "http_idle_timeout_ms = 4321",    // env
+        "http_header_timeout_ms = 10000", // default
+        "http_body_timeout_ms = 30000",
+        "max_preauth_connections = 9",
+        "max_hello_bytes = 2048",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+    }
+}

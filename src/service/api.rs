@@ -8,6 +8,10 @@
 //! with an `Error` (its correlation id is unknowable); request-level failures (unknown
 //! worker, duplicate id, no eligible worker, overload…) are `Error` answers and the
 //! connection goes on.
+//!
+//! A session that sends no complete frame for `api_idle_timeout_ms` while none of its
+//! requests is being answered is closed; while its answers are being computed it is
+//! busy and never idle (pipelined clients waiting for answers stay).
 
 use super::conn::{
     error_kind, read_for, read_hello, yield_to_poll, FramedReader, Stop, READ_CHUNK,

@@ -8,6 +8,9 @@
 //!   that feeds it from the core's urgent and bulk inboxes;
 //! - `control`: registry writes; `board`: lock-free per-worker load figures;
 //! - `zmq_ingest`: OS threads subscribed to vLLM / SGLang KV events over ZMQ.
+//! - `slots` (pure policy) / `conn_slot`: per-listener connection slots, displacing
+//!   pre-handshake and idle connections; `http_clock` (pure) / `hyper_io`: HTTP
+//!   header, idle and body deadlines.
 
 pub mod api;
 pub mod batch;
