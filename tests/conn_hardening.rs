@@ -380,3 +380,65 @@ fn new_settings_layer_defaults_file_env_and_flags() {
         assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
     }
 }
+
+/// Pipelines `n` `GET /metrics` on one connection, waits `stall`, then reads `chunk`
+/// bytes every `every`; the bytes received before the connection ended (or all
+/// `total` arrived).
+fn pipelined_metrics(
+    s: &Server,
+    n: usize,
+    total: usize,
+    stall: Duration,
+    chunk: usize,
+    every: Duration,
+) -> usize {
+    let mut c = TcpStream::connect(&s.http).unwrap();
+    let reqs = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(n);
+    c.write_all(&reqs).unwrap();
+    std::thread::sleep(stall);
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (mut got, mut buf) = (0usize, vec![0u8; chunk]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got < total && Instant::now() < deadline {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => got += k,
+        }
+        std::thread::sleep(every);
+    }
+    got
+}
+
+#[test]
+fn responses_to_a_slow_reader_are_sent_in_full_to_a_stalled_one_cut() {
+    let s = Server::start(1, &["--http-body-timeout-ms", "700"]);
+    // Enough pipelined /metrics answers (~8 MB) to fill the loopback socket buffers,
+    // so the router's writes wait for the reader.
+    let (_, one) = s.get("/metrics");
+    let n = ((8 << 20) / (one.len() + 200)).min(4000);
+    let total = n * (one.len() + 100);
+    // Steady: 64 KiB every 10 ms, seconds in all: never cut.
+    let got = pipelined_metrics(
+        &s,
+        n,
+        total,
+        Duration::ZERO,
+        64 << 10,
+        Duration::from_millis(10),
+    );
+    assert!(
+        got >= total,
+        "slow but steady reader cut after {got} of ~{total} bytes"
+    );
+    // Stalled: nothing read for 2.5 s while the router's writes wait: cut.
+    let got = pipelined_metrics(
+        &s,
+        n,
+        total,
+        Duration::from_millis(2500),
+        64 << 10,
+        Duration::ZERO,
+    );
+    assert!(got < total, "a stalled reader got all {got} bytes");
+    assert!(s.metric("kvroute_protocol_errors_total{kind=\"http_write_timeout\"}") >= 1.0);
+}
