@@ -146,7 +146,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream, conn: Rc<Slot>) {
         gen,
         worker_id: &worker_id,
     };
-    let next = Box::pin(events(ctx, &mut s, &mut rd, out, next)).await;
+    let next = Box::pin(events(ctx, s, rd, out, next)).await;
     cells.next_seq.store(next, Ordering::Release);
     cells.connected.store(0, Ordering::Release);
 }
@@ -166,8 +166,8 @@ struct Session<'a> {
 /// worker has been silent for `heartbeat_timeout_ms`, i.e. is no longer live).
 async fn events(
     ctx: Session<'_>,
-    s: &mut TcpStream,
-    rd: &mut FramedReader,
+    mut s: TcpStream,
+    mut rd: FramedReader,
     mut out: BytesMut,
     mut next: u64,
 ) -> u64 {
@@ -184,7 +184,7 @@ async fn events(
     let mut heard_ms = sh.now_ms();
     'conn: loop {
         conn.idle(heard_ms, sh.settings.heartbeat_timeout_ms);
-        let read = read_for(rd, s, conn, None).await;
+        let read = read_for(&mut rd, &mut s, conn, None).await;
         conn.busy();
         match read {
             Err(_) => {
@@ -201,7 +201,7 @@ async fn events(
         heard_ms = sh.now_ms();
         if cells.gen.load(Ordering::Acquire) != gen {
             send_error(
-                s,
+                &mut s,
                 ErrorCode::Conflict,
                 "worker was removed or re-registered".into(),
             )
@@ -228,7 +228,7 @@ async fn events(
                     sh.metrics.protocol_error(error_kind(&e));
                     log(&format!("worker {worker_id:?}: {e}; closing"));
                     control::index_ops(&core, slot, gen, batch.take()).await;
-                    send_error(s, ErrorCode::ProtocolViolation, e.to_string()).await;
+                    send_error(&mut s, ErrorCode::ProtocolViolation, e.to_string()).await;
                     break 'conn;
                 }
             };
@@ -236,7 +236,7 @@ async fn events(
                 sh.metrics.protocol_error("second_hello");
                 control::index_ops(&core, slot, gen, batch.take()).await;
                 send_error(
-                    s,
+                    &mut s,
                     ErrorCode::ProtocolViolation,
                     "Hello after handshake".into(),
                 )
