@@ -85,7 +85,7 @@ pub struct Limits {
     pub queue_depth: usize,
     /// Connections per listener per core that have not completed their handshake
     /// (binary: `Hello`; HTTP: a first request head). A new one over this cap drops the
-    /// oldest. Default 64.
+    /// oldest. Default 256.
     pub max_preauth_connections: usize,
     /// Largest `Hello` frame (bytes after the length prefix); a bigger length prefix
     /// closes the connection before the body is read. Default 16,384.
@@ -103,7 +103,7 @@ impl Default for Limits {
             max_hashes_per_request: 16_384,
             max_active_requests: 262_144,
             queue_depth: 8192,
-            max_preauth_connections: 64,
+            max_preauth_connections: 256,
             max_hello_bytes: 16 << 10,
         }
     }
