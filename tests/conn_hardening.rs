@@ -442,3 +442,33 @@ fn responses_to_a_slow_reader_are_sent_in_full_to_a_stalled_one_cut() {
     assert!(got < total, "a stalled reader got all {got} bytes");
     assert!(s.metric("kvroute_protocol_errors_total{kind=\"http_write_timeout\"}") >= 1.0);
 }
+
+#[test]
+fn a_fleet_reconnecting_at_once_is_not_displaced_by_the_preauth_cap() {
+    // 200 workers whose Hellos are all in the backlog at once, against a cap of 16
+    // pre-handshake connections: each accepted connection reads its Hello before the
+    // next accept, so none is displaced for the cap.
+    let s = Server::start(1, &["--max-preauth-connections", "16"]);
+    let mut socks = Vec::new();
+    for i in 0..200 {
+        let mut out = bytes::BytesMut::new();
+        kvroute::codec::EventMsg::Hello(kvroute::codec::EventHello {
+            auth_token: String::new(),
+            spec: spec(&format!("w{i}")),
+        })
+        .encode(&mut out);
+        let mut c = TcpStream::connect(&s.events).unwrap();
+        c.write_all(&out).unwrap();
+        socks.push(c);
+    }
+    for (i, c) in socks.iter_mut().enumerate() {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut head = [0u8; 5];
+        assert!(c.read_exact(&mut head).is_ok(), "worker {i} got no answer");
+        assert_eq!(head[4], 0x41, "worker {i}: HelloAck");
+    }
+    assert_eq!(
+        s.metric("kvroute_protocol_errors_total{kind=\"preauth_displaced\"}"),
+        0.0
+    );
+}

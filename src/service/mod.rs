@@ -326,6 +326,12 @@ where
                 .dec();
         })
         .detach();
+        // Let the new connection read what it already has (a Hello sent right after
+        // connecting) before the next accept. glommio accepts synchronously while the
+        // backlog is non-empty, but a new socket's first read waits for the rings: in a
+        // reconnect storm the loop would accept the whole backlog before any Hello is
+        // read, and displace those connections as pre-handshake.
+        conn::yield_to_poll().await;
     }
 }
 
