@@ -269,4 +269,67 @@ mod tests {
             }
         );
     }
+
+    mod props {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn activity() -> impl Strategy<Value = Activity> {
+            prop_oneof![
+                (0u64..100).prop_map(|since_ms| Activity::PreAuth { since_ms }),
+                (0u64..100, 0u64..50).prop_map(|(since_ms, min_idle_ms)| Activity::Idle {
+                    since_ms,
+                    min_idle_ms
+                }),
+                Just(Activity::Busy),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn decisions_respect_the_guarantees(
+                acts in proptest::collection::vec((activity(), any::<bool>()), 0..24),
+                max_connections in 1usize..12,
+                max_preauth in 1usize..12,
+                now_ms in 0u64..200,
+            ) {
+                let occ: Vec<Occupant> = acts
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &(activity, closing))| Occupant { key: k as u64, activity, closing })
+                    .collect();
+                let caps = Caps { max_connections, max_preauth };
+                let live = occ.iter().filter(|o| !o.closing).count();
+                let closing = occ.len() - live;
+                match admit(&occ, caps, now_ms) {
+                    Admission::Admit => {
+                        let preauth = occ
+                            .iter()
+                            .filter(|o| !o.closing && matches!(o.activity, Activity::PreAuth { .. }))
+                            .count();
+                        prop_assert!(live < max_connections && closing < max_connections);
+                        prop_assert!(preauth < max_preauth, "over the pre-handshake cap");
+                    }
+                    Admission::Displace { key, why } => {
+                        let v = occ[key as usize];
+                        prop_assert!(!v.closing, "never picks a closing occupant");
+                        prop_assert!(closing < max_connections);
+                        match (v.activity, why) {
+                            (Activity::PreAuth { .. }, Reason::PreAuth) => {}
+                            (Activity::Idle { since_ms, min_idle_ms }, Reason::Idle) => {
+                                prop_assert!(now_ms.saturating_sub(since_ms) >= min_idle_ms);
+                            }
+                            other => prop_assert!(false, "displaced {:?}", other),
+                        }
+                    }
+                    Admission::Refuse => {
+                        // Refused only if too many are closing, or the listener is full
+                        // with nothing displaceable.
+                        let displaceable = occ.iter().any(|o| !o.closing && rank(o.activity, now_ms).is_some());
+                        prop_assert!(closing >= max_connections || (live >= max_connections && !displaceable));
+                    }
+                }
+            }
+        }
+    }
 }
