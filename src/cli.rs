@@ -124,6 +124,21 @@ pub struct ServeArgs {
     /// model=...,capacity_blocks=...,dp_rank=...,block_size=...,lora=...,topic=...]`
     #[arg(long = "engine", value_parser = parse_engine)]
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
+    // Connection hardening (handshake, idle and HTTP timeouts; pre-auth limits).
+    #[arg(long, env = "KVROUTE_HELLO_TIMEOUT_MS")]
+    pub hello_timeout_ms: Option<u64>,
+    #[arg(long, env = "KVROUTE_API_IDLE_TIMEOUT_MS")]
+    pub api_idle_timeout_ms: Option<u64>,
+    #[arg(long, env = "KVROUTE_HTTP_HEADER_TIMEOUT_MS")]
+    pub http_header_timeout_ms: Option<u64>,
+    #[arg(long, env = "KVROUTE_HTTP_IDLE_TIMEOUT_MS")]
+    pub http_idle_timeout_ms: Option<u64>,
+    #[arg(long, env = "KVROUTE_HTTP_BODY_TIMEOUT_MS")]
+    pub http_body_timeout_ms: Option<u64>,
+    #[arg(long, env = "KVROUTE_MAX_PREAUTH_CONNECTIONS")]
+    pub max_preauth_connections: Option<usize>,
+    #[arg(long, env = "KVROUTE_MAX_HELLO_BYTES")]
+    pub max_hello_bytes: Option<usize>,
 }
 
 fn parse_engine(s: &str) -> Result<crate::engines::config::EngineEndpoint, String> {
@@ -246,6 +261,16 @@ impl ServeArgs {
         if !self.engines.is_empty() {
             s.engines = self.engines.clone();
         }
+        overlay!(
+            s,
+            self,
+            hello_timeout_ms,
+            api_idle_timeout_ms,
+            http_header_timeout_ms,
+            http_idle_timeout_ms,
+            http_body_timeout_ms,
+        );
+        overlay!(s.limits, self, max_preauth_connections, max_hello_bytes);
     }
 }
 

@@ -44,6 +44,22 @@ pub struct Settings {
     /// worker (README "Pointing kvroute at a vLLM fleet").
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
+    /// Time a new binary connection (event port, request API) has to deliver its
+    /// `Hello`; then it is closed. Default 5,000 ms.
+    pub hello_timeout_ms: u64,
+    /// A binary request-API session (after `Hello`) that sends nothing for this long
+    /// while no request of it is being answered is closed. Default 300,000 ms.
+    pub api_idle_timeout_ms: u64,
+    /// An HTTP request head must be complete this long after its first byte (after the
+    /// connection opens, for its first request). Default 10,000 ms.
+    pub http_header_timeout_ms: u64,
+    /// A keep-alive HTTP connection with no request for this long is closed.
+    /// Default 60,000 ms.
+    pub http_idle_timeout_ms: u64,
+    /// A request body or response that makes no progress (no byte read or written) for
+    /// this long closes the connection; slow but steady transfers are not cut.
+    /// Default 30,000 ms.
+    pub http_body_timeout_ms: u64,
 }
 
 /// Bounds that keep memory and latency finite under any input.
@@ -67,6 +83,13 @@ pub struct Limits {
     pub max_active_requests: usize,
     /// Depth of each cross-core queue (messages). Default 8192.
     pub queue_depth: usize,
+    /// Connections per listener per core that have not completed their handshake
+    /// (binary: `Hello`; HTTP: a first request head). A new one over this cap drops the
+    /// oldest. Default 256.
+    pub max_preauth_connections: usize,
+    /// Largest `Hello` frame (bytes after the length prefix); a bigger length prefix
+    /// closes the connection before the body is read. Default 16,384.
+    pub max_hello_bytes: usize,
 }
 
 impl Default for Limits {
@@ -80,6 +103,8 @@ impl Default for Limits {
             max_hashes_per_request: 16_384,
             max_active_requests: 262_144,
             queue_depth: 8192,
+            max_preauth_connections: 256,
+            max_hello_bytes: 16 << 10,
         }
     }
 }
@@ -101,6 +126,11 @@ impl Default for Settings {
             limits: Limits::default(),
             router: RouterConfig::default(),
             engines: Vec::new(),
+            hello_timeout_ms: 5_000,
+            api_idle_timeout_ms: 300_000,
+            http_header_timeout_ms: 10_000,
+            http_idle_timeout_ms: 60_000,
+            http_body_timeout_ms: 30_000,
         }
     }
 }
@@ -137,6 +167,20 @@ impl Settings {
             || l.queue_depth < 16
         {
             return Err("limits must be positive (max_frame_bytes >= 64, queue_depth >= 16, max_workers <= 65535)".into());
+        }
+        if l.max_preauth_connections == 0 || l.max_hello_bytes < 64 {
+            return Err("max_preauth_connections must be > 0 and max_hello_bytes >= 64".into());
+        }
+        for (name, v) in [
+            ("hello_timeout_ms", self.hello_timeout_ms),
+            ("api_idle_timeout_ms", self.api_idle_timeout_ms),
+            ("http_header_timeout_ms", self.http_header_timeout_ms),
+            ("http_idle_timeout_ms", self.http_idle_timeout_ms),
+            ("http_body_timeout_ms", self.http_body_timeout_ms),
+        ] {
+            if v < 10 {
+                return Err(format!("{name} must be >= 10"));
+            }
         }
         if self.heartbeat_timeout_ms == 0 {
             return Err("heartbeat_timeout_ms must be > 0".into());

@@ -8,8 +8,15 @@
 //! with an `Error` (its correlation id is unknowable); request-level failures (unknown
 //! worker, duplicate id, no eligible worker, overload…) are `Error` answers and the
 //! connection goes on.
+//!
+//! A session that sends no complete frame for `api_idle_timeout_ms` while none of its
+//! requests is being answered is closed; while its answers are being computed it is
+//! busy and never idle (pipelined clients waiting for answers stay).
 
-use super::conn::{error_kind, read_hello, yield_to_poll, FramedReader, READ_CHUNK};
+use super::conn::{
+    error_kind, read_for, read_hello, yield_to_poll, FramedReader, Stop, READ_CHUNK,
+};
+use super::conn_slot::Slot;
 use super::core::Core;
 use super::msg::LifeOp;
 use super::router::{self, ApiError};
@@ -196,12 +203,18 @@ async fn fatal(s: &mut TcpStream, out: &mut BytesMut, code: ErrorCode, message: 
     let _ = s.flush().await;
 }
 
-pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
+/// One request-API connection. Until its `Hello` is read it holds only a small reader
+/// (`FramedReader::preauth`), and no more than `hello_timeout_ms`; the session that
+/// follows is boxed, so its larger state is allocated only once authenticated.
+pub async fn serve(core: Rc<Core>, mut s: TcpStream, slot: Rc<Slot>) {
     let sh = core.shared.clone();
-    let mut rd = FramedReader::new(sh.settings.limits.max_frame_bytes);
+    let mut rd = FramedReader::preauth(sh.settings.limits.max_hello_bytes);
     let mut out = BytesMut::new();
-    let first = match read_hello(&mut rd, &mut s).await {
+    let limit = std::time::Duration::from_millis(sh.settings.hello_timeout_ms);
+    let first = match read_hello(&mut rd, &mut s, &slot, limit).await {
         Ok(f) => f,
+        // Told to make room (`slots`): already counted at the accept.
+        Err("preauth_displaced") => return,
         Err(kind) => {
             sh.metrics.protocol_error(kind);
             let code = errors::hello_failure(kind);
@@ -215,6 +228,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
             return;
         }
     };
+    slot.busy();
     match RequestMsg::decode(&first) {
         Ok(RequestMsg::Hello { auth_token }) => {
             if !sh.authorized(&auth_token) {
@@ -249,12 +263,35 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
     if s.write_all(&out).await.is_err() {
         return;
     }
+    Box::pin(session(core, s, slot, rd)).await
+}
+
+/// An authenticated session: full-size reads, answers, and the idle timeout.
+async fn session(core: Rc<Core>, mut s: TcpStream, slot: Rc<Slot>, mut rd: FramedReader) {
+    let sh = core.shared.clone();
+    let mut out = BytesMut::new();
+    rd.authenticated(sh.settings.limits.max_frame_bytes);
+    let idle_limit = sh.settings.api_idle_timeout_ms;
+    // The session's idle clock: reset by every complete frame, not by stray bytes, so
+    // a frame trickled in byte by byte does not keep an idle session alive.
+    let mut idle_since = sh.now_ms();
+    let mut answered = true;
     loop {
         out.clear();
-        match rd.fill(&mut s).await {
-            Ok(0) | Err(_) => {
-                if rd.pending() > 0 {
-                    sh.metrics.protocol_error("cut_mid_frame");
+        if answered || rd.pending() == 0 {
+            idle_since = sh.now_ms();
+        }
+        slot.idle(idle_since, 0);
+        let left = idle_limit.saturating_sub(sh.now_ms().saturating_sub(idle_since));
+        let left = std::time::Duration::from_millis(left);
+        let read = read_for(&mut rd, &mut s, &slot, Some(left)).await;
+        slot.busy();
+        match read {
+            Err(stop) => {
+                match stop {
+                    Stop::TimedOut => sh.metrics.protocol_error("api_idle_timeout"),
+                    Stop::Closed if rd.pending() > 0 => sh.metrics.protocol_error("cut_mid_frame"),
+                    _ => {}
                 }
                 return;
             }
@@ -276,6 +313,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
                 }
             }
         }
+        answered = !msgs.is_empty();
         if let Err(kind) = answer_all(&core, msgs, &mut out).await {
             sh.metrics.protocol_error(kind);
             let code = ErrorCode::ProtocolViolation;

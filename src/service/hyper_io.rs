@@ -1,16 +1,133 @@
-//! Adapter from glommio's futures-io streams to hyper's I/O traits.
+//! Adapter from glommio's futures-io streams to hyper's I/O traits, and the place
+//! where an HTTP connection's deadlines ([`super::http_clock`]) and slot
+//! ([`super::conn_slot`]) are enforced.
 //!
 //! hyper 1 defines its own `Read`/`Write`; glommio streams implement the futures-io
 //! ones. Reads go through a small stack buffer (`ReadBufCursor::put_slice`), which keeps
 //! the adapter free of `unsafe`; HTTP is the control/debug path, the binary protocols
 //! carry the volume.
+//!
+//! Every read and write passes here, so this is where the connection's clock is kept:
+//! a read or write that waits past its deadline gets a glommio timer that wakes the
+//! task, and then fails with `TimedOut`; a connection displaced from its slot fails its
+//! next read with `ConnectionAborted`. hyper then closes the connection through its
+//! own error path: nothing is dropped from outside with a handler half done.
 
+use super::conn_slot::Slot;
+use super::http_clock::{Clock, Phase, Timeouts};
+use super::shared::Shared;
+use super::slots::Activity;
 use futures_lite::{AsyncRead, AsyncWrite};
+use std::cell::Cell;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-pub struct HyperIo<T>(pub T);
+/// The state an HTTP connection shares between its I/O adapter and its service.
+pub struct HttpConn {
+    clock: Cell<Clock>,
+    opened_ms: u64,
+    timeouts: Timeouts,
+    pub slot: Rc<Slot>,
+    shared: Arc<Shared>,
+}
+
+impl HttpConn {
+    pub fn new(shared: Arc<Shared>, slot: Rc<Slot>) -> Rc<HttpConn> {
+        let s = &shared.settings;
+        let timeouts = Timeouts {
+            header_ms: s.http_header_timeout_ms,
+            idle_ms: s.http_idle_timeout_ms,
+            body_ms: s.http_body_timeout_ms,
+        };
+        let now = shared.now_ms();
+        Rc::new(HttpConn {
+            clock: Cell::new(Clock::new(now)),
+            opened_ms: now,
+            timeouts,
+            slot,
+            shared,
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.shared.now_ms()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Clock, u64)) {
+        let mut c = self.clock.get();
+        f(&mut c, self.now_ms());
+        self.clock.set(c);
+        self.slot.set(if c.before_first_request() {
+            Activity::PreAuth {
+                since_ms: self.opened_ms,
+            }
+        } else {
+            match c.idle_since() {
+                Some(since_ms) => Activity::Idle {
+                    since_ms,
+                    min_idle_ms: 0,
+                },
+                None => Activity::Busy,
+            }
+        });
+    }
+
+    /// hyper handed a request to the service.
+    pub fn request_started(&self) {
+        self.update(|c, now| c.on_request(now));
+    }
+
+    /// The response body was taken in full (or dropped).
+    pub fn response_done(&self) {
+        self.update(|c, now| c.on_response_done(now));
+    }
+
+    fn timed_out(&self, what: &'static str) -> io::Error {
+        self.shared.metrics.protocol_error(what);
+        io::Error::new(io::ErrorKind::TimedOut, what)
+    }
+}
+
+/// A hyper connection's I/O: the stream plus its deadlines.
+pub struct HyperIo<T> {
+    io: T,
+    conn: Rc<HttpConn>,
+    read_timer: Option<glommio::timer::Timer>,
+    write_timer: Option<glommio::timer::Timer>,
+}
+
+impl<T> HyperIo<T> {
+    pub fn new(io: T, conn: Rc<HttpConn>) -> HyperIo<T> {
+        HyperIo {
+            io,
+            conn,
+            read_timer: None,
+            write_timer: None,
+        }
+    }
+}
+
+/// Arms `timer` for `deadline_ms` (registering the task's waker); true if it has
+/// already passed.
+fn arm(
+    timer: &mut Option<glommio::timer::Timer>,
+    cx: &mut Context<'_>,
+    now_ms: u64,
+    deadline_ms: u64,
+) -> bool {
+    if now_ms >= deadline_ms {
+        return true;
+    }
+    let dur = Duration::from_millis(deadline_ms - now_ms);
+    let t = timer.get_or_insert_with(|| glommio::timer::Timer::new(dur));
+    t.reset(dur);
+    Pin::new(t).poll(cx).is_ready()
+}
 
 impl<T: AsyncRead + Unpin> hyper::rt::Read for HyperIo<T> {
     fn poll_read(
@@ -18,15 +135,39 @@ impl<T: AsyncRead + Unpin> hyper::rt::Read for HyperIo<T> {
         cx: &mut Context<'_>,
         mut buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let conn = this.conn.clone();
+        if conn.slot.is_closing() {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
+        }
+        let clock = conn.clock.get();
+        let deadline = clock.read_deadline(&conn.timeouts);
+        let label = match clock.phase {
+            Phase::Waiting { first: false, .. } => "http_idle_timeout",
+            Phase::Waiting { .. } | Phase::Head { .. } => "http_header_timeout",
+            Phase::Busy { .. } => "http_body_timeout",
+        };
+        if conn.now_ms() >= deadline {
+            return Poll::Ready(Err(conn.timed_out(label)));
+        }
         let mut tmp = [0u8; 8192];
         let want = buf.remaining().min(tmp.len());
-        match Pin::new(&mut self.0).poll_read(cx, &mut tmp[..want]) {
+        match Pin::new(&mut this.io).poll_read(cx, &mut tmp[..want]) {
             Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    conn.update(|c, now| c.on_read(now));
+                }
                 buf.put_slice(&tmp[..n]);
                 Poll::Ready(Ok(()))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                conn.slot.register(cx.waker());
+                if arm(&mut this.read_timer, cx, conn.now_ms(), deadline) {
+                    return Poll::Ready(Err(conn.timed_out(label)));
+                }
+                Poll::Pending
+            }
         }
     }
 }
@@ -37,14 +178,93 @@ impl<T: AsyncWrite + Unpin> hyper::rt::Write for HyperIo<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        let this = &mut *self;
+        let conn = this.conn.clone();
+        if let Some(d) = conn.clock.get().write_deadline(&conn.timeouts) {
+            if conn.now_ms() >= d {
+                return Poll::Ready(Err(conn.timed_out("http_write_timeout")));
+            }
+        }
+        match Pin::new(&mut this.io).poll_write(cx, buf) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    conn.update(|c, now| c.on_write(now));
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                conn.update(|c, now| c.on_write_blocked(now));
+                let d = conn
+                    .clock
+                    .get()
+                    .write_deadline(&conn.timeouts)
+                    .unwrap_or(u64::MAX);
+                if arm(&mut this.write_timer, cx, conn.now_ms(), d) {
+                    return Poll::Ready(Err(conn.timed_out("http_write_timeout")));
+                }
+                Poll::Pending
+            }
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_close(cx)
+        Pin::new(&mut self.io).poll_close(cx)
+    }
+}
+
+/// A response body that tells the connection's clock when hyper has taken all of it
+/// (or dropped it), which ends the request's busy phase.
+pub struct TrackedBody<B> {
+    inner: B,
+    conn: Option<Rc<HttpConn>>,
+}
+
+impl<B> TrackedBody<B> {
+    pub fn new(inner: B, conn: Rc<HttpConn>) -> TrackedBody<B> {
+        TrackedBody {
+            inner,
+            conn: Some(conn),
+        }
+    }
+
+    fn done(&mut self) {
+        if let Some(c) = self.conn.take() {
+            c.response_done();
+        }
+    }
+}
+
+impl<B> Drop for TrackedBody<B> {
+    fn drop(&mut self) {
+        self.done();
+    }
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(r, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.done();
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }

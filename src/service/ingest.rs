@@ -10,7 +10,8 @@
 //! A malformed, oversized or out-of-protocol frame closes only this connection, with
 //! an `Error` frame, a log line and a counted protocol error.
 
-use super::conn::{error_kind, read_hello, yield_to_poll, FramedReader, READ_CHUNK};
+use super::conn::{error_kind, read_for, read_hello, yield_to_poll, FramedReader, READ_CHUNK};
+use super::conn_slot::Slot;
 use super::control;
 use super::core::Core;
 use super::errors;
@@ -38,12 +39,18 @@ fn log(msg: &str) {
     eprintln!("kvroute: events: {msg}");
 }
 
-pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
+/// One event connection. Until its `Hello` is read it holds only a small reader
+/// (`FramedReader::preauth`), for at most `hello_timeout_ms`; the event loop is boxed,
+/// so its state is allocated only once the worker is authenticated and registered.
+pub async fn serve(core: Rc<Core>, mut s: TcpStream, conn: Rc<Slot>) {
     let sh = core.shared.clone();
-    let mut rd = FramedReader::new(sh.settings.limits.max_frame_bytes);
+    let mut rd = FramedReader::preauth(sh.settings.limits.max_hello_bytes);
     // Handshake.
-    let frame = match read_hello(&mut rd, &mut s).await {
+    let limit = std::time::Duration::from_millis(sh.settings.hello_timeout_ms);
+    let frame = match read_hello(&mut rd, &mut s, &conn, limit).await {
         Ok(f) => f,
+        // Told to make room (`slots`): already counted at the accept.
+        Err("preauth_displaced") => return,
         Err(kind) => {
             sh.metrics.protocol_error(kind);
             send_error(
@@ -55,6 +62,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
             return;
         }
     };
+    conn.busy();
     let hello = match EventMsg::decode(&frame) {
         Ok(EventMsg::Hello(h)) => h,
         Ok(_) => {
@@ -117,7 +125,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
         .await;
         return;
     }
-    let mut next = cells.next_seq.load(Ordering::Acquire);
+    let next = cells.next_seq.load(Ordering::Acquire);
     let mut out = BytesMut::new();
     WorkerBound::HelloAck {
         server_version: PROTOCOL_VERSION,
@@ -129,11 +137,57 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
         return;
     }
     out.clear();
-    // Events.
+    rd.authenticated(sh.settings.limits.max_frame_bytes);
+    let ctx = Session {
+        core: core.clone(),
+        conn: &conn,
+        cells,
+        slot,
+        gen,
+        worker_id: &worker_id,
+    };
+    let next = Box::pin(events(ctx, s, rd, out, next)).await;
+    cells.next_seq.store(next, Ordering::Release);
+    cells.connected.store(0, Ordering::Release);
+}
+
+/// What the event loop of one authenticated connection works with.
+struct Session<'a> {
+    core: Rc<Core>,
+    conn: &'a Slot,
+    cells: &'a super::shared::WorkerCells,
+    slot: crate::types::WorkerSlot,
+    gen: u64,
+    worker_id: &'a str,
+}
+
+/// The event loop; returns the next expected sequence number when the connection ends.
+/// The connection's slot is idle while it waits for the worker (displaceable once the
+/// worker has been silent for `heartbeat_timeout_ms`, i.e. is no longer live).
+async fn events(
+    ctx: Session<'_>,
+    mut s: TcpStream,
+    mut rd: FramedReader,
+    mut out: BytesMut,
+    mut next: u64,
+) -> u64 {
+    let Session {
+        core,
+        conn,
+        cells,
+        slot,
+        gen,
+        worker_id,
+    } = ctx;
+    let sh = &core.shared;
     let mut resync_asked = false;
+    let mut heard_ms = sh.now_ms();
     'conn: loop {
-        match rd.fill(&mut s).await {
-            Ok(0) | Err(_) => {
+        conn.idle(heard_ms, sh.settings.heartbeat_timeout_ms);
+        let read = read_for(&mut rd, &mut s, conn, None).await;
+        conn.busy();
+        match read {
+            Err(_) => {
                 if rd.pending() > 0 {
                     sh.metrics.protocol_error("cut_mid_frame");
                 }
@@ -144,6 +198,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
             Ok(n) if n == READ_CHUNK => yield_to_poll().await,
             Ok(_) => {}
         }
+        heard_ms = sh.now_ms();
         if cells.gen.load(Ordering::Acquire) != gen {
             send_error(
                 &mut s,
@@ -245,6 +300,5 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream) {
             out.clear();
         }
     }
-    cells.next_seq.store(next, Ordering::Release);
-    cells.connected.store(0, Ordering::Release);
+    next
 }

@@ -8,14 +8,19 @@
 //!   that feeds it from the core's urgent and bulk inboxes;
 //! - `control`: registry writes; `board`: lock-free per-worker load figures;
 //! - `zmq_ingest`: OS threads subscribed to vLLM / SGLang KV events over ZMQ.
+//! - `slots` (pure policy) / `conn_slot`: per-listener connection slots, displacing
+//!   pre-handshake and idle connections; `http_clock` (pure) / `hyper_io`: HTTP
+//!   header, idle and body deadlines.
 
 pub mod api;
 pub mod batch;
 pub mod conn;
+pub mod conn_slot;
 pub mod control;
 pub mod core;
 pub mod errors;
 pub mod http;
+pub mod http_clock;
 pub mod hyper_io;
 pub mod index_batch;
 pub mod ingest;
@@ -25,6 +30,7 @@ pub mod persist;
 pub mod router;
 pub mod run_loop;
 pub mod shared;
+pub mod slots;
 pub mod state_dir;
 pub mod zmq_ingest;
 
@@ -34,7 +40,7 @@ use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
 use shared::Shared;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -257,14 +263,22 @@ fn bind_all(sh: &Shared) -> Result<(TcpListener, TcpListener, TcpListener), Stri
     ))
 }
 
-/// Accepts connections until shutdown, enforcing the per-core connection limit.
+/// Accepts connections until shutdown. Each listener on each core has a slot table
+/// (`conn_slot`): at `max_connections` a new connection displaces a pre-handshake or
+/// idle one and is refused only when every slot is busy; pre-handshake connections are
+/// capped at `max_preauth_connections`, the oldest going first (`slots`).
 async fn accept_loop<F, Fut>(core: Rc<Core>, l: TcpListener, name: &'static str, serve: F)
 where
-    F: Fn(Rc<Core>, glommio::net::TcpStream) -> Fut + 'static,
+    F: Fn(Rc<Core>, glommio::net::TcpStream, Rc<conn_slot::Slot>) -> Fut + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
 {
-    let open = Rc::new(AtomicUsize::new(0));
+    let table = conn_slot::Table::new();
     let labels = metrics::ListenerLabel { listener: name };
+    let limits = &core.shared.settings.limits;
+    let caps = slots::Caps {
+        max_connections: limits.max_connections,
+        max_preauth: limits.max_preauth_connections,
+    };
     loop {
         let stream = match l.accept().await {
             Ok(s) => s,
@@ -281,35 +295,67 @@ where
             .connections_total
             .get_or_create(&labels)
             .inc();
-        if open.load(Ordering::Relaxed) >= core.shared.settings.limits.max_connections {
-            core.shared.metrics.protocol_error("connection_limit");
-            drop(stream);
-            continue;
+        let now = core.shared.now_ms();
+        match table.admit(caps, now) {
+            slots::Admission::Refuse => {
+                core.shared.metrics.protocol_error("connection_limit");
+                drop(stream);
+                continue;
+            }
+            slots::Admission::Displace { why, .. } => {
+                core.shared.metrics.protocol_error(why.label());
+            }
+            slots::Admission::Admit => {}
         }
         let _ = stream.set_nodelay(true);
-        open.fetch_add(1, Ordering::Relaxed);
+        let guard = table.insert(now);
         core.shared.metrics.connections.get_or_create(&labels).inc();
-        let (c, o, sh) = (core.clone(), open.clone(), core.shared.clone());
-        let fut = serve(c, stream);
+        let (c, sh) = (core.clone(), core.shared.clone());
+        let fut = serve(c, stream, guard.slot.clone());
         glommio::spawn_local(async move {
             fut.await;
-            o.fetch_sub(1, Ordering::Relaxed);
+            drop(guard);
             sh.metrics
                 .connections
                 .get_or_create(&metrics::ListenerLabel { listener: name })
                 .dec();
         })
         .detach();
+        // Let the new connection read what it already has (a Hello sent right after
+        // connecting) before the next accept. glommio accepts synchronously while the
+        // backlog is non-empty, but a new socket's first read waits for the rings: in a
+        // reconnect storm the loop would accept the whole backlog before any Hello is
+        // read, and displace those connections as pre-handshake.
+        conn::yield_to_poll().await;
     }
 }
 
-async fn serve_http(core: Rc<Core>, stream: glommio::net::TcpStream) {
-    let svc = hyper::service::service_fn(move |req| http::handle(core.clone(), req));
+/// One HTTP connection: hyper over [`hyper_io::HyperIo`], which enforces the header,
+/// keep-alive idle and body deadlines and the slot's displacement. `half_close` keeps
+/// hyper from reading while a handler runs (it would only look for an early EOF), so a
+/// read waiting during a request is a body read, timed as such.
+async fn serve_http(core: Rc<Core>, stream: glommio::net::TcpStream, slot: Rc<conn_slot::Slot>) {
+    let conn = hyper_io::HttpConn::new(core.shared.clone(), slot);
+    let io = hyper_io::HyperIo::new(stream, conn.clone());
+    let svc = hyper::service::service_fn(move |req| {
+        let (core, conn) = (core.clone(), conn.clone());
+        async move {
+            conn.request_started();
+            let resp = http::handle(core, req).await?;
+            Ok::<_, std::convert::Infallible>(resp.map(|b| hyper_io::TrackedBody::new(b, conn)))
+        }
+    });
     let _ = hyper::server::conn::http1::Builder::new()
         .keep_alive(true)
-        .serve_connection(hyper_io::HyperIo(stream), svc)
+        .half_close(true)
+        // Bounds the head (and pipelined bytes) a connection can make hyper buffer.
+        .max_buf_size(HTTP_MAX_BUF)
+        .serve_connection(io, svc)
         .await;
 }
+
+/// hyper's read buffer limit per HTTP connection (its default is ~400 KiB).
+const HTTP_MAX_BUF: usize = 64 << 10;
 
 /// `/metrics` text, with scrape-time gauges filled from the board.
 pub fn scrape(core: &Core) -> String {
