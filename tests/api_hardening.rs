@@ -570,3 +570,52 @@ fn lora_name_on_route_finds_the_adapters_blocks() {
     );
     assert_eq!(code, 400, "{body}");
 }
+
+// ---- frames sent in the same write as the Hello ------------------------------------
+
+/// A frontend may send `Hello` and its first requests in one write (the request
+/// protocol's pipelining allows it), and a worker its `Hello` and first events: those
+/// frames are handled at once, not left buffered until more bytes arrive (before the
+/// fix both connections hung until the client's read timed out).
+#[test]
+fn frames_in_the_same_write_as_hello_are_handled() {
+    use kvroute::codec::{EventMsg, Prompt, RequestMsg, Route};
+    use kvroute::types::Tier;
+    use std::io::{Read, Write};
+    let s = Server::start(1, &[]);
+    // Event port: Hello + Stored in one write, then the socket stays open and silent.
+    let mut w = event_hello("wh");
+    let mut b = bytes::BytesMut::new();
+    EventMsg::encode_stored(&mut b, 0, Tier::Device, None, &[501, 502, 503]);
+    w.extend_from_slice(&b);
+    let mut ev = std::net::TcpStream::connect(&s.events).unwrap();
+    ev.write_all(&w).unwrap();
+    s.wait_until("stored blocks of the Hello's write", |s| {
+        s.cached("wh") == 3
+    });
+    // API port: Hello + Route in one write; both answers arrive without another write.
+    let mut q = api_hello();
+    let mut b = bytes::BytesMut::new();
+    RequestMsg::Route(Route::new(
+        7,
+        "r-hello",
+        Prompt::from_hashes(&[501, 502, 503]),
+    ))
+    .encode(&mut b);
+    q.extend_from_slice(&b);
+    let mut api = std::net::TcpStream::connect(&s.api).unwrap();
+    api.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    api.write_all(&q).unwrap();
+    let mut kinds = Vec::new();
+    while kinds.len() < 2 {
+        let mut head = [0u8; 4];
+        api.read_exact(&mut head)
+            .expect("answers to Hello and Route");
+        let mut f = vec![0u8; u32::from_le_bytes(head) as usize];
+        api.read_exact(&mut f).unwrap();
+        kinds.push(f[0]);
+    }
+    assert_eq!(kinds[0], 0xc1, "HelloAck first: {kinds:x?}");
+    assert_eq!(kinds[1], 0xc2, "then the Decision: {kinds:x?}");
+    drop(ev);
+}

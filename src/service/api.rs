@@ -276,28 +276,35 @@ async fn session(core: Rc<Core>, mut s: TcpStream, slot: Rc<Slot>, mut rd: Frame
     // a frame trickled in byte by byte does not keep an idle session alive.
     let mut idle_since = sh.now_ms();
     let mut answered = true;
+    // Frames that arrived in the same read as the `Hello` (a frontend may send `Hello`
+    // and its first requests in one write) are answered before the next read.
+    let mut carried = rd.pending() > 0;
     loop {
         out.clear();
         if answered || rd.pending() == 0 {
             idle_since = sh.now_ms();
         }
-        slot.idle(idle_since, 0);
-        let left = idle_limit.saturating_sub(sh.now_ms().saturating_sub(idle_since));
-        let left = std::time::Duration::from_millis(left);
-        let read = read_for(&mut rd, &mut s, &slot, Some(left)).await;
-        slot.busy();
-        match read {
-            Err(stop) => {
-                match stop {
-                    Stop::TimedOut => sh.metrics.protocol_error("api_idle_timeout"),
-                    Stop::Closed if rd.pending() > 0 => sh.metrics.protocol_error("cut_mid_frame"),
-                    _ => {}
+        if !std::mem::take(&mut carried) {
+            slot.idle(idle_since, 0);
+            let left = idle_limit.saturating_sub(sh.now_ms().saturating_sub(idle_since));
+            let left = std::time::Duration::from_millis(left);
+            let read = read_for(&mut rd, &mut s, &slot, Some(left)).await;
+            slot.busy();
+            match read {
+                Err(stop) => {
+                    match stop {
+                        Stop::TimedOut => sh.metrics.protocol_error("api_idle_timeout"),
+                        Stop::Closed if rd.pending() > 0 => {
+                            sh.metrics.protocol_error("cut_mid_frame")
+                        }
+                        _ => {}
+                    }
+                    return;
                 }
-                return;
+                // A client pipelining faster than we answer: keep the others served.
+                Ok(n) if n == READ_CHUNK => yield_to_poll().await,
+                Ok(_) => {}
             }
-            // A client pipelining faster than we answer: keep the others served.
-            Ok(n) if n == READ_CHUNK => yield_to_poll().await,
-            Ok(_) => {}
         }
         // Every complete frame of this read; a bad frame ends the connection after the
         // frames before it are answered.

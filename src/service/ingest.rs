@@ -182,21 +182,26 @@ async fn events(
     let sh = &core.shared;
     let mut resync_asked = false;
     let mut heard_ms = sh.now_ms();
+    // Frames that arrived in the same read as the `Hello` are applied before the next
+    // read (a worker may send `Hello` and its first events in one write).
+    let mut carried = rd.pending() > 0;
     'conn: loop {
-        conn.idle(heard_ms, sh.settings.heartbeat_timeout_ms);
-        let read = read_for(&mut rd, &mut s, conn, None).await;
-        conn.busy();
-        match read {
-            Err(_) => {
-                if rd.pending() > 0 {
-                    sh.metrics.protocol_error("cut_mid_frame");
+        if !std::mem::take(&mut carried) {
+            conn.idle(heard_ms, sh.settings.heartbeat_timeout_ms);
+            let read = read_for(&mut rd, &mut s, conn, None).await;
+            conn.busy();
+            match read {
+                Err(_) => {
+                    if rd.pending() > 0 {
+                        sh.metrics.protocol_error("cut_mid_frame");
+                    }
+                    break;
                 }
-                break;
+                // A full read: the publisher is ahead of us; let the other connections'
+                // I/O be polled before the next one (see `conn::yield_to_poll`).
+                Ok(n) if n == READ_CHUNK => yield_to_poll().await,
+                Ok(_) => {}
             }
-            // A full read: the publisher is ahead of us; let the other connections'
-            // I/O be polled before the next one (see `conn::yield_to_poll`).
-            Ok(n) if n == READ_CHUNK => yield_to_poll().await,
-            Ok(_) => {}
         }
         heard_ms = sh.now_ms();
         if cells.gen.load(Ordering::Acquire) != gen {
