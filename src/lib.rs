@@ -13,6 +13,7 @@
 //! - [`codec`]: the binary event and request protocols (docs/PROTOCOL.md).
 //! - [`registry`]: the worker registry (slots, specs, liveness).
 //! - [`engine`]: an in-process router that wires the pure modules together.
+//! - [`zmtp`]: a bounded ZeroMQ (ZMTP 3.x) client for engine KV events.
 
 pub mod cli;
 pub mod client;
@@ -35,3 +36,4 @@ pub mod sim;
 pub mod snapshot;
 pub mod sync;
 pub mod types;
+pub mod zmtp;

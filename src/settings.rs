@@ -67,6 +67,9 @@ pub struct Limits {
     pub max_active_requests: usize,
     /// Depth of each cross-core queue (messages). Default 8192.
     pub queue_depth: usize,
+    /// Largest ZMQ message from an engine (sum of its frames), enforced on each frame
+    /// header before the frame is read. Default 8 MiB.
+    pub max_engine_message_bytes: usize,
 }
 
 impl Default for Limits {
@@ -80,6 +83,7 @@ impl Default for Limits {
             max_hashes_per_request: 16_384,
             max_active_requests: 262_144,
             queue_depth: 8192,
+            max_engine_message_bytes: 8 << 20,
         }
     }
 }
@@ -137,6 +141,9 @@ impl Settings {
             || l.queue_depth < 16
         {
             return Err("limits must be positive (max_frame_bytes >= 64, queue_depth >= 16, max_workers <= 65535)".into());
+        }
+        if l.max_engine_message_bytes < 1024 {
+            return Err("max_engine_message_bytes must be >= 1024".into());
         }
         if self.heartbeat_timeout_ms == 0 {
             return Err("heartbeat_timeout_ms must be > 0".into());
