@@ -206,7 +206,10 @@ mod tests {
     #[test]
     fn heads_counts_and_depth() {
         // [1, -1, "ab", nil, {1: 2.5}]
-        let b = [0x95, 0x01, 0xff, 0xa2, b'a', b'b', 0xc0, 0x81, 0x01, 0xcb, 0x40, 0x04, 0, 0, 0, 0, 0, 0];
+        let b = [
+            0x95, 0x01, 0xff, 0xa2, b'a', b'b', 0xc0, 0x81, 0x01, 0xcb, 0x40, 0x04, 0, 0, 0, 0, 0,
+            0,
+        ];
         let mut r = Rd::new(&b);
         assert_eq!(r.head(), Ok(Head::Array(5)));
         assert_eq!(r.head(), Ok(Head::Uint(1)));

@@ -372,14 +372,12 @@ impl Stream {
             };
             let Ok((seq, payload)) = parse_multipart(&m) else {
                 self.bump("bad_frame", 1);
-                self.session
-                    .set_replay_error("malformed replayed message");
+                self.session.set_replay_error("malformed replayed message");
                 return false;
             };
             if seq == END_SEQ {
                 if !payload.is_empty() {
-                    self.session
-                        .set_replay_error("end marker with a payload");
+                    self.session.set_replay_error("end marker with a payload");
                 }
                 return payload.is_empty();
             }

@@ -49,10 +49,17 @@ pub enum ZmtpError {
     /// The peer wants a mechanism other than NULL.
     Mechanism(String),
     /// A frame header announced more than the message limit allows.
-    FrameTooLarge { claimed: u64, limit: usize },
+    FrameTooLarge {
+        claimed: u64,
+        limit: usize,
+    },
     /// The multipart message grew past a limit.
-    MessageTooLarge { limit: usize },
-    TooManyFrames { limit: usize },
+    MessageTooLarge {
+        limit: usize,
+    },
+    TooManyFrames {
+        limit: usize,
+    },
     /// A malformed command, flags or property.
     Protocol(&'static str),
     /// The peer sent an ERROR command.
@@ -286,7 +293,11 @@ enum State {
     /// Collecting a header: flags plus 1 or 8 length bytes.
     Header { buf: [u8; 9], have: usize },
     /// Collecting a body of `len` bytes.
-    Body { flags: u8, len: usize, body: Vec<u8> },
+    Body {
+        flags: u8,
+        len: usize,
+        body: Vec<u8>,
+    },
 }
 
 /// Incremental frame decoder of one connection (after the greeting).
@@ -409,13 +420,10 @@ impl Decoder {
         let limit = if command {
             MAX_COMMAND
         } else {
-            self.limits
-                .max_message_bytes
-                .saturating_sub(self.msg_bytes)
+            self.limits.max_message_bytes.saturating_sub(self.msg_bytes)
         };
         if claimed > limit as u64 {
-            if !command && self.msg_bytes > 0 && claimed <= self.limits.max_message_bytes as u64
-            {
+            if !command && self.msg_bytes > 0 && claimed <= self.limits.max_message_bytes as u64 {
                 return Err(ZmtpError::MessageTooLarge {
                     limit: self.limits.max_message_bytes,
                 });
@@ -497,10 +505,7 @@ mod tests {
             let mut d = Decoder::new(lim);
             let mut h = vec![FLAG_LONG];
             h.extend_from_slice(&claim.to_be_bytes());
-            assert!(matches!(
-                d.decode(&h),
-                Err(ZmtpError::FrameTooLarge { .. })
-            ));
+            assert!(matches!(d.decode(&h), Err(ZmtpError::FrameTooLarge { .. })));
         }
         // Two frames of 600 each: the second is refused on its header.
         let mut d = Decoder::new(lim);

@@ -12,7 +12,7 @@ use super::codec::{self, Command, Item, Limits};
 use super::conn::Conn;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,8 @@ struct Peer {
 struct Inner {
     peers: Mutex<Vec<Peer>>,
     stop: AtomicBool,
+    /// Peers that completed the handshake, ever.
+    accepted: AtomicUsize,
 }
 
 /// A PUB socket bound to a local address.
@@ -52,6 +54,7 @@ impl Publisher {
         let inner = Arc::new(Inner {
             peers: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
+            accepted: AtomicUsize::new(0),
         });
         let i = inner.clone();
         let t = std::thread::Builder::new()
@@ -72,6 +75,24 @@ impl Publisher {
     /// `tcp://ip:port` for a subscriber's configuration.
     pub fn endpoint(&self) -> String {
         format!("tcp://{}", self.addr)
+    }
+
+    /// Peers that completed the handshake since the socket was bound (a subscriber
+    /// that reconnects counts again).
+    pub fn accepted(&self) -> usize {
+        self.inner.accepted.load(Ordering::Acquire)
+    }
+
+    /// Waits until `n` peers were ever accepted and at least one live peer subscribed.
+    pub fn wait_accepted(&self, n: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.accepted() < n || self.subscribers() == 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
     }
 
     /// Connected peers holding at least one subscription.
@@ -168,6 +189,7 @@ fn accept_loop(l: TcpListener, inner: Arc<Inner>) {
             subs: subs.clone(),
             alive: alive.clone(),
         });
+        inner.accepted.fetch_add(1, Ordering::AcqRel);
         let i = inner.clone();
         if let Ok(t) = std::thread::Builder::new()
             .name("zmtp-pub-peer".into())
