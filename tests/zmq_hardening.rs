@@ -308,27 +308,28 @@ fn frame_headers_claiming_2_62_and_2_40_bytes_are_refused_before_allocation() {
 fn oversized_and_huge_messages_are_refused_and_memory_stays_bounded() {
     let p = Publisher::bind("127.0.0.1:0").unwrap();
     let e = engine_flag("w", p.local_addr().port(), None);
-    let r = Router::start(&["--engine", &e, "--max-engine-message-bytes", "1048576"]);
+    let r = Router::start(&["--engine", &e, "--max-engine-message-bytes", "4194304"]);
     assert!(p.wait_subscribers(1, Duration::from_secs(10)));
     publish(&p, 0, &stored_batch(1, 2, 0, BS));
     r.wait_until("first batch", |r| r.cached("w") == 2);
     let (rss0, _) = r.rss_kib();
-    // A 2 MiB payload (over the 1 MiB limit): refused on its header, never read. (The
+    // A 5 MiB payload (over the 4 MiB limit): refused on its header, never read. (The
     // write itself may fail once the router closes the connection.)
-    p.send(&[&b""[..], &1u64.to_be_bytes()[..], &vec![0xc0; 2 << 20][..]]);
+    p.send(&[&b""[..], &1u64.to_be_bytes()[..], &vec![0xc0; 5 << 20][..]]);
     r.wait_until("oversized message refused", |r| {
         r.stream_metric("w", "frame_too_large") >= 1.0
     });
-    r.wait_log(&["\"w\"", "limit 1048576"]);
+    r.wait_log(&["\"w\"", "limit 4194304"]);
     // The subscriber reconnects; a message of frames adding up past the limit is
     // refused as it grows.
     assert!(p.wait_accepted(2, Duration::from_secs(10)));
-    p.send(&[vec![0u8; 600 << 10], vec![0u8; 600 << 10]]);
+    p.send(&[vec![0u8; 5 << 19], vec![0u8; 5 << 19]]);
     r.wait_until("multipart message refused", |r| {
         r.stream_metric("w", "message_too_large") >= 1.0
     });
     // Within the limit: ~1 MB of nil events (50 MB of them once took RSS to 2.3 GB)
-    // and a valid batch of 2^17 tokens, decoded without a value tree.
+    // and a valid batch of 2^18 tokens (1.6 MB), decoded without a value tree; the
+    // memory of both is handed back afterwards.
     assert!(p.wait_accepted(3, Duration::from_secs(10)));
     let nils = {
         let mut b = vec![0x92, 0xcb];
@@ -344,9 +345,9 @@ fn oversized_and_huge_messages_are_refused_and_memory_stays_bounded() {
         r.stream_metric("w", "bad_payload") >= 1.0
     });
     r.wait_log(&["\"w\"", "malformed payload at seq 2", "too many events"]);
-    let blocks = 1u64 << 15;
+    let blocks = 1u64 << 16;
     let big = stored_batch(1000, blocks, 7, BS);
-    assert!(big.len() < 1 << 20, "{}", big.len());
+    assert!(big.len() > 1 << 20 && big.len() < 4 << 20, "{}", big.len());
     publish(&p, 3, &big);
     r.wait_until("big batch stored", |r| {
         r.stream_metric("w", "stored_block") == (2 + blocks) as f64
@@ -356,6 +357,10 @@ fn oversized_and_huge_messages_are_refused_and_memory_stays_bounded() {
     assert!(
         hwm < rss0 + 96 * 1024,
         "peak RSS {hwm} KiB grew more than 96 MiB over {rss0} KiB"
+    );
+    assert!(
+        rss1 < rss0 + 24 * 1024,
+        "RSS {rss1} KiB after the large messages, {rss0} KiB before: memory not returned"
     );
     assert!(r.healthz());
 }

@@ -18,7 +18,8 @@
 //! with backoff (200 ms doubling to 5 s); what happened on the stream (gaps, failed
 //! replays, restarts, malformed payloads, block-size mismatches) is logged with the
 //! worker, the reason and the action, at most one line per reason per 10 s with the
-//! count of suppressed ones; no buffer is kept at the size of a past large message.
+//! count of suppressed ones; no buffer is kept at the size of a past large message,
+//! and after a message of 1 MiB or more the freed pages go back to the OS at once.
 
 use super::control;
 use super::index_batch::Batch;
@@ -49,6 +50,17 @@ const FLUSH_EVERY: usize = 256;
 const MAX_FRAMES: usize = 8;
 /// The change buffer keeps at most this capacity between messages.
 const KEEP_CHANGES: usize = 4096;
+/// After a message at least this large, freed memory is handed back to the OS at once.
+const COLLECT_AFTER: usize = 1 << 20;
+
+/// Returns the freed pages of this thread's mimalloc heap to the OS. mimalloc purges
+/// lazily, on later allocations, and this thread then sits in `recv` allocating
+/// nothing: without this a past large message would stay resident.
+fn release_memory() {
+    // SAFETY: mi_collect takes no pointers and may be called from any thread at any
+    // time; with another global allocator it only tidies mimalloc's own (empty) heap.
+    unsafe { libmimalloc_sys::mi_collect(true) }
+}
 
 fn log(cfg: &EngineEndpoint, msg: &str) {
     eprintln!(
@@ -256,11 +268,17 @@ impl Stream {
                 if !self.check_identity() && !self.register() {
                     return;
                 }
+                let size: usize = frames.iter().map(Vec::len).sum();
                 if !self.handle_live(&frames) {
                     return;
                 }
+                if size >= COLLECT_AFTER {
+                    drop(frames);
+                    release_memory();
+                }
             };
             drop(sub);
+            release_memory();
             self.conn_failed("subscription", &err);
             if !self.pause(backoff) {
                 return;

@@ -5,7 +5,8 @@
 //! Guarantees (the reason this exists instead of the `zeromq` crate, whose decoder
 //! allocates whatever a frame header claims):
 //! - a frame's declared length is checked against [`Limits`] on the header, *before* any
-//!   buffer grows; a body buffer then grows only as its bytes actually arrive;
+//!   buffer is reserved; the body buffer is then reserved once at exactly that length
+//!   (untouched pages cost no RSS until the peer's bytes arrive);
 //! - a multipart message never holds more than `max_message_bytes` of bodies nor more
 //!   than `max_frames` frames; a command frame never exceeds [`MAX_COMMAND`];
 //! - never panics on any byte string; every violation is an error value, after which
@@ -307,8 +308,6 @@ pub struct Decoder {
     state: State,
     frames: Vec<Vec<u8>>,
     msg_bytes: usize,
-    /// A body buffer starts at most this large and grows as bytes arrive.
-    initial_chunk: usize,
 }
 
 impl Decoder {
@@ -321,7 +320,6 @@ impl Decoder {
             },
             frames: Vec::new(),
             msg_bytes: 0,
-            initial_chunk: 64 * 1024,
         }
     }
 
@@ -381,10 +379,12 @@ impl Decoder {
                             limit: self.limits.max_frames,
                         });
                     }
+                    // Exactly `len` (already within the limit): no growth copies, and
+                    // pages are only committed as the peer's bytes are written in.
                     self.state = State::Body {
                         flags,
                         len,
-                        body: Vec::with_capacity(len.min(self.initial_chunk)),
+                        body: Vec::with_capacity(len),
                     };
                 }
                 State::Body { flags, len, body } => {
