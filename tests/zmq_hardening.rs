@@ -120,6 +120,17 @@ impl Router {
             .unwrap_or(0.0)
     }
 
+    fn worker(&self, id: &str) -> Json {
+        let w: Vec<Json> = ureq::get(&self.url("/v1/workers"))
+            .call()
+            .expect("/v1/workers")
+            .into_json()
+            .unwrap();
+        w.into_iter()
+            .find(|w| w["id"] == id)
+            .unwrap_or_else(|| panic!("no worker {id}"))
+    }
+
     fn cached(&self, worker: &str) -> u64 {
         let w: Vec<Json> = ureq::get(&self.url("/v1/workers"))
             .call()
@@ -432,9 +443,16 @@ fn block_size_mismatch_is_refused_counted_and_logged() {
     let l = r.wait_log(&["\"w16\"", "block_size 16", "router hashes blocks of 4"]);
     assert!(l.contains("refused"), "{l}");
     assert_eq!(r.cached("w16"), 0, "mismatched blocks are not indexed");
-    // Matching events still go in.
+    let w = r.worker("w16");
+    assert_eq!(w["state"], "live", "the worker stays registered: {w}");
+    assert_eq!(
+        w["engine_issue"], "block_size_mismatch: engine 16, router 4",
+        "{w}"
+    );
+    // Matching events still go in, and the mark goes away.
     publish(&p, 1, &stored_batch(5, 2, 0, BS));
     r.wait_until("matching blocks", |r| r.cached("w16") == 2);
+    assert!(r.worker("w16").get("engine_issue").is_none());
 }
 
 #[test]

@@ -297,6 +297,10 @@ impl Stream {
             );
             return true;
         };
+        let before = (
+            self.session.adapter.stats.block_size_mismatch,
+            self.session.adapter.stats.stored_blocks,
+        );
         let step = self.session.live(seq, payload, &mut self.out);
         if let Step::Replay { from } = step {
             let complete = self.replay(from);
@@ -304,11 +308,28 @@ impl Stream {
                 .replay_done(complete, seq, payload, &mut self.out);
         }
         self.drain_notes();
+        self.mark_block_size(before);
         if !self.deliver() {
             return false;
         }
         self.report();
         true
+    }
+
+    /// Shows a block-size mismatch in `GET /v1/workers` while the engine's stored
+    /// events are being refused; cleared once a stored event is accepted.
+    fn mark_block_size(&self, (mismatch, stored): (u64, u64)) {
+        let st = &self.session.adapter.stats;
+        let v = if st.block_size_mismatch > mismatch {
+            self.session.adapter.last_mismatch
+        } else if st.stored_blocks > stored {
+            0
+        } else {
+            return;
+        };
+        if let Some(c) = self.sh.cells(self.slot) {
+            c.engine_block_size_mismatch.store(v, Ordering::Relaxed);
+        }
     }
 
     fn connect_sub(&mut self, backoff: &mut Duration) -> Option<Conn> {
