@@ -140,24 +140,20 @@ impl Conn {
             end: 0,
             peer: Command::Pong,
         };
-        loop {
-            match conn.next_item(deadline)? {
-                Some(Item::Command(c @ Command::Ready(_))) => {
-                    let t = c.property("Socket-Type").unwrap_or(b"");
-                    if !codec::compatible(socket_type, t) {
-                        return Err(
-                            ZmtpError::SocketType(String::from_utf8_lossy(t).into_owned()).into(),
-                        );
-                    }
-                    conn.peer = c;
-                    return Ok(conn);
+        match conn.next_item(deadline)? {
+            Some(Item::Command(c @ Command::Ready(_))) => {
+                let t = c.property("Socket-Type").unwrap_or(b"");
+                if !codec::compatible(socket_type, t) {
+                    return Err(
+                        ZmtpError::SocketType(String::from_utf8_lossy(t).into_owned()).into(),
+                    );
                 }
-                Some(Item::Command(Command::Error(r))) => {
-                    return Err(ZmtpError::PeerError(r).into())
-                }
-                Some(_) => return Err(ZmtpError::Protocol("expected READY").into()),
-                None => return Err(ConnError::Timeout),
+                conn.peer = c;
+                Ok(conn)
             }
+            Some(Item::Command(Command::Error(r))) => Err(ZmtpError::PeerError(r).into()),
+            Some(_) => Err(ZmtpError::Protocol("expected READY").into()),
+            None => Err(ConnError::Timeout),
         }
     }
 
