@@ -5,7 +5,8 @@
 //! timeout; [`Conn::recv`] returns `Ok(None)` when its wait ends without a message, so
 //! the caller can check for shutdown); memory per connection is one 64 KiB read buffer
 //! plus the message being assembled, which the decoder bounds *before* allocating; PINGs
-//! are answered; other commands are ignored.
+//! are answered; other commands are ignored; client connections use TCP keepalive so a
+//! vanished peer is noticed (about 25 s) even when it never sends again.
 
 use super::codec::{self, Command, Decoder, Item, Limits, ZmtpError, GREETING_LEN};
 use std::io::{self, Read, Write};
@@ -64,6 +65,35 @@ pub fn resolve(endpoint: &str) -> Result<Vec<SocketAddr>, ConnError> {
     Ok(rest.to_socket_addrs()?.collect())
 }
 
+/// TCP keepalive (idle 10 s, then 3 probes 5 s apart) on a client connection: a PUB
+/// that is silent because its host vanished (no FIN, no RST) is then noticed within
+/// about 25 s and the subscriber reconnects, instead of waiting forever. Best effort.
+#[cfg(target_os = "linux")]
+fn keepalive(s: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let fd = s.as_raw_fd();
+    let set = |level: libc::c_int, name: libc::c_int, v: libc::c_int| {
+        // SAFETY: `fd` is a live socket owned by `s` for the duration of the call, and
+        // the option value is a valid c_int of the size passed.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 10);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 5);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3);
+}
+
+#[cfg(not(target_os = "linux"))]
+fn keepalive(_: &TcpStream) {}
+
 /// One established ZMTP connection.
 pub struct Conn {
     stream: TcpStream,
@@ -88,7 +118,10 @@ impl Conn {
         let mut last = ConnError::Timeout;
         for addr in resolve(endpoint)? {
             match TcpStream::connect_timeout(&addr, timeout) {
-                Ok(s) => return Conn::handshake(s, socket_type, identity, false, limits, timeout),
+                Ok(s) => {
+                    keepalive(&s);
+                    return Conn::handshake(s, socket_type, identity, false, limits, timeout);
+                }
                 Err(e) => last = e.into(),
             }
         }
