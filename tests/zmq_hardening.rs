@@ -485,3 +485,42 @@ fn a_non_zmtp_peer_and_a_bad_greeting_do_not_hurt() {
     });
     assert!(r.alive() && r.healthz());
 }
+
+#[test]
+fn rust_publisher_interoperates_with_a_libzmq_subscriber() {
+    // pyzmq (libzmq) is what vLLM uses; skipped without it, except under CI.
+    let ok = Command::new("python3")
+        .args(["-c", "import zmq"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v.is_empty() || v == "false"),
+            "CI is set but python3 cannot import zmq"
+        );
+        eprintln!("SKIPPED: python3 with pyzmq not available");
+        return;
+    }
+    let p = Publisher::bind("127.0.0.1:0").unwrap();
+    let script = format!(
+        "import zmq\nc = zmq.Context()\ns = c.socket(zmq.SUB)\ns.setsockopt(zmq.RCVTIMEO, 10000)\n\
+         s.setsockopt(zmq.SUBSCRIBE, b'kv')\ns.connect('{}')\nm = s.recv_multipart()\n\
+         print(len(m), m[0].decode(), int.from_bytes(m[1], 'big'), len(m[2]))\n",
+        p.endpoint()
+    );
+    let mut child = Command::new("python3")
+        .args(["-c", &script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(p.wait_subscribers(1, Duration::from_secs(10)));
+    // A topic the peer did not subscribe to is not sent to it.
+    assert_eq!(p.send(&[&b"other"[..], &[0u8; 8][..], b"x"]), 0);
+    assert_eq!(
+        p.send(&[&b"kv"[..], &7u64.to_be_bytes()[..], &[1u8; 300][..]]),
+        1
+    );
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3 kv 7 300");
+}
