@@ -76,6 +76,8 @@ pub struct ServeArgs {
     pub max_active_requests: Option<usize>,
     #[arg(long, env = "KVROUTE_QUEUE_DEPTH")]
     pub queue_depth: Option<usize>,
+    #[arg(long, env = "KVROUTE_MAX_ENGINE_MESSAGE_BYTES")]
+    pub max_engine_message_bytes: Option<usize>,
     // Routing knobs (DESIGN §1).
     #[arg(long, env = "KVROUTE_BLOCK_SIZE")]
     pub block_size: Option<u32>,
@@ -232,6 +234,7 @@ impl ServeArgs {
             max_hashes_per_request,
             max_active_requests,
             queue_depth,
+            max_engine_message_bytes,
         );
         overlay!(
             s.router,

@@ -14,6 +14,7 @@
 //! - [`registry`]: the worker registry (slots, specs, liveness).
 //! - [`engine`]: an in-process router that wires the pure modules together.
 //! - [`ids`]: the one charset and length rule for worker and request ids.
+//! - [`zmtp`]: a bounded ZeroMQ (ZMTP 3.x) client for engine KV events.
 
 pub mod cli;
 pub mod client;
@@ -37,3 +38,4 @@ pub mod sim;
 pub mod snapshot;
 pub mod sync;
 pub mod types;
+pub mod zmtp;

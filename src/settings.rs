@@ -90,6 +90,9 @@ pub struct Limits {
     /// Largest `Hello` frame (bytes after the length prefix); a bigger length prefix
     /// closes the connection before the body is read. Default 16,384.
     pub max_hello_bytes: usize,
+    /// Largest ZMQ message from an engine (sum of its frames), enforced on each frame
+    /// header before the frame is read. Default 8 MiB.
+    pub max_engine_message_bytes: usize,
 }
 
 impl Default for Limits {
@@ -105,6 +108,7 @@ impl Default for Limits {
             queue_depth: 8192,
             max_preauth_connections: 256,
             max_hello_bytes: 16 << 10,
+            max_engine_message_bytes: 8 << 20,
         }
     }
 }
@@ -170,6 +174,9 @@ impl Settings {
         }
         if l.max_preauth_connections == 0 || l.max_hello_bytes < 64 {
             return Err("max_preauth_connections must be > 0 and max_hello_bytes >= 64".into());
+        }
+        if l.max_engine_message_bytes < 1024 {
+            return Err("max_engine_message_bytes must be >= 1024".into());
         }
         for (name, v) in [
             ("hello_timeout_ms", self.hello_timeout_ms),

@@ -72,6 +72,10 @@ pub struct WorkerStatus {
     pub active_requests: u32,
     pub prefill_tokens: f64,
     pub decode_blocks: f64,
+    /// Why the worker's engine event stream is refusing events (ZMQ engines), e.g.
+    /// `block_size_mismatch: engine 16, router 4`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_issue: Option<String>,
 }
 
 impl WorkerStatus {
@@ -98,6 +102,7 @@ impl WorkerStatus {
             active_requests: load.active_requests,
             prefill_tokens: load.prefill_tokens,
             decode_blocks,
+            engine_issue: None,
         }
     }
 }

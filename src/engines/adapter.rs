@@ -11,7 +11,11 @@
 //!   index holds for this worker stays removable (index ⊆ map);
 //! - a block is removed from the index per tier, and leaves the map once no tier holds it;
 //! - an event whose parent is unknown (joined mid-stream, or evicted) stores nothing;
-//!   blocks without complete tokens are not stored; all such cases are counted.
+//!   blocks without complete tokens are not stored; all such cases are counted;
+//! - a `BlockStored` whose block size (its own, else the endpoint's fallback) differs
+//!   from the router's is refused and counted (`block_size_mismatch`): its blocks
+//!   would be hashed over other token spans than routing requests are, so they could
+//!   never match (overlap 0 for every request) and adapting is impossible.
 
 use super::{lora_salt, medium_tier, salt_local, EngineEvent, EngineHash, Stored};
 use crate::hash::{chain, local_block_hash, MAX_BLOCK_SIZE};
@@ -43,6 +47,8 @@ pub struct AdapterStats {
     pub evicted: u64,
     /// Stored events with a block size kvroute cannot hash (0 or too large).
     pub bad_block_size: u64,
+    /// Stored events refused: their block size differs from the router's.
+    pub block_size_mismatch: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -56,6 +62,10 @@ struct Entry {
 /// Per-worker adapter state.
 pub struct Adapter {
     block_size: u32,
+    /// The block size the router hashes requests with; stored events must match it.
+    router_block_size: u32,
+    /// The block size of the last mismatched event (for the operator's log line).
+    pub last_mismatch: u32,
     capacity: usize,
     default_lora: Option<String>,
     map: HashMap<EngineHash, Entry, RandomState>,
@@ -71,6 +81,8 @@ impl Adapter {
     pub fn new(block_size: u32, capacity: usize, default_lora: Option<String>) -> Adapter {
         Adapter {
             block_size,
+            router_block_size: block_size,
+            last_mismatch: 0,
             capacity: capacity.max(1),
             default_lora,
             map: HashMap::with_hasher(RandomState::new()),
@@ -78,6 +90,18 @@ impl Adapter {
             next_stamp: 0,
             stats: AdapterStats::default(),
         }
+    }
+
+    /// Sets the router's block size when it differs from the fallback `block_size`
+    /// given to [`Adapter::new`] (every stored event must then carry the router's).
+    pub fn with_router_block_size(mut self, bs: u32) -> Adapter {
+        self.router_block_size = bs;
+        self
+    }
+
+    /// The block size stored events must have.
+    pub fn router_block_size(&self) -> u32 {
+        self.router_block_size
     }
 
     /// Engine hashes currently mapped.
@@ -152,11 +176,17 @@ impl Adapter {
     }
 
     fn stored(&mut self, s: &Stored, out: &mut Vec<Change>) {
-        let bs = s.block_size.unwrap_or(self.block_size) as usize;
-        if bs == 0 || bs > MAX_BLOCK_SIZE {
+        let bs = s.block_size.unwrap_or(self.block_size);
+        if bs == 0 || bs as usize > MAX_BLOCK_SIZE {
             self.stats.bad_block_size += 1;
             return;
         }
+        if bs != self.router_block_size {
+            self.stats.block_size_mismatch += 1;
+            self.last_mismatch = bs;
+            return;
+        }
+        let bs = bs as usize;
         let mut prev = match &s.parent {
             Some(p) => match self.lookup(p) {
                 Some(seq) => Some(seq),
@@ -177,18 +207,24 @@ impl Adapter {
         let n = s.block_hashes.len();
         let complete = (s.token_ids.len() / bs).min(n);
         self.stats.missing_tokens += (n - complete) as u64;
-        let per_block = match &s.extra_keys {
-            Some(rmpv::Value::Array(a)) if a.len() == n => Some(a.as_slice()),
-            _ => None,
+        let mut per_block = s
+            .extra_keys
+            .as_deref()
+            .and_then(|raw| super::vllm::per_block_keys(raw, n));
+        let whole = if per_block.is_none() {
+            s.extra_keys.as_deref()
+        } else {
+            None
         };
         let tier = s.medium.as_deref();
         let tier = medium_tier(tier);
         let mut stored = Vec::with_capacity(complete);
         for i in 0..complete {
             let mut local = local_block_hash(&s.token_ids[i * bs..(i + 1) * bs]);
-            match (per_block, &s.extra_keys) {
-                (Some(keys), _) if !keys[i].is_nil() => local = salt_local(local, &keys[i]),
-                (None, Some(whole)) if i == 0 => local = salt_local(local, whole),
+            let key = per_block.as_mut().and_then(|k| k.next());
+            match (key, whole) {
+                (Some(k), _) if k != [0xc0] => local = salt_local(local, k),
+                (_, Some(w)) if i == 0 => local = salt_local(local, w),
                 _ => {}
             }
             let seq = match prev {

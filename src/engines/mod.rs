@@ -25,10 +25,13 @@
 //! - Extra keys: when `extra_keys` is an array with one entry per stored block, block
 //!   i's local hash becomes XXH3-64(seed 1337) over `le(local[i]) ‖ msgpack(extra_keys[i])`
 //!   for each non-nil entry; any other non-nil `extra_keys` value salts the event's
-//!   first block the same way with the whole value.
+//!   first block the same way with the whole value. `msgpack(..)` is the bytes as the
+//!   engine sent them (msgspec writes the shortest encoding of every value).
 
 pub mod adapter;
 pub mod config;
+pub mod msgpack;
+pub mod notes;
 pub mod stream;
 pub mod vllm;
 
@@ -73,8 +76,9 @@ pub struct Stored {
     pub lora_id: Option<i64>,
     pub medium: Option<String>,
     pub lora_name: Option<String>,
-    /// Raw `extra_keys` value (see the module docs for how it salts hashes).
-    pub extra_keys: Option<rmpv::Value>,
+    /// Raw `extra_keys` value, its msgpack bytes as sent (see the module docs for how
+    /// it salts hashes).
+    pub extra_keys: Option<Box<[u8]>>,
 }
 
 /// A decoded `KVEventBatch`.
@@ -105,12 +109,12 @@ pub fn lora_salt(name: &str) -> u64 {
     xxh3_64_with_seed(&b, SEED)
 }
 
-/// A block's local hash salted with extra keys (their msgpack encoding).
-pub fn salt_local(local: u64, extra: &rmpv::Value) -> u64 {
-    let mut b = local.to_le_bytes().to_vec();
-    if rmpv::encode::write_value(&mut b, extra).is_err() {
-        return local;
-    }
+/// A block's local hash salted with extra keys (`extra`: their msgpack encoding, as
+/// the engine sent it; msgspec always writes the shortest form).
+pub fn salt_local(local: u64, extra: &[u8]) -> u64 {
+    let mut b = Vec::with_capacity(8 + extra.len());
+    b.extend_from_slice(&local.to_le_bytes());
+    b.extend_from_slice(extra);
     xxh3_64_with_seed(&b, SEED)
 }
 

@@ -15,9 +15,14 @@
 //!   clear the worker and continue from this message;
 //! - a replay that fails (timeout, hole in the engine's buffer, no end marker) clears
 //!   the worker unless nothing had been applied yet.
+//!
+//! Every gap, failed replay, restart, undecodable payload and block-size mismatch is
+//! also recorded as a [`Note`] in [`Session::notes`] (bounded), saying what was done, for
+//! the driver to log (rate-limited).
 
 use super::adapter::{Adapter, Change};
-use super::vllm::decode_batch;
+use super::notes::{Note, Notes};
+use super::vllm::for_each_event;
 
 /// Sequence number of the replay end marker (-1 as 8 bytes big-endian).
 pub const END_SEQ: u64 = u64::MAX;
@@ -68,6 +73,12 @@ pub struct Session {
     dp_rank: Option<u32>,
     pub adapter: Adapter,
     pub counters: StreamCounters,
+    /// What happened, in words, for the driver to log.
+    pub notes: Notes,
+    /// Why the current replay failed, as told by the driver (`set_replay_error`).
+    replay_error: Option<&'static str>,
+    /// Block-size mismatches already reported as notes.
+    mismatch_noted: u64,
 }
 
 impl Session {
@@ -81,7 +92,16 @@ impl Session {
             dp_rank,
             adapter,
             counters: StreamCounters::default(),
+            notes: Notes::default(),
+            replay_error: None,
+            mismatch_noted: 0,
         }
+    }
+
+    /// The driver's reason for a replay failure (connect failed, timed out, ...), used
+    /// in the note `replay_done` records.
+    pub fn set_replay_error(&mut self, why: &'static str) {
+        self.replay_error.get_or_insert(why);
     }
 
     /// Next sequence number expected (None before the first message).
@@ -108,27 +128,41 @@ impl Session {
                 if seq > 0 && self.replay_available {
                     return self.start_replay(0, true);
                 }
-                self.apply(payload, out);
+                self.apply(seq, payload, out);
                 self.next = Some(seq + 1);
             }
             Some(n) if seq == n => {
-                self.apply(payload, out);
+                self.apply(seq, payload, out);
                 self.next = Some(seq + 1);
             }
             Some(n) if seq > n => {
                 self.counters.gaps += 1;
                 if self.replay_available {
+                    self.notes.push(Note::Gap {
+                        expected: n,
+                        got: seq,
+                        action: "replaying the missing messages",
+                    });
                     return self.start_replay(n, false);
                 }
+                self.notes.push(Note::Gap {
+                    expected: n,
+                    got: seq,
+                    action: "no replay endpoint: cleared the worker's blocks, continuing from this message",
+                });
                 self.clear(out);
-                self.apply(payload, out);
+                self.apply(seq, payload, out);
                 self.next = Some(seq + 1);
             }
             Some(n) => {
                 if seq == 0 || n - seq > RESTART_BACKJUMP {
                     self.counters.restarts += 1;
+                    self.notes.push(Note::Restart {
+                        expected: n,
+                        got: seq,
+                    });
                     self.clear(out);
-                    self.apply(payload, out);
+                    self.apply(seq, payload, out);
                     self.next = Some(seq + 1);
                 } else {
                     self.counters.duplicates += 1;
@@ -140,6 +174,7 @@ impl Session {
 
     fn start_replay(&mut self, from: u64, initial: bool) -> Step {
         self.counters.replays += 1;
+        self.replay_error = None;
         self.replaying = Some(Replaying {
             expected: from,
             initial,
@@ -162,7 +197,7 @@ impl Session {
         } else if seq == r.expected || (r.initial && !self.applied_any) {
             // An initial sync may start wherever the engine's buffer starts.
             self.counters.replayed_batches += 1;
-            self.apply(payload, out);
+            self.apply(seq, payload, out);
             r.expected = seq + 1;
         } else {
             r.hole = true;
@@ -180,7 +215,7 @@ impl Session {
         let ok = complete && !r.hole && seq <= r.expected;
         if ok {
             if seq == r.expected {
-                self.apply(payload, out);
+                self.apply(seq, payload, out);
                 self.next = Some(seq + 1);
             } else {
                 self.counters.duplicates += 1;
@@ -189,10 +224,24 @@ impl Session {
             return;
         }
         self.counters.replay_failures += 1;
+        let why = if r.hole {
+            "hole in the engine's replay buffer"
+        } else if !complete {
+            self.replay_error
+                .unwrap_or("no end marker (timeout or connection lost)")
+        } else {
+            "the replay ended before the live message that revealed the gap"
+        };
+        self.notes.push(Note::ReplayFailed {
+            from: if r.initial { 0 } else { r.expected },
+            why,
+            cleared: self.applied_any,
+        });
+        self.replay_error = None;
         if self.applied_any {
             self.clear(out);
         }
-        self.apply(payload, out);
+        self.apply(seq, payload, out);
         self.next = Some(seq + 1);
     }
 
@@ -202,9 +251,11 @@ impl Session {
         out.push(Change::Cleared { tier: None });
     }
 
-    fn apply(&mut self, payload: &[u8], out: &mut Vec<Change>) {
+    fn apply(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Change>) {
         self.counters.batches += 1;
-        match decode_batch(payload) {
+        let adapter = &mut self.adapter;
+        // Each event is applied as it is decoded: memory is one event, not the batch.
+        match for_each_event(payload, |ev| adapter.apply(&ev, out)) {
             Ok(b) => {
                 if let (Some(want), Some(got)) = (self.dp_rank, b.dp_rank) {
                     if want != got {
@@ -212,13 +263,24 @@ impl Session {
                     }
                 }
                 self.counters.skipped_events += b.skipped as u64;
-                self.counters.events += b.events.len() as u64;
-                for ev in &b.events {
-                    self.adapter.apply(ev, out);
-                }
+                self.counters.events += b.events as u64;
                 self.applied_any = true;
+                let m = self.adapter.stats.block_size_mismatch;
+                if m > self.mismatch_noted {
+                    self.mismatch_noted = m;
+                    self.notes.push(Note::BlockSizeMismatch {
+                        engine: self.adapter.last_mismatch,
+                        router: self.adapter.router_block_size(),
+                    });
+                }
             }
-            Err(_) => self.counters.bad_payloads += 1,
+            Err(e) => {
+                self.counters.bad_payloads += 1;
+                self.notes.push(Note::BadPayload {
+                    seq,
+                    why: e.to_string(),
+                });
+            }
         }
     }
 }

@@ -211,7 +211,7 @@ fn removed_ev(hashes: &[u64], medium: Option<&str>) -> EngineEvent {
 fn adapter_recomputes_design_hashes_across_chained_events() {
     let t = toks(16, 100);
     let want = sequence_hashes(&t, 4);
-    let mut a = Adapter::new(128, 100, None);
+    let mut a = Adapter::new(128, 100, None).with_router_block_size(4);
     let mut out = Vec::new();
     a.apply(&stored_ev(&[10, 11], None, t[..8].to_vec(), 4), &mut out);
     a.apply(
@@ -376,10 +376,13 @@ fn lora_and_extra_keys_salt_hashes() {
     if let EngineEvent::Stored(s) = &mut ev {
         s.lora_id = None;
         s.block_hashes = vec![EngineHash::Int(5), EngineHash::Int(6)];
-        s.extra_keys = Some(Value::Array(vec![
-            Value::Nil,
-            Value::Array(vec![s_("img")]),
-        ]));
+        s.extra_keys = Some(
+            enc(&Value::Array(vec![
+                Value::Nil,
+                Value::Array(vec![s_("img")]),
+            ]))
+            .into_boxed_slice(),
+        );
     }
     a.apply(&ev, &mut out);
     let Change::Stored { hashes, .. } = &out[0] else {

@@ -142,3 +142,61 @@ fn multipart_frames_parse_from_the_end() {
     assert!(parse_multipart(&bad).is_err());
     assert!(parse_multipart::<&[u8]>(&[]).is_err());
 }
+
+#[test]
+fn notes_say_what_happened_and_what_was_done() {
+    use super::notes::Note;
+    let mut s = Session::new(Adapter::new(4, 100, None), false, None);
+    let mut out = Vec::new();
+    s.live(0, &payload_store(1, 0), &mut out);
+    s.live(2, &payload_store(2, 10), &mut out);
+    match s.notes.pop() {
+        Some(Note::Gap {
+            expected: 1,
+            got: 2,
+            action,
+        }) => assert!(action.contains("cleared"), "{action}"),
+        other => panic!("{other:?}"),
+    }
+    s.live(3, b"\xc1", &mut out);
+    let n = s.notes.pop().expect("bad payload note");
+    assert_eq!(n.reason(), "bad_payload");
+    assert!(n.describe().contains("seq 3"), "{}", n.describe());
+    // A mismatched block size: refused, counted, noted once per batch.
+    let p = batch_pos(vec![stored_pos(
+        ints(&[9]),
+        Value::Nil,
+        &toks(16, 0),
+        16,
+        None,
+    )]);
+    out.clear();
+    s.live(4, &p, &mut out);
+    assert!(out.is_empty(), "nothing stored: {out:?}");
+    assert_eq!(s.adapter.stats.block_size_mismatch, 1);
+    assert_eq!(
+        s.notes.pop(),
+        Some(Note::BlockSizeMismatch {
+            engine: 16,
+            router: 4
+        })
+    );
+    // A failed replay names the driver's reason and says the worker was cleared.
+    let mut r = Session::new(Adapter::new(4, 100, None), true, None);
+    r.live(0, &payload_store(1, 0), &mut out);
+    assert_eq!(
+        r.live(2, &payload_store(2, 10), &mut out),
+        Step::Replay { from: 1 }
+    );
+    r.set_replay_error("cannot connect to the replay endpoint");
+    r.replay_done(false, 2, &payload_store(2, 10), &mut out);
+    let notes: Vec<Note> = std::iter::from_fn(|| r.notes.pop()).collect();
+    assert!(
+        notes.contains(&Note::ReplayFailed {
+            from: 1,
+            why: "cannot connect to the replay endpoint",
+            cleared: true
+        }),
+        "{notes:?}"
+    );
+}

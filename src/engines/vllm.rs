@@ -1,4 +1,4 @@
-//! Decoding of vLLM / SGLang `KVEventBatch` payloads (msgpack) into [`Batch`].
+//! Decoding of vLLM / SGLang `KVEventBatch` payloads (msgpack) into typed events.
 //!
 //! Accepted shapes (vLLM `vllm/distributed/kv_events.py`; SGLang follows it):
 //! - envelope: `[ts, events, data_parallel_rank?]` or a map with `ts`, `events`,
@@ -9,15 +9,27 @@
 //!   medium, group_idx?]`, `["AllBlocksCleared", medium?]`; trailing fields may be
 //!   omitted and extra trailing fields are ignored;
 //! - map events: `{"type": "BlockStored", "block_hashes": ..., ...}` with named fields,
-//!   defaults omitted, unknown fields (e.g. `locality`) ignored.
+//!   defaults omitted, unknown fields (e.g. `locality`) ignored; the first occurrence of
+//!   a repeated key wins.
 //!
-//! Guarantees: never panics on any byte string; sizes are bounded ([`MAX_HASHES`],
-//! [`MAX_TOKENS`], nesting depth); an event of unknown type or a malformed event is
-//! skipped and counted in [`Batch::skipped`], a malformed envelope is an error.
+//! Decoding goes straight from the bytes into typed values ([`super::msgpack`]), one
+//! event at a time ([`for_each_event`]), so memory is bounded by the largest single
+//! event, never by a tree of the whole message: every array's count is checked against
+//! the bytes that remain before anything is reserved for it.
+//!
+//! Guarantees: never panics on any byte string; sizes are bounded ([`MAX_EVENTS`],
+//! [`MAX_HASHES`], [`MAX_TOKENS`], [`MAX_DIGEST`], nesting depth [`MAX_DEPTH`]); the
+//! whole payload is checked to be well-formed msgpack (and the envelope valid) before
+//! the first event is handed out, so a bad payload applies nothing; an event of unknown
+//! type or a malformed event is skipped and counted, a malformed envelope is an error.
 
+use super::msgpack::{Bad, Head, Rd};
 use super::{Batch, EngineEvent, EngineHash, Stored};
-use rmpv::Value;
 
+/// Largest number of events in one batch. vLLM publishes one batch per scheduler step
+/// (a few events per sequence that stored or freed blocks in that step: hundreds to a
+/// few thousand); 65,536 leaves room while bounding per-batch work.
+pub const MAX_EVENTS: usize = 1 << 16;
 /// Largest number of block hashes in one event.
 pub const MAX_HASHES: usize = 1 << 16;
 /// Largest number of token ids in one event.
@@ -45,78 +57,122 @@ pub enum EventError {
     Malformed(&'static str),
 }
 
-/// Decodes one payload.
-pub fn decode_batch(payload: &[u8]) -> Result<Batch, DecodeError> {
-    let mut rd = payload;
-    let v = rmpv::decode::read_value_with_max_depth(&mut rd, MAX_DEPTH)
-        .map_err(|e| DecodeError::Msgpack(e.to_string()))?;
-    if !rd.is_empty() {
+impl From<Bad> for EventError {
+    fn from(b: Bad) -> Self {
+        EventError::Malformed(b.0)
+    }
+}
+
+fn msgpack(b: Bad) -> DecodeError {
+    DecodeError::Msgpack(b.0.to_owned())
+}
+
+/// The envelope of a batch and what became of its events.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct Summary {
+    pub ts: f64,
+    pub dp_rank: Option<u32>,
+    /// Events decoded and handed to the callback.
+    pub events: usize,
+    /// Events skipped: unknown type (newer engines) or malformed.
+    pub skipped: usize,
+}
+
+/// Decodes one payload, handing each decoded event to `f` in order.
+pub fn for_each_event(
+    payload: &[u8],
+    mut f: impl FnMut(EngineEvent),
+) -> Result<Summary, DecodeError> {
+    let mut all = Rd::new(payload);
+    all.skip(MAX_DEPTH).map_err(msgpack)?;
+    if !all.is_empty() {
         return Err(DecodeError::Trailing);
     }
-    let (ts, events, rank) = match &v {
-        Value::Array(a) => (a.first(), a.get(1), a.get(2)),
-        Value::Map(m) => (
-            field(m, "ts"),
-            field(m, "events"),
-            field(m, "data_parallel_rank"),
-        ),
+    let mut rd = Rd::new(payload);
+    let (mut ts, mut events, mut rank) = (None, None, None);
+    match rd.head().map_err(msgpack)? {
+        Head::Array(n) => {
+            for i in 0..n {
+                let v = rd.span(MAX_DEPTH).map_err(msgpack)?;
+                match i {
+                    0 => ts = Some(v),
+                    1 => events = Some(v),
+                    2 => rank = Some(v),
+                    _ => {}
+                }
+            }
+        }
+        Head::Map(n) => {
+            for _ in 0..n {
+                let k = rd.head().map_err(msgpack)?;
+                let v = rd.span(MAX_DEPTH).map_err(msgpack)?;
+                let slot = match k.as_str() {
+                    Some("ts") => &mut ts,
+                    Some("events") => &mut events,
+                    Some("data_parallel_rank") => &mut rank,
+                    _ => continue,
+                };
+                slot.get_or_insert(v);
+            }
+        }
         _ => return Err(DecodeError::Envelope("neither array nor map")),
-    };
-    let ts = match ts {
-        None | Some(Value::Nil) => 0.0,
+    }
+    let ts = match head(ts) {
+        None | Some(Head::Nil) => 0.0,
         Some(t) => t
             .as_f64()
             .ok_or(DecodeError::Envelope("ts is not a number"))?,
     };
-    let events = events
-        .and_then(Value::as_array)
-        .ok_or(DecodeError::Envelope("events is not an array"))?;
-    let dp_rank = match rank {
-        None | Some(Value::Nil) => None,
+    let dp_rank = match head(rank) {
+        None | Some(Head::Nil) => None,
         Some(r) => Some(
             r.as_u64()
                 .and_then(|r| u32::try_from(r).ok())
                 .ok_or(DecodeError::Envelope("bad data_parallel_rank"))?,
         ),
     };
-    let mut batch = Batch {
+    let mut ev = Rd::new(events.unwrap_or(&[]));
+    let n = match ev.head() {
+        Ok(Head::Array(n)) => n,
+        _ => return Err(DecodeError::Envelope("events is not an array")),
+    };
+    if n > MAX_EVENTS {
+        return Err(DecodeError::Envelope("too many events in one batch"));
+    }
+    let mut s = Summary {
         ts,
-        events: Vec::with_capacity(events.len()),
         dp_rank,
+        events: 0,
         skipped: 0,
     };
-    for e in events {
-        match decode_event(e) {
-            Ok(ev) => batch.events.push(ev),
-            Err(_) => batch.skipped += 1,
+    for _ in 0..n {
+        let raw = ev.span(MAX_DEPTH).map_err(msgpack)?;
+        match decode_event(raw) {
+            Ok(e) => {
+                s.events += 1;
+                f(e);
+            }
+            Err(_) => s.skipped += 1,
         }
     }
-    Ok(batch)
+    Ok(s)
 }
 
-fn field<'a>(m: &'a [(Value, Value)], name: &str) -> Option<&'a Value> {
-    m.iter()
-        .find(|(k, _)| k.as_str() == Some(name))
-        .map(|(_, v)| v)
+fn head(v: Option<&[u8]>) -> Option<Head<'_>> {
+    v.and_then(|v| Rd::new(v).head().ok())
 }
 
-/// Named fields of an event, whichever encoding it came in.
-struct Fields<'a> {
-    positional: Option<&'a [Value]>,
-    named: Option<&'a [(Value, Value)]>,
-    names: &'static [&'static str],
-}
-
-impl<'a> Fields<'a> {
-    fn get(&self, name: &str) -> Option<&'a Value> {
-        let v = if let Some(p) = self.positional {
-            let i = self.names.iter().position(|n| *n == name)?;
-            p.get(i)
-        } else {
-            field(self.named?, name)
-        };
-        v.filter(|v| !v.is_nil())
-    }
+/// Decodes one payload into a [`Batch`] holding every event (tests, tools; the ingest
+/// path streams with [`for_each_event`]).
+pub fn decode_batch(payload: &[u8]) -> Result<Batch, DecodeError> {
+    let mut events = Vec::new();
+    let s = for_each_event(payload, |e| events.push(e))?;
+    Ok(Batch {
+        ts: s.ts,
+        events,
+        dp_rank: s.dp_rank,
+        skipped: s.skipped,
+    })
 }
 
 const STORED: &[&str] = &[
@@ -133,36 +189,80 @@ const STORED: &[&str] = &[
 const REMOVED: &[&str] = &["block_hashes", "medium", "group_idx"];
 const CLEARED: &[&str] = &["medium"];
 
-/// Decodes one event value.
-pub fn decode_event(v: &Value) -> Result<EngineEvent, EventError> {
-    let (tag, positional, named) = match v {
-        Value::Array(a) => {
-            let tag = a
-                .first()
-                .and_then(Value::as_str)
-                .ok_or(EventError::Malformed("positional event without a tag"))?;
-            (tag, Some(&a[1..]), None)
+/// The fields of one event as they are found (first occurrence wins).
+#[derive(Default)]
+struct Fields<'a> {
+    seen: u16,
+    vals: [Option<&'a [u8]>; 9],
+}
+
+impl<'a> Fields<'a> {
+    fn put(&mut self, i: usize, v: &'a [u8]) {
+        if i < self.vals.len() && self.seen & (1 << i) == 0 {
+            self.seen |= 1 << i;
+            // A nil is the same as an omitted field.
+            if v != [0xc0] {
+                self.vals[i] = Some(v);
+            }
         }
-        Value::Map(m) => {
-            let tag = field(m, "type")
-                .and_then(Value::as_str)
-                .ok_or(EventError::Malformed("map event without a type"))?;
-            (tag, None, Some(m.as_slice()))
+    }
+
+    fn get(&self, names: &[&str], name: &str) -> Option<Head<'a>> {
+        self.raw(names, name).and_then(|v| Rd::new(v).head().ok())
+    }
+
+    fn raw(&self, names: &[&str], name: &str) -> Option<&'a [u8]> {
+        let i = names.iter().position(|n| *n == name)?;
+        self.vals[i]
+    }
+}
+
+/// Decodes one event from its msgpack bytes (one complete value).
+pub fn decode_event(raw: &[u8]) -> Result<EngineEvent, EventError> {
+    let mut rd = Rd::new(raw);
+    let mut f = Fields::default();
+    let names = match rd.head()? {
+        Head::Array(n) => {
+            if n == 0 {
+                return Err(EventError::Malformed("positional event without a tag"));
+            }
+            let names = match rd.head()? {
+                Head::Str(t) => names_of(t)?,
+                _ => return Err(EventError::Malformed("positional event without a tag")),
+            };
+            for i in 0..n - 1 {
+                let v = rd.span(MAX_DEPTH)?;
+                f.put(i, v);
+            }
+            names
+        }
+        Head::Map(n) => {
+            // First pass: the type tag, wherever it is.
+            let mut scan = rd;
+            let mut tag = None;
+            for _ in 0..n {
+                let k = scan.head()?;
+                let v = scan.span(MAX_DEPTH)?;
+                if tag.is_none() && k.as_str() == Some("type") {
+                    tag = Some(match Rd::new(v).head()? {
+                        Head::Str(t) => t,
+                        _ => return Err(EventError::Malformed("map event without a type")),
+                    });
+                }
+            }
+            let names = names_of(tag.ok_or(EventError::Malformed("map event without a type"))?)?;
+            for _ in 0..n {
+                let k = rd.head()?;
+                let v = rd.span(MAX_DEPTH)?;
+                if let Some(i) = k.as_str().and_then(|k| names.iter().position(|n| *n == k)) {
+                    f.put(i, v);
+                }
+            }
+            names
         }
         _ => return Err(EventError::Malformed("event is neither array nor map")),
     };
-    let names = match tag {
-        "BlockStored" => STORED,
-        "BlockRemoved" => REMOVED,
-        "AllBlocksCleared" => CLEARED,
-        _ => return Err(EventError::UnknownType),
-    };
-    let f = Fields {
-        positional,
-        named,
-        names,
-    };
-    let medium = match f.get("medium") {
+    let medium = match f.get(names, "medium") {
         None => None,
         Some(m) => Some(
             m.as_str()
@@ -170,88 +270,117 @@ pub fn decode_event(v: &Value) -> Result<EngineEvent, EventError> {
                 .to_owned(),
         ),
     };
-    match tag {
-        "BlockStored" => {
-            let block_hashes = hashes(f.get("block_hashes"))?;
-            let parent = f.get("parent_block_hash").map(hash).transpose()?;
-            let token_ids = tokens(f.get("token_ids"))?;
-            let block_size = match f.get("block_size") {
-                None => None,
-                Some(b) => Some(
-                    b.as_u64()
-                        .and_then(|b| u32::try_from(b).ok())
-                        .ok_or(EventError::Malformed("bad block_size"))?,
-                ),
-            };
-            let lora_id = match f.get("lora_id") {
-                None => None,
-                Some(l) => Some(l.as_i64().ok_or(EventError::Malformed("bad lora_id"))?),
-            };
-            let lora_name = match f.get("lora_name") {
-                None => None,
-                Some(n) => Some(
-                    n.as_str()
-                        .ok_or(EventError::Malformed("lora_name is not a string"))?
-                        .to_owned(),
-                ),
-            };
-            Ok(EngineEvent::Stored(Stored {
-                block_hashes,
-                parent,
-                token_ids,
-                block_size,
-                lora_id,
-                medium,
-                lora_name,
-                extra_keys: f.get("extra_keys").cloned(),
-            }))
-        }
-        "BlockRemoved" => Ok(EngineEvent::Removed {
-            block_hashes: hashes(f.get("block_hashes"))?,
+    if std::ptr::eq(names, CLEARED) {
+        return Ok(EngineEvent::AllCleared { medium });
+    }
+    let block_hashes = hashes(f.raw(names, "block_hashes"))?;
+    if std::ptr::eq(names, REMOVED) {
+        return Ok(EngineEvent::Removed {
+            block_hashes,
             medium,
-        }),
-        _ => Ok(EngineEvent::AllCleared { medium }),
+        });
+    }
+    let parent = match f.raw(names, "parent_block_hash") {
+        None => None,
+        Some(v) => Some(hash(Rd::new(v).head()?)?),
+    };
+    let token_ids = tokens(f.raw(names, "token_ids"))?;
+    let block_size = match f.get(names, "block_size") {
+        None => None,
+        Some(b) => Some(
+            b.as_u64()
+                .and_then(|b| u32::try_from(b).ok())
+                .ok_or(EventError::Malformed("bad block_size"))?,
+        ),
+    };
+    let lora_id = match f.get(names, "lora_id") {
+        None => None,
+        Some(l) => Some(l.as_i64().ok_or(EventError::Malformed("bad lora_id"))?),
+    };
+    let lora_name = match f.get(names, "lora_name") {
+        None => None,
+        Some(n) => Some(
+            n.as_str()
+                .ok_or(EventError::Malformed("lora_name is not a string"))?
+                .to_owned(),
+        ),
+    };
+    Ok(EngineEvent::Stored(Stored {
+        block_hashes,
+        parent,
+        token_ids,
+        block_size,
+        lora_id,
+        medium,
+        lora_name,
+        extra_keys: f.raw(names, "extra_keys").map(Box::from),
+    }))
+}
+
+fn names_of(tag: &[u8]) -> Result<&'static [&'static str], EventError> {
+    match tag {
+        b"BlockStored" => Ok(STORED),
+        b"BlockRemoved" => Ok(REMOVED),
+        b"AllBlocksCleared" => Ok(CLEARED),
+        _ => Err(EventError::UnknownType),
     }
 }
 
-/// One engine hash: an integer or a byte digest.
-pub fn hash(v: &Value) -> Result<EngineHash, EventError> {
-    match v {
-        Value::Integer(i) => i
-            .as_u64()
-            .or_else(|| i.as_i64().map(|x| x as u64))
-            .map(EngineHash::Int)
-            .ok_or(EventError::Malformed("bad integer hash")),
-        Value::Binary(b) if !b.is_empty() && b.len() <= MAX_DIGEST => {
-            Ok(EngineHash::Bytes(b.clone().into_boxed_slice()))
-        }
+/// One engine hash: an integer (negative ones as their two's complement) or a digest.
+fn hash(h: Head<'_>) -> Result<EngineHash, EventError> {
+    match h {
+        Head::Uint(u) => Ok(EngineHash::Int(u)),
+        Head::Int(i) => Ok(EngineHash::Int(i as u64)),
+        Head::Bin(b) if !b.is_empty() && b.len() <= MAX_DIGEST => Ok(EngineHash::Bytes(b.into())),
         _ => Err(EventError::Malformed("hash is neither int nor bytes")),
     }
 }
 
-fn hashes(v: Option<&Value>) -> Result<Vec<EngineHash>, EventError> {
-    let a = v
-        .and_then(Value::as_array)
-        .ok_or(EventError::Malformed("block_hashes is not an array"))?;
-    if a.len() > MAX_HASHES {
+fn hashes(v: Option<&[u8]>) -> Result<Vec<EngineHash>, EventError> {
+    let mut rd = Rd::new(v.unwrap_or(&[]));
+    let n = match rd.head() {
+        Ok(Head::Array(n)) => n,
+        _ => return Err(EventError::Malformed("block_hashes is not an array")),
+    };
+    if n > MAX_HASHES {
         return Err(EventError::Malformed("too many block hashes"));
     }
-    a.iter().map(hash).collect()
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(hash(rd.head()?)?);
+    }
+    Ok(out)
 }
 
-fn tokens(v: Option<&Value>) -> Result<Vec<u32>, EventError> {
+fn tokens(v: Option<&[u8]>) -> Result<Vec<u32>, EventError> {
     let Some(v) = v else { return Ok(Vec::new()) };
-    let a = v
-        .as_array()
-        .ok_or(EventError::Malformed("token_ids is not an array"))?;
-    if a.len() > MAX_TOKENS {
+    let mut rd = Rd::new(v);
+    let n = match rd.head()? {
+        Head::Array(n) => n,
+        _ => return Err(EventError::Malformed("token_ids is not an array")),
+    };
+    if n > MAX_TOKENS {
         return Err(EventError::Malformed("too many token ids"));
     }
-    a.iter()
-        .map(|t| {
-            t.as_u64()
-                .and_then(|t| u32::try_from(t).ok())
-                .ok_or(EventError::Malformed("bad token id"))
-        })
-        .collect()
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = rd
+            .head()?
+            .as_u64()
+            .and_then(|t| u32::try_from(t).ok())
+            .ok_or(EventError::Malformed("bad token id"))?;
+        out.push(t);
+    }
+    Ok(out)
+}
+
+/// The items of a raw `extra_keys` value if it is an array of exactly `n` entries
+/// (per-block keys), each as its msgpack bytes.
+pub fn per_block_keys(raw: &[u8], n: usize) -> Option<impl Iterator<Item = &[u8]>> {
+    let mut rd = Rd::new(raw);
+    match rd.head() {
+        Ok(Head::Array(len)) if len == n => {}
+        _ => return None,
+    }
+    Some((0..n).map_while(move |_| rd.span(MAX_DEPTH).ok()))
 }

@@ -266,7 +266,7 @@ pub fn workers(core: &Core) -> Vec<WorkerStatus> {
             } else {
                 WorkerState::Live
             };
-            WorkerStatus::new(
+            let mut w = WorkerStatus::new(
                 &e.spec,
                 state,
                 p.cached_blocks,
@@ -276,7 +276,17 @@ pub fn workers(core: &Core) -> Vec<WorkerStatus> {
                 } else {
                     load.blocks_total
                 },
-            )
+            );
+            let mismatch = sh
+                .cells(e.slot)
+                .map_or(0, |c| c.engine_block_size_mismatch.load(Ordering::Relaxed));
+            if mismatch != 0 {
+                w.engine_issue = Some(format!(
+                    "block_size_mismatch: engine {mismatch}, router {}",
+                    cfg.block_size
+                ));
+            }
+            w
         })
         .collect()
 }

@@ -38,6 +38,9 @@ pub struct WorkerCells {
     pub gen: AtomicU64,
     /// Next event sequence number expected from the worker (resume point).
     pub next_seq: AtomicU64,
+    /// ZMQ engine workers: the block size of the engine's last refused `BlockStored`
+    /// (it differs from the router's), 0 when its stored events are accepted.
+    pub engine_block_size_mismatch: AtomicU32,
 }
 
 pub struct Shared {

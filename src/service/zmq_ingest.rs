@@ -1,17 +1,25 @@
 //! ZMQ ingest of vLLM / SGLang KV events (`[[engines]]` / `--engine`).
 //!
 //! One plain OS thread per configured endpoint, beside the glommio executors. Each
-//! thread runs a small current-thread tokio runtime for the pure-Rust `zeromq` sockets:
-//! a SUB socket on the engine's PUB endpoint and, on demand, a DEALER socket to its
+//! thread speaks ZMTP itself through the bounded, blocking [`crate::zmtp`] client: a SUB
+//! connection to the engine's PUB endpoint and, on demand, a DEALER connection to its
 //! ROUTER replay endpoint. All decisions (decoding, hashing, the engine-hash map, gaps
-//! and replay) live in the sans-I/O `engines` module; this file only moves frames in and
-//! index operations out, through the same mailboxes as every other ingest path
-//! (`Msg::Index`, backpressure = retry with short sleeps).
+//! and replay, what to report) live in the sans-I/O `engines` module; this file only
+//! moves frames in and index operations out, through the same mailboxes as every other
+//! ingest path (`Msg::Index`, backpressure = retry with short sleeps).
 //!
 //! Guarantees: the worker is registered through the same registry write as HTTP and the
-//! binary protocol; every wait is bounded (connect 1 s per attempt, receive polls of
-//! 200 ms, replay 2 s per message and 10 s in all) and the thread exits within about
-//! 200 ms of shutdown; a misbehaving engine only affects its own worker.
+//! binary protocol; every wait is bounded (connect 1 s per attempt, handshake 1 s,
+//! receive polls of 200 ms, replay 2 s per message and 10 s in all) and the thread
+//! exits within about 200 ms of shutdown; a misbehaving engine only affects its own
+//! worker: a frame header announcing more than `max_engine_message_bytes` (or a message
+//! growing past it) closes that connection before the frame is read, is counted
+//! (`frame_too_large` / `message_too_large`) and logged, and the subscriber reconnects
+//! with backoff (200 ms doubling to 5 s); what happened on the stream (gaps, failed
+//! replays, restarts, malformed payloads, block-size mismatches) is logged with the
+//! worker, the reason and the action, at most one line per reason per 10 s with the
+//! count of suppressed ones; no buffer is kept at the size of a past large message,
+//! and after a message of 1 MiB or more the freed pages go back to the OS at once.
 
 use super::control;
 use super::index_batch::Batch;
@@ -20,20 +28,39 @@ use super::msg::{IndexOp, Msg};
 use super::shared::Shared;
 use crate::engines::adapter::{Adapter, AdapterStats, Change};
 use crate::engines::config::EngineEndpoint;
+use crate::engines::notes::LogLimiter;
 use crate::engines::stream::{parse_multipart, replay_request, Session, Step, END_SEQ};
 use crate::types::WorkerSlot;
-use bytes::Bytes;
+use crate::zmtp::{codec, Conn, ConnError, Limits, ZmtpError};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 const POLL: Duration = Duration::from_millis(200);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const REPLAY_MSG_TIMEOUT: Duration = Duration::from_secs(2);
 const REPLAY_TOTAL: Duration = Duration::from_secs(10);
+const BACKOFF_MIN: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// One log line per reason per this window (per worker).
+const LOG_WINDOW: Duration = Duration::from_secs(10);
 /// Changes buffered during a replay before they are handed to the shards.
 const FLUSH_EVERY: usize = 256;
+/// Frames in one engine message: `[topic, seq, payload]`, replays `[delim, seq, payload]`.
+const MAX_FRAMES: usize = 8;
+/// The change buffer keeps at most this capacity between messages.
+const KEEP_CHANGES: usize = 4096;
+/// After a message at least this large, freed memory is handed back to the OS at once.
+const COLLECT_AFTER: usize = 1 << 20;
+
+/// Returns the freed pages of this thread's mimalloc heap to the OS. mimalloc purges
+/// lazily, on later allocations, and this thread then sits in `recv` allocating
+/// nothing: without this a past large message would stay resident.
+fn release_memory() {
+    // SAFETY: mi_collect takes no pointers and may be called from any thread at any
+    // time; with another global allocator it only tidies mimalloc's own (empty) heap.
+    unsafe { libmimalloc_sys::mi_collect(true) }
+}
 
 fn log(cfg: &EngineEndpoint, msg: &str) {
     eprintln!(
@@ -50,7 +77,7 @@ pub fn start(sh: &Arc<Shared>) -> Vec<std::thread::JoinHandle<()>> {
         let name = format!("kvroute-zmq-{}", cfg.worker_id);
         match std::thread::Builder::new()
             .name(name)
-            .spawn(move || run(sh, cfg))
+            .spawn(move || Stream::new(sh, cfg).run())
         {
             Ok(h) => out.push(h),
             Err(e) => eprintln!("kvroute: zmq: cannot start a thread: {e}"),
@@ -59,47 +86,51 @@ pub fn start(sh: &Arc<Shared>) -> Vec<std::thread::JoinHandle<()>> {
     out
 }
 
-fn run(sh: Arc<Shared>, cfg: EngineEndpoint) {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            log(&cfg, &format!("cannot start a runtime: {e}"));
-            return;
-        }
-    };
-    rt.block_on(Stream::new(sh, cfg).run());
-}
-
 struct Stream {
     sh: Arc<Shared>,
     cfg: EngineEndpoint,
+    limits: Limits,
     slot: WorkerSlot,
     gen: u64,
     session: Session,
     reported: Vec<u64>,
     out: Vec<Change>,
+    limiter: LogLimiter,
 }
 
 impl Stream {
     fn new(sh: Arc<Shared>, cfg: EngineEndpoint) -> Stream {
-        let bs = cfg.block_size.unwrap_or(sh.settings.router.block_size);
+        let router_bs = sh.settings.router.block_size;
+        let bs = cfg.block_size.unwrap_or(router_bs);
+        if bs != router_bs {
+            log(
+                &cfg,
+                &format!(
+                    "configured block_size {bs} differs from the router's {router_bs}: \
+                     events without their own block size will be refused"
+                ),
+            );
+        }
         let cap = cfg
             .capacity_blocks
             .min(sh.settings.limits.max_blocks_per_worker)
             .min(usize::MAX as u64) as usize;
-        let adapter = Adapter::new(bs, cap, cfg.lora.clone());
+        let adapter = Adapter::new(bs, cap, cfg.lora.clone()).with_router_block_size(router_bs);
         let session = Session::new(adapter, cfg.replay_endpoint.is_some(), cfg.dp_rank);
+        let limits = Limits {
+            max_message_bytes: sh.settings.limits.max_engine_message_bytes,
+            max_frames: MAX_FRAMES,
+        };
         Stream {
             sh,
             cfg,
+            limits,
             slot: 0,
             gen: u64::MAX,
             session,
             reported: Vec::new(),
             out: Vec::new(),
+            limiter: LogLimiter::new(LOG_WINDOW),
         }
     }
 
@@ -107,8 +138,46 @@ impl Stream {
         self.sh.shutdown.load(Ordering::Relaxed)
     }
 
+    /// Sleeps `d` in slices, returning false at shutdown.
+    fn pause(&self, d: Duration) -> bool {
+        let until = Instant::now() + d;
+        while !self.shutting_down() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return true;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(50)));
+        }
+        false
+    }
+
+    /// Logs through the per-worker rate limiter.
+    fn log_limited(&mut self, reason: &'static str, msg: &str) {
+        if let Some(suppressed) = self.limiter.allow(reason, Instant::now()) {
+            if suppressed > 0 {
+                log(
+                    &self.cfg,
+                    &format!("{msg} ({suppressed} more like this suppressed)"),
+                );
+            } else {
+                log(&self.cfg, msg);
+            }
+        }
+    }
+
+    /// Logs what the session noted.
+    fn drain_notes(&mut self) {
+        while let Some(n) = self.session.notes.pop() {
+            self.log_limited(n.reason(), &n.describe());
+        }
+        if self.session.notes.dropped > 0 {
+            let d = std::mem::take(&mut self.session.notes.dropped);
+            self.bump("note_dropped", d);
+        }
+    }
+
     /// Registers the worker (retrying while the registry refuses, e.g. when full).
-    async fn register(&mut self) -> bool {
+    fn register(&mut self) -> bool {
         let mut logged = false;
         while !self.shutting_down() {
             match control::register_blocking(&self.sh, self.cfg.spec(), false) {
@@ -123,7 +192,9 @@ impl Stream {
                         log(&self.cfg, &format!("cannot register: {e}; retrying"));
                         logged = true;
                     }
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if !self.pause(Duration::from_secs(1)) {
+                        return false;
+                    }
                 }
             }
         }
@@ -150,116 +221,203 @@ impl Stream {
         }
     }
 
-    async fn run(mut self) {
-        if !self.register().await {
+    /// Counts and logs a connection failure; the caller reconnects after a backoff.
+    fn conn_failed(&mut self, what: &str, e: &ConnError) {
+        let (kind, reason) = match e {
+            ConnError::Zmtp(ZmtpError::FrameTooLarge { .. }) => {
+                ("frame_too_large", "frame_too_large")
+            }
+            ConnError::Zmtp(ZmtpError::MessageTooLarge { .. })
+            | ConnError::Zmtp(ZmtpError::TooManyFrames { .. }) => {
+                ("message_too_large", "message_too_large")
+            }
+            ConnError::Zmtp(_) => ("protocol_error", "protocol_error"),
+            _ => ("recv_error", "recv_error"),
+        };
+        self.bump(kind, 1);
+        self.log_limited(
+            reason,
+            &format!("{what}: {e}; closed the connection, reconnecting with backoff"),
+        );
+    }
+
+    fn run(mut self) {
+        if !self.register() {
             return;
         }
-        'connect: while !self.shutting_down() {
-            let Some(mut sub) = self.connect_sub().await else {
+        let mut backoff = BACKOFF_MIN;
+        while !self.shutting_down() {
+            let Some(mut sub) = self.connect_sub(&mut backoff) else {
                 return;
             };
             log(&self.cfg, "subscribed");
-            while !self.shutting_down() {
-                let msg = match tokio::time::timeout(POLL, sub.recv()).await {
-                    Err(_) => continue,
-                    Ok(Err(e)) => {
-                        // The socket reconnects by itself; pause so errors cannot spin.
-                        self.bump("recv_error", 1);
-                        tokio::time::sleep(POLL).await;
-                        if matches!(e, zeromq::ZmqError::NoMessage) {
-                            continue 'connect;
-                        }
-                        continue;
-                    }
-                    Ok(Ok(m)) => m,
-                };
-                if !self.check_identity() && !self.register().await {
+            let mut delivered = false;
+            let err = loop {
+                if self.shutting_down() {
                     return;
                 }
-                let frames = msg.into_vec();
-                let Ok((seq, payload)) = parse_multipart(&frames) else {
-                    self.bump("bad_frame", 1);
-                    continue;
+                let frames = match sub.recv(Instant::now() + POLL) {
+                    Ok(None) => continue,
+                    Ok(Some(f)) => f,
+                    Err(e) => break e,
                 };
-                let step = self.session.live(seq, payload, &mut self.out);
-                if let Step::Replay { from } = step {
-                    let complete = self.replay(from).await;
-                    if !complete {
-                        log(&self.cfg, &format!("replay from {from} failed"));
-                    }
-                    self.session
-                        .replay_done(complete, seq, payload, &mut self.out);
+                if !delivered {
+                    delivered = true;
+                    backoff = BACKOFF_MIN;
                 }
-                if !self.deliver() {
+                if !self.check_identity() && !self.register() {
                     return;
                 }
-                self.report();
+                let size: usize = frames.iter().map(Vec::len).sum();
+                if !self.handle_live(&frames) {
+                    return;
+                }
+                if size >= COLLECT_AFTER {
+                    drop(frames);
+                    release_memory();
+                }
+            };
+            drop(sub);
+            release_memory();
+            self.conn_failed("subscription", &err);
+            if !self.pause(backoff) {
+                return;
             }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     }
 
-    async fn connect_sub(&mut self) -> Option<SubSocket> {
+    /// One live message. False at shutdown.
+    fn handle_live(&mut self, frames: &[Vec<u8>]) -> bool {
+        let Ok((seq, payload)) = parse_multipart(frames) else {
+            self.bump("bad_frame", 1);
+            self.log_limited(
+                "bad_frame",
+                "message without [.., seq (8 bytes), payload] frames skipped",
+            );
+            return true;
+        };
+        let before = (
+            self.session.adapter.stats.block_size_mismatch,
+            self.session.adapter.stats.stored_blocks,
+        );
+        let step = self.session.live(seq, payload, &mut self.out);
+        if let Step::Replay { from } = step {
+            let complete = self.replay(from);
+            self.session
+                .replay_done(complete, seq, payload, &mut self.out);
+        }
+        self.drain_notes();
+        self.mark_block_size(before);
+        if !self.deliver() {
+            return false;
+        }
+        self.report();
+        true
+    }
+
+    /// Shows a block-size mismatch in `GET /v1/workers` while the engine's stored
+    /// events are being refused; cleared once a stored event is accepted.
+    fn mark_block_size(&self, (mismatch, stored): (u64, u64)) {
+        let st = &self.session.adapter.stats;
+        let v = if st.block_size_mismatch > mismatch {
+            self.session.adapter.last_mismatch
+        } else if st.stored_blocks > stored {
+            0
+        } else {
+            return;
+        };
+        if let Some(c) = self.sh.cells(self.slot) {
+            c.engine_block_size_mismatch.store(v, Ordering::Relaxed);
+        }
+    }
+
+    fn connect_sub(&mut self, backoff: &mut Duration) -> Option<Conn> {
         let mut logged = false;
         while !self.shutting_down() {
-            let mut opts = SocketOptions::default();
-            opts.connect_timeout(CONNECT_TIMEOUT);
-            let mut sub = SubSocket::with_options(opts);
-            let r =
-                tokio::time::timeout(CONNECT_TIMEOUT * 2, sub.connect(&self.cfg.endpoint)).await;
-            match r {
-                Ok(Ok(())) => match sub.subscribe(&self.cfg.topic).await {
-                    Ok(()) => return Some(sub),
-                    Err(e) => log(&self.cfg, &format!("subscribe: {e}")),
-                },
-                Ok(Err(e)) if !logged => {
+            match Conn::connect(
+                &self.cfg.endpoint,
+                "SUB",
+                None,
+                self.limits,
+                CONNECT_TIMEOUT,
+            ) {
+                Ok(mut c) => {
+                    let sub = codec::subscribe(self.cfg.topic.as_bytes());
+                    match c.send_raw(&sub).and_then(|()| c.set_poll(POLL)) {
+                        Ok(()) => return Some(c),
+                        Err(e) => self.conn_failed("subscribe", &e),
+                    }
+                }
+                Err(ConnError::Io(e)) if !logged => {
                     log(&self.cfg, &format!("cannot connect yet: {e}; retrying"));
                     logged = true;
                 }
-                _ => {}
+                Err(e @ ConnError::Zmtp(_)) => self.conn_failed("handshake", &e),
+                Err(_) => {}
             }
-            tokio::time::sleep(POLL).await;
+            if !self.pause(*backoff) {
+                return None;
+            }
+            *backoff = (*backoff * 2).min(BACKOFF_MAX);
         }
         None
     }
 
     /// Asks the replay endpoint for everything from `from` on and feeds it to the
     /// session. True when the end marker arrived and the session accepted the replay.
-    async fn replay(&mut self, from: u64) -> bool {
+    fn replay(&mut self, from: u64) -> bool {
         let Some(ep) = self.cfg.replay_endpoint.clone() else {
+            self.session.set_replay_error("no replay endpoint");
             return false;
         };
-        let mut opts = SocketOptions::default();
-        opts.connect_timeout(CONNECT_TIMEOUT);
-        let mut d = DealerSocket::with_options(opts);
-        if !matches!(
-            tokio::time::timeout(CONNECT_TIMEOUT * 2, d.connect(&ep)).await,
-            Ok(Ok(()))
-        ) {
-            return false;
-        }
-        let req = vec![Bytes::new(), Bytes::copy_from_slice(&replay_request(from))];
-        let Ok(req) = ZmqMessage::try_from(req) else {
-            return false;
+        let mut d = match Conn::connect(&ep, "DEALER", None, self.limits, CONNECT_TIMEOUT) {
+            Ok(d) => d,
+            Err(e) => {
+                self.session
+                    .set_replay_error("cannot connect to the replay endpoint");
+                if matches!(e, ConnError::Zmtp(_)) {
+                    self.conn_failed("replay handshake", &e);
+                }
+                return false;
+            }
         };
-        if d.send(req).await.is_err() {
+        let req = [&[][..], &replay_request(from)[..]];
+        if d.send(&req).and_then(|()| d.set_poll(POLL)).is_err() {
+            self.session
+                .set_replay_error("cannot send the replay request");
             return false;
         }
         let deadline = Instant::now() + REPLAY_TOTAL;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || self.shutting_down() {
+            let now = Instant::now();
+            if now >= deadline || self.shutting_down() {
+                self.session
+                    .set_replay_error("the replay took longer than 10 s");
                 return false;
             }
-            let m = match tokio::time::timeout(left.min(REPLAY_MSG_TIMEOUT), d.recv()).await {
-                Ok(Ok(m)) => m,
-                _ => return false,
+            let m = match d.recv(deadline.min(now + REPLAY_MSG_TIMEOUT)) {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    self.session
+                        .set_replay_error("no replayed message within 2 s");
+                    return false;
+                }
+                Err(e) => {
+                    self.session.set_replay_error("replay connection failed");
+                    self.conn_failed("replay", &e);
+                    return false;
+                }
             };
-            let frames = m.into_vec();
-            let Ok((seq, payload)) = parse_multipart(&frames) else {
+            let Ok((seq, payload)) = parse_multipart(&m) else {
                 self.bump("bad_frame", 1);
+                self.session.set_replay_error("malformed replayed message");
                 return false;
             };
             if seq == END_SEQ {
+                if !payload.is_empty() {
+                    self.session.set_replay_error("end marker with a payload");
+                }
                 return payload.is_empty();
             }
             if !self.session.replayed(seq, payload, &mut self.out) {
@@ -282,6 +440,10 @@ impl Stream {
         let mut full = Vec::new();
         for c in self.out.drain(..) {
             sh.metrics.event(batch.add_change(c, &mut full), 1);
+        }
+        // A large message must not leave this buffer at its peak size.
+        if self.out.capacity() > KEEP_CHANGES {
+            self.out = Vec::new();
         }
         full.push(batch.take());
         for ops in full.into_iter().filter(|ops| !ops.is_empty()) {
@@ -328,7 +490,7 @@ impl Stream {
     }
 }
 
-fn figures(s: &Session) -> [(&'static str, u64); 18] {
+fn figures(s: &Session) -> [(&'static str, u64); 19] {
     let c = &s.counters;
     let AdapterStats {
         stored_blocks,
@@ -338,6 +500,7 @@ fn figures(s: &Session) -> [(&'static str, u64); 18] {
         missing_tokens,
         evicted,
         bad_block_size,
+        block_size_mismatch,
     } = s.adapter.stats;
     [
         ("batch", c.batches),
@@ -358,5 +521,6 @@ fn figures(s: &Session) -> [(&'static str, u64); 18] {
         ("unknown_removed", unknown_removed),
         ("missing_tokens", missing_tokens + bad_block_size),
         ("evicted", evicted),
+        ("block_size_mismatch", block_size_mismatch),
     ]
 }
