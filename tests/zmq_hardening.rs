@@ -509,7 +509,7 @@ fn rust_publisher_interoperates_with_a_libzmq_subscriber() {
          print(len(m), m[0].decode(), int.from_bytes(m[1], 'big'), len(m[2]))\n",
         p.endpoint()
     );
-    let mut child = Command::new("python3")
+    let child = Command::new("python3")
         .args(["-c", &script])
         .stdout(Stdio::piped())
         .spawn()
