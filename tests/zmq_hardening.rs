@@ -348,7 +348,7 @@ fn oversized_and_huge_messages_are_refused_and_memory_stays_bounded() {
         let n: u32 = 1_000_000;
         b.push(0xdd);
         b.extend_from_slice(&n.to_be_bytes());
-        b.extend(std::iter::repeat(0xc0).take(n as usize));
+        b.extend(std::iter::repeat_n(0xc0, n as usize));
         b
     };
     publish(&p, 2, &nils);

@@ -83,7 +83,7 @@ fn check_consistent(t: &LoadTracker, active: &BTreeSet<usize>, predicted: bool) 
             expect[pw].prefill_requests += 1;
             expect[pw].prefill_tokens += u64::from(info.effective_isl);
             let key = (info.routed_at_us, u64::from(info.effective_isl));
-            if oldest[pw].map_or(true, |o| key.0 < o.0) {
+            if oldest[pw].is_none_or(|o| key.0 < o.0) {
                 oldest[pw] = Some(key);
             }
         }
@@ -105,7 +105,7 @@ fn check_consistent(t: &LoadTracker, active: &BTreeSet<usize>, predicted: bool) 
                 oldest[usize::from(w)].map(|o| o.0),
                 "oldest of worker {w}"
             );
-            assert!(got.oldest_prefill.map_or(true, |o| o.predicted_us >= 1));
+            assert!(got.oldest_prefill.is_none_or(|o| o.predicted_us >= 1));
         } else {
             assert_eq!(got.oldest_prefill, None);
         }

@@ -38,7 +38,7 @@ async fn drain_urgent(core: &Core, urgent: &Mailbox<Msg>) -> usize {
     while let Some(m) = urgent.pop() {
         core.handle(m);
         n += 1;
-        if n % URGENT_SLICE == 0 {
+        if n.is_multiple_of(URGENT_SLICE) {
             core.publish();
             core.flush();
             // Let the tasks these messages woke run (see the bulk loop in `run`).

@@ -68,7 +68,7 @@ impl TraceOptions {
     /// Rejects a block size the hash-id mapping cannot express and a non-positive speed.
     pub fn validate(&self) -> Result<(), TraceError> {
         let bs = self.block_size;
-        if bs < 8 || MOONCAKE_TOKENS_PER_ID % bs != 0 {
+        if bs < 8 || !MOONCAKE_TOKENS_PER_ID.is_multiple_of(bs) {
             return Err(TraceError::Options(format!(
                 "block_size {bs} must divide {MOONCAKE_TOKENS_PER_ID} and be >= 8"
             )));
@@ -97,7 +97,7 @@ struct Line {
 /// `block_size` must divide 512 and be at least 8 (checked by [`TraceOptions::validate`];
 /// other values yield an empty list).
 pub fn mooncake_hashes(hash_ids: &[u64], input_tokens: u64, block_size: u32) -> Vec<u64> {
-    if block_size < 8 || MOONCAKE_TOKENS_PER_ID % block_size != 0 {
+    if block_size < 8 || !MOONCAKE_TOKENS_PER_ID.is_multiple_of(block_size) {
         return Vec::new();
     }
     let per_id = (MOONCAKE_TOKENS_PER_ID / block_size) as u64;

@@ -375,7 +375,7 @@ impl SimWorker {
     /// was its last token. Returns whether it finished.
     fn token_done(&mut self, r: &mut Running, out: &mut Vec<Outcome>) -> bool {
         let at = self.now;
-        if r.generated % self.block_size == 0 {
+        if r.generated.is_multiple_of(self.block_size) {
             out.push(Outcome::Progress {
                 id: r.job.id.clone(),
                 at,

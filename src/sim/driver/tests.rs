@@ -88,7 +88,10 @@ impl RouterApi for RoundRobinRouter {
     }
     fn route(&mut self, q: &RouteQuery, _now: u64) -> Result<Routed, String> {
         self.routed += 1;
-        if self.fail_every.is_some_and(|n| self.routed % n == 0) {
+        if self
+            .fail_every
+            .is_some_and(|n| self.routed.is_multiple_of(n))
+        {
             return Err("injected failure".into());
         }
         if self.life.insert(q.id.clone(), Life::default()).is_some() {
