@@ -19,6 +19,7 @@ pub mod http;
 pub mod hyper_io;
 pub mod index_batch;
 pub mod ingest;
+pub mod listeners;
 pub mod metrics;
 pub mod msg;
 pub mod persist;
@@ -29,7 +30,6 @@ pub mod zmq_ingest;
 
 use self::core::Core;
 use crate::settings::Settings;
-use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
 use shared::Shared;
 use std::rc::Rc;
@@ -112,9 +112,20 @@ impl Running {
 }
 
 /// Starts the service and returns once every core listens.
-pub fn start(settings: Settings) -> Result<Running, String> {
+pub fn start(mut settings: Settings) -> Result<Running, String> {
     settings.validate()?;
     let token = settings.resolve_token()?;
+    // Bound here, once per address, before anything slow: a port held by another
+    // process stops the start at once (see `listeners`).
+    let bound = listeners::Bound::bind(
+        &settings.events_addr,
+        &settings.api_addr,
+        &settings.http_addr,
+    )?;
+    let [ev_addr, api_addr, http_addr] = bound.addrs()?;
+    settings.events_addr = ev_addr.to_string();
+    settings.api_addr = api_addr.to_string();
+    settings.http_addr = http_addr.to_string();
     raise_memlock();
     let cores = effective_cores(settings.cores);
     let shard_bits = cores.trailing_zeros();
@@ -176,6 +187,13 @@ pub fn start(settings: Settings) -> Result<Running, String> {
         let ready = ready_tx.clone();
         let requests = requests.clone();
         let spin = sh.settings.spin_before_park_us;
+        let mine = match bound.for_core() {
+            Ok(l) => l,
+            Err(e) => {
+                first_err = Some(e);
+                break;
+            }
+        };
         let mut b = LocalExecutorBuilder::new(Placement::Fixed(id % num_cpus()))
             .name(&format!("kvroute-core-{id}"))
             .io_memory(512 << 10);
@@ -186,20 +204,11 @@ pub fn start(settings: Settings) -> Result<Running, String> {
             let core = Rc::new(Core::new(id, sh.clone(), shard));
             persist::restore_requests(&core, &requests);
             drop(requests);
-            match bind_all(&sh) {
-                Ok((ev, api_l, http_l)) => {
-                    let _ = ready.send(Ok(()));
-                    glommio::spawn_local(accept_loop(core.clone(), ev, "events", ingest::serve))
-                        .detach();
-                    glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::serve))
-                        .detach();
-                    glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http))
-                        .detach();
-                }
-                Err(e) => {
-                    let _ = ready.send(Err(e));
-                }
-            }
+            let (ev, api_l, http_l) = mine.into_glommio();
+            let _ = ready.send(Ok(()));
+            glommio::spawn_local(accept_loop(core.clone(), ev, "events", ingest::serve)).detach();
+            glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::serve)).detach();
+            glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http)).detach();
             run_loop::run(core, bell).await;
         });
         match spawned {
@@ -213,6 +222,7 @@ pub fn start(settings: Settings) -> Result<Running, String> {
         }
     }
     drop(ready_tx);
+    drop(bound);
     for _ in 0..handles.len() {
         match ready_rx.recv_timeout(Duration::from_secs(30)) {
             Ok(Ok(())) => {}
@@ -252,19 +262,13 @@ fn num_cpus() -> usize {
         .unwrap_or(1)
 }
 
-fn bind_all(sh: &Shared) -> Result<(TcpListener, TcpListener, TcpListener), String> {
-    let s = &sh.settings;
-    let bind = |a: &str| TcpListener::bind(a).map_err(|e| format!("cannot listen on {a}: {e}"));
-    Ok((
-        bind(&s.events_addr)?,
-        bind(&s.api_addr)?,
-        bind(&s.http_addr)?,
-    ))
-}
-
 /// Accepts connections until shutdown, enforcing the per-core connection limit.
-async fn accept_loop<F, Fut>(core: Rc<Core>, l: TcpListener, name: &'static str, serve: F)
-where
+async fn accept_loop<F, Fut>(
+    core: Rc<Core>,
+    l: glommio::net::TcpListener,
+    name: &'static str,
+    serve: F,
+) where
     F: Fn(Rc<Core>, glommio::net::TcpStream) -> Fut + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
 {
