@@ -59,6 +59,9 @@ pub struct ServeArgs {
     /// Allow non-loopback listen addresses without a token.
     #[arg(long, env = "KVROUTE_INSECURE")]
     pub insecure: bool,
+    /// Per-worker tokens file (`worker_id token` per line).
+    #[arg(long, alias = "worker-tokens", env = "KVROUTE_WORKER_TOKENS_FILE")]
+    pub worker_tokens_file: Option<String>,
     // Limits.
     #[arg(long, env = "KVROUTE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
@@ -195,6 +198,7 @@ impl ServeArgs {
             (&mut s.state_dir, &self.state_dir),
             (&mut s.auth_token, &self.auth_token),
             (&mut s.auth_token_file, &self.auth_token_file),
+            (&mut s.worker_tokens_file, &self.worker_tokens_file),
         ] {
             if src.is_some() {
                 *dst = src.clone();

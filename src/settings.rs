@@ -38,6 +38,10 @@ pub struct Settings {
     pub auth_token_file: Option<String>,
     /// Allow listening on a non-loopback address without a token. Default false.
     pub insecure: bool,
+    /// Per-worker tokens, one `worker_id token` per line (`credentials`): a listed
+    /// worker is registered, fed, cleared and removed only with its own token. Needs
+    /// `auth_token` / `auth_token_file`. Default none.
+    pub worker_tokens_file: Option<String>,
     pub limits: Limits,
     pub router: RouterConfig,
     /// vLLM / SGLang engines to subscribe to over ZMQ (`[[engines]]`), each bound to a
@@ -98,6 +102,7 @@ impl Default for Settings {
             auth_token: None,
             auth_token_file: None,
             insecure: false,
+            worker_tokens_file: None,
             limits: Limits::default(),
             router: RouterConfig::default(),
             engines: Vec::new(),
@@ -160,6 +165,16 @@ impl Settings {
                     ));
                 }
             }
+        }
+        if self.worker_tokens_file.is_some()
+            && self.auth_token.is_none()
+            && self.auth_token_file.is_none()
+        {
+            return Err(
+                "worker_tokens_file needs a shared auth_token or auth_token_file \
+                        (frontends and admins authenticate with it)"
+                    .into(),
+            );
         }
         crate::engines::config::validate_all(&self.engines)?;
         Ok(())

@@ -115,6 +115,11 @@ impl Running {
 pub fn start(mut settings: Settings) -> Result<Running, String> {
     settings.validate()?;
     let token = settings.resolve_token()?;
+    let worker_tokens = match &settings.worker_tokens_file {
+        Some(path) => crate::credentials::load_worker_tokens(path, token.as_deref())?,
+        None => Default::default(),
+    };
+    let creds = crate::credentials::Credentials::new(token, worker_tokens);
     // Bound here, once per address, before anything slow: a port held by another
     // process stops the start at once (see `listeners`).
     let bound = listeners::Bound::bind(
@@ -156,7 +161,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         None => None,
     };
     let persist::RestoredState {
-        registry,
+        mut registry,
         mut shards,
         saved,
         requests,
@@ -168,8 +173,18 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     });
     let requests = Arc::new(requests);
     shards.resize_with(cores, crate::index::IndexShard::new);
+    // A restored worker that was on the event protocol stays owned by it; others may be
+    // claimed by the first registration (e.g. their `[[engines]]` entry at start).
+    for (slot, w) in &saved {
+        let origin = if w.heartbeat {
+            crate::registry::Origin::Events
+        } else {
+            crate::registry::Origin::Restored
+        };
+        registry.set_origin(*slot, origin);
+    }
     let (shared, doorbells) =
-        Shared::new(settings, cores, registry, token).map_err(|e| format!("doorbells: {e}"))?;
+        Shared::new(settings, cores, registry, creds).map_err(|e| format!("doorbells: {e}"))?;
     for (slot, w) in &saved {
         if let Some(c) = shared.cells(*slot) {
             c.gen.store(1, Ordering::Release);
