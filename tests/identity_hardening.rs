@@ -7,7 +7,10 @@
 //! - the per-worker limit and the global index budget enforced exactly.
 
 mod common;
-use common::{hashes, Server};
+use common::{hashes, req, spec, Server};
+use kvroute::client::{EventPublisher, RequestClient};
+use kvroute::codec::ErrorCode;
+use kvroute::types::Tier;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -124,4 +127,287 @@ fn port_zero_gives_one_port_shared_by_every_core() {
         assert!(r.is_ok(), "{r:?}");
     }
     kvroute::process::terminate(&mut child, Duration::from_secs(10));
+}
+
+// ------------------------------------------------ item 17: registration is linear
+
+/// A worker spec at every documented maximum (id 128 bytes, model and topology 256,
+/// 64 taints of 128 bytes).
+fn max_spec(i: usize) -> kvroute::types::WorkerSpec {
+    let mut s = kvroute::types::WorkerSpec::new(&format!("{:0<128}", format!("w{i}-")));
+    s.model = "m".repeat(256);
+    s.topology = "t".repeat(256);
+    s.taints = (0..64)
+        .map(|k| format!("{:z<128}", format!("{k}-")))
+        .collect();
+    s.capacity_blocks = 1000;
+    s
+}
+
+#[test]
+fn registering_4096_maximum_size_workers_works() {
+    let s = Server::start(2, &[]);
+    let mut c = RequestClient::connect(&s.api, "").unwrap();
+    for i in 0..4096 {
+        c.register(max_spec(i))
+            .unwrap_or_else(|e| panic!("worker {i}: {e}"));
+    }
+    // The limit (default 4,096) holds exactly.
+    assert_eq!(
+        c.register(max_spec(4096)).unwrap_err().code(),
+        Some(ErrorCode::Overloaded)
+    );
+    // ~40 MB of JSON: past ureq's into_string limit, read it whole.
+    let mut body = String::new();
+    use std::io::Read;
+    ureq::get(&s.url("/v1/workers"))
+        .call()
+        .unwrap()
+        .into_reader()
+        .read_to_string(&mut body)
+        .unwrap();
+    let ws: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    assert_eq!(ws.len(), 4096);
+    assert_eq!(ws[4095]["id"], max_spec(4095).id);
+    assert_eq!(s.metric("kvroute_workers "), 4096.0);
+    // Routing still sees the fleet (its model, tolerating its taints).
+    let mut r = req("r", &hashes(1, 4));
+    r.model = Some(max_spec(0).model);
+    r.tolerations = Some(max_spec(0).taints);
+    let d = c.route(&r).unwrap();
+    assert!(d.decode_worker.starts_with('w'));
+}
+
+// -------------------------------- item 6: conflicting registrations and liveness
+
+fn spec_json(sp: &kvroute::types::WorkerSpec) -> serde_json::Value {
+    serde_json::to_value(sp).unwrap()
+}
+
+#[test]
+fn reregistering_a_connected_worker_is_refused_and_it_still_goes_down() {
+    let s = Server::start(2, &["--heartbeat-timeout-ms", "600"]);
+    let mut w = EventPublisher::connect(&s.events, spec("w"), "").unwrap();
+    let h = hashes(3, 6);
+    w.stored(Tier::Device, None, &h);
+    w.flush().unwrap();
+    s.wait_until("index", |s| s.cached("w") == 6);
+    s.register(serde_json::json!({"id": "static", "capacity_blocks": 1000}));
+
+    // Another spec over HTTP (capacity, epoch) and over the binary Register: refused.
+    let mut other = spec("w");
+    other.capacity_blocks = 5;
+    let mut kicked = spec("w");
+    kicked.epoch = 99;
+    for sp in [&other, &kicked] {
+        let (code, body) = s.post("/v1/workers", spec_json(sp));
+        assert_eq!(code, 409, "{body}");
+        assert_eq!(body["code"], "conflict");
+    }
+    let mut c = RequestClient::connect(&s.api, "").unwrap();
+    for sp in [&other, &kicked] {
+        assert_eq!(
+            c.register(sp.clone()).unwrap_err().code(),
+            Some(ErrorCode::Conflict)
+        );
+    }
+    // Nothing changed: same blocks, same capacity.
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(s.cached("w"), 6);
+    // The same spec again is accepted (idempotent) from both doors...
+    let (code, body) = s.post("/v1/workers", spec_json(&spec("w")));
+    assert_eq!(code, 200, "{body}");
+    c.register(spec("w")).unwrap();
+    // ...but does not switch heartbeat tracking off: once the connection is gone and
+    // the heartbeat window has passed, the worker is down and gets no routes.
+    drop(w);
+    s.wait_until("w down", |s| {
+        s.workers()
+            .iter()
+            .any(|x| x["id"] == "w" && x["state"] == "down")
+    });
+    for i in 0..4 {
+        let d = c.route(&req(&format!("r{i}"), &h)).unwrap();
+        assert_eq!(d.decode_worker, "static");
+    }
+    // Still refused while down: an event-protocol worker's spec is its own.
+    assert_eq!(s.post("/v1/workers", spec_json(&kicked)).0, 409);
+    // It comes back by itself (same epoch: blocks kept).
+    let w = EventPublisher::connect(&s.events, spec("w"), "").unwrap();
+    assert_eq!(w.seq(), 1);
+    s.wait_until("w live", |s| {
+        s.workers()
+            .iter()
+            .any(|x| x["id"] == "w" && x["state"] == "live")
+    });
+    assert_eq!(c.route(&req("back", &h)).unwrap().decode_worker, "w");
+}
+
+#[test]
+fn a_second_hello_with_a_new_epoch_cannot_kick_a_connected_worker() {
+    let s = Server::start(2, &[]);
+    let mut w = EventPublisher::connect(&s.events, spec("w"), "").unwrap();
+    let h = hashes(4, 5);
+    w.stored(Tier::Device, None, &h);
+    w.flush().unwrap();
+    s.wait_until("index", |s| s.cached("w") == 5);
+    let mut restarted = spec("w");
+    restarted.epoch = 2;
+    match EventPublisher::connect(&s.events, restarted, "") {
+        Err(e) => assert_eq!(e.code(), Some(ErrorCode::Conflict), "{e}"),
+        Ok(_) => panic!("second connection accepted"),
+    }
+    std::thread::sleep(Duration::from_millis(150));
+    assert_eq!(s.cached("w"), 5, "the refused Hello cleared the blocks");
+    // The first connection is undisturbed.
+    w.stored(Tier::Device, Some(h[4]), &hashes(5, 3));
+    w.flush().unwrap();
+    s.wait_until("more blocks", |s| s.cached("w") == 8);
+}
+
+#[test]
+fn an_admin_worker_is_not_taken_over_by_a_hello_with_another_spec() {
+    let s = Server::start(1, &[]);
+    s.register(spec_json(&spec("a")));
+    let mut other = spec("a");
+    other.capacity_blocks = 3;
+    match EventPublisher::connect(&s.events, other, "") {
+        Err(e) => assert_eq!(e.code(), Some(ErrorCode::Conflict), "{e}"),
+        Ok(_) => panic!("Hello took over an admin-registered worker"),
+    }
+    // Same spec: the worker connects and speaks for itself from now on.
+    let _w = EventPublisher::connect(&s.events, spec("a"), "").unwrap();
+    let mut cap = spec("a");
+    cap.capacity_blocks = 4;
+    assert_eq!(s.post("/v1/workers", spec_json(&cap)).0, 409);
+}
+
+// ---------------------------------------------------- item 6: per-worker tokens
+
+fn call(method: &str, url: &str, token: &str, body: Option<serde_json::Value>) -> u16 {
+    let r = ureq::request(method, url).set("Authorization", &format!("Bearer {token}"));
+    let res = match body {
+        Some(b) => r.send_json(b),
+        None => r.call(),
+    };
+    match res {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(code, _)) => code,
+        Err(e) => panic!("{method} {url}: {e}"),
+    }
+}
+
+#[test]
+fn worker_tokens_bind_each_worker_to_its_own_token() {
+    let dir = std::env::temp_dir().join(format!("kvroute-ident-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("worker-tokens");
+    std::fs::write(&file, "# id token\nw1 tok-one\nw2 tok-two\n").unwrap();
+    let s = Server::start(
+        2,
+        &[
+            "--auth-token",
+            "admin",
+            "--worker-tokens-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    // Event port: only w1's own token opens w1's connection.
+    for bad in ["admin", "tok-two", ""] {
+        match EventPublisher::connect(&s.events, spec("w1"), bad) {
+            Err(e) => assert_eq!(e.code(), Some(ErrorCode::Unauthorized), "{bad}: {e}"),
+            Ok(_) => panic!("w1 connected with {bad:?}"),
+        }
+    }
+    let mut w1 = EventPublisher::connect(&s.events, spec("w1"), "tok-one").unwrap();
+    let h = hashes(6, 4);
+    w1.stored(Tier::Device, None, &h);
+    w1.flush().unwrap();
+    let cached = |s: &Server| -> u64 {
+        let r = ureq::get(&s.url("/v1/workers"))
+            .set("Authorization", "Bearer admin")
+            .call()
+            .unwrap();
+        let v: Vec<serde_json::Value> = r.into_json().unwrap();
+        v.iter()
+            .find(|w| w["id"] == "w1")
+            .and_then(|w| w["cached_blocks"].as_u64())
+            .unwrap_or(0)
+    };
+    s.wait_until("index", |s| cached(s) == 4);
+
+    // HTTP: neither the shared token nor another worker's token can clear, kick or
+    // remove w1.
+    let events = s.url("/v1/workers/w1/events");
+    let clear = serde_json::json!({"events": [{"type": "cleared"}]});
+    let mut kick = spec("w1");
+    kick.epoch = 5;
+    for bad in ["admin", "tok-two", "nope"] {
+        assert_eq!(
+            call("POST", &events, bad, Some(clear.clone())),
+            401,
+            "{bad}"
+        );
+        assert_eq!(
+            call("POST", &s.url("/v1/workers"), bad, Some(spec_json(&kick))),
+            401,
+            "{bad}"
+        );
+        assert_eq!(call("DELETE", &s.url("/v1/workers/w1"), bad, None), 401);
+    }
+    // Binary API: the shared token cannot register w1; a worker token can do nothing
+    // but its own registration.
+    let mut admin = RequestClient::connect(&s.api, "admin").unwrap();
+    assert_eq!(
+        admin.register(kick.clone()).unwrap_err().code(),
+        Some(ErrorCode::Unauthorized)
+    );
+    assert_eq!(
+        admin.deregister("w1").unwrap_err().code(),
+        Some(ErrorCode::Unauthorized)
+    );
+    let mut two = RequestClient::connect(&s.api, "tok-two").unwrap();
+    assert_eq!(
+        two.register(kick.clone()).unwrap_err().code(),
+        Some(ErrorCode::Unauthorized)
+    );
+    assert_eq!(
+        two.route(&req("r2", &h)).unwrap_err().code(),
+        Some(ErrorCode::Unauthorized)
+    );
+    two.register(spec("w2")).unwrap();
+    assert!(RequestClient::connect(&s.api, "nope").is_err());
+    // w1's blocks survived every attempt.
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(cached(&s), 4);
+    // Worker tokens grant no reads or routing; the shared token still routes.
+    assert_eq!(call("GET", &s.url("/v1/workers"), "tok-one", None), 401);
+    assert_eq!(
+        call(
+            "POST",
+            &s.url("/v1/route"),
+            "tok-one",
+            Some(serde_json::json!({"request_id": "x", "block_hashes": [1]}))
+        ),
+        401
+    );
+    assert_eq!(admin.route(&req("r1", &h)).unwrap().decode_worker, "w1");
+    // Unlisted workers keep using the shared token, and only it.
+    let free = spec_json(&spec("free"));
+    assert_eq!(
+        call("POST", &s.url("/v1/workers"), "tok-one", Some(free.clone())),
+        401
+    );
+    assert_eq!(
+        call("POST", &s.url("/v1/workers"), "admin", Some(free)),
+        201
+    );
+    // w1's own token clears it.
+    assert_eq!(call("POST", &events, "tok-one", Some(clear)), 200);
+    s.wait_until("cleared", |s| cached(s) == 0);
+    assert_eq!(
+        call("DELETE", &s.url("/v1/workers/w1"), "tok-one", None),
+        200
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
