@@ -79,6 +79,8 @@ pub struct ServeArgs {
     pub max_active_requests: Option<usize>,
     #[arg(long, env = "KVROUTE_QUEUE_DEPTH")]
     pub queue_depth: Option<usize>,
+    #[arg(long, env = "KVROUTE_MAX_INDEX_ENTRIES")]
+    pub max_index_entries: Option<u64>,
     // Routing knobs (DESIGN §1).
     #[arg(long, env = "KVROUTE_BLOCK_SIZE")]
     pub block_size: Option<u32>,
@@ -221,6 +223,7 @@ impl ServeArgs {
             max_hashes_per_request,
             max_active_requests,
             queue_depth,
+            max_index_entries,
         );
         overlay!(
             s.router,

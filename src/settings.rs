@@ -71,6 +71,10 @@ pub struct Limits {
     pub max_active_requests: usize,
     /// Depth of each cross-core queue (messages). Default 8192.
     pub queue_depth: usize,
+    /// (block, worker, tier) entries in the whole index, over all workers and cores;
+    /// stores beyond it are refused and counted. Default 67,108,864 (2^26: about 2 GiB
+    /// of index at 25–32 bytes an entry).
+    pub max_index_entries: u64,
 }
 
 impl Default for Limits {
@@ -84,6 +88,7 @@ impl Default for Limits {
             max_hashes_per_request: 16_384,
             max_active_requests: 262_144,
             queue_depth: 8192,
+            max_index_entries: 1 << 26,
         }
     }
 }
@@ -140,6 +145,7 @@ impl Settings {
             || l.max_hashes_per_request == 0
             || l.max_active_requests == 0
             || l.queue_depth < 16
+            || l.max_index_entries == 0
         {
             return Err("limits must be positive (max_frame_bytes >= 64, queue_depth >= 16, max_workers <= 65535)".into());
         }

@@ -411,3 +411,86 @@ fn worker_tokens_bind_each_worker_to_its_own_token() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ------------------------------------------ item 4: exact limits, global budget
+
+/// Stores `hashes` for `worker` over HTTP and waits until the shards applied them
+/// (the refused-store counter plus the cached count account for every hash).
+fn store_and_settle(s: &Server, worker: &str, hashes: &[u64]) {
+    let before = cached_total(s) + refused(s, "worker_limit") + refused(s, "index_budget");
+    s.store(worker, "device", hashes);
+    let want = before + hashes.len() as f64;
+    s.wait_until("store applied", |s| {
+        cached_total(s) + refused(s, "worker_limit") + refused(s, "index_budget") >= want
+    });
+}
+
+fn cached_total(s: &Server) -> f64 {
+    s.workers()
+        .iter()
+        .filter_map(|w| w["cached_blocks"].as_u64())
+        .sum::<u64>() as f64
+}
+
+fn refused(s: &Server, kind: &str) -> f64 {
+    s.metric(&format!("kvroute_index_refused_total{{kind=\"{kind}\"}}"))
+}
+
+#[test]
+fn max_blocks_per_worker_is_exact_over_all_cores() {
+    let s = Server::start(2, &["--max-blocks-per-worker", "100"]);
+    s.register(serde_json::json!({"id": "w", "capacity_blocks": 10_000}));
+    s.register(serde_json::json!({"id": "small", "capacity_blocks": 30}));
+    let h = hashes(11, 150);
+    store_and_settle(&s, "w", &h);
+    assert_eq!(s.cached("w"), 100);
+    assert_eq!(refused(&s, "worker_limit"), 50.0);
+    // At the limit: more is refused, a removal makes exactly that much room.
+    store_and_settle(&s, "w", &hashes(12, 10));
+    assert_eq!(s.cached("w"), 100);
+    let (code, _) = s.post(
+        "/v1/workers/w/events",
+        serde_json::json!({"events": [{"type": "removed", "tier": "device", "block_hashes": &h[..100]}]}),
+    );
+    assert_eq!(code, 200);
+    s.wait_until("removed", |s| s.cached("w") < 100);
+    let left = s.cached("w");
+    store_and_settle(&s, "w", &hashes(13, 200));
+    assert_eq!(s.cached("w"), 100, "{left} left after the removal");
+    // A declared capacity below the limit is the worker's exact cap.
+    store_and_settle(&s, "small", &hashes(14, 64));
+    assert_eq!(s.cached("small"), 30);
+    assert_eq!(refused(&s, "index_budget"), 0.0);
+}
+
+#[test]
+fn the_global_index_budget_is_exact_and_counted() {
+    let s = Server::start(2, &["--max-index-entries", "250"]);
+    for w in ["a", "b", "c"] {
+        s.register(serde_json::json!({"id": w, "capacity_blocks": 10_000}));
+    }
+    store_and_settle(&s, "a", &hashes(21, 100));
+    store_and_settle(&s, "b", &hashes(22, 100));
+    store_and_settle(&s, "c", &hashes(23, 100));
+    assert_eq!(
+        (s.cached("a"), s.cached("b"), s.cached("c")),
+        (100, 100, 50)
+    );
+    assert_eq!(refused(&s, "index_budget"), 50.0);
+    assert_eq!(refused(&s, "worker_limit"), 0.0);
+    assert_eq!(s.metric("kvroute_index_budget_used "), 250.0);
+    // A clear gives the entries back to everyone.
+    let (code, _) = s.post(
+        "/v1/workers/a/events",
+        serde_json::json!({"events": [{"type": "cleared"}]}),
+    );
+    assert_eq!(code, 200);
+    s.wait_until("cleared", |s| s.cached("a") == 0);
+    store_and_settle(&s, "c", &hashes(24, 120));
+    assert_eq!(s.cached("c"), 150);
+    // Removing a worker gives its entries back too.
+    assert_eq!(s.delete("/v1/workers/b").0, 200);
+    s.wait_until("budget freed", |s| {
+        s.metric("kvroute_index_budget_used ") == 150.0
+    });
+}

@@ -23,11 +23,12 @@ use crate::types::{WorkerSlot, WorkerSpec};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Per-shard cap for a worker's declared capacity (25% + 64 blocks of slack for the
-/// uneven split of hashes over shards).
-pub fn cap_per_shard(capacity: u64, max_per_worker: u64, cores: usize) -> u64 {
-    let total = capacity.min(max_per_worker);
-    total.div_ceil(cores as u64).saturating_mul(5) / 4 + 64
+/// The cap every shard enforces for a worker: its declared capacity, at most
+/// `max_blocks_per_worker`. The service's shards share one `index::Budget`, so this is
+/// the worker's total over all cores, enforced exactly (no slack for the uneven split
+/// of hashes over shards); `_cores` is kept for the callers' sake.
+pub fn cap_per_shard(capacity: u64, max_per_worker: u64, _cores: usize) -> u64 {
+    capacity.min(max_per_worker)
 }
 
 /// Registers (or re-registers) a worker arriving through `origin`. From

@@ -185,6 +185,9 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     }
     let (shared, doorbells) =
         Shared::new(settings, cores, registry, creds).map_err(|e| format!("doorbells: {e}"))?;
+    for s in &mut shards {
+        s.attach_budget(shared.budget.clone());
+    }
     for (slot, w) in &saved {
         if let Some(c) = shared.cells(*slot) {
             c.gen.store(1, Ordering::Release);
@@ -376,6 +379,7 @@ pub fn scrape(core: &Core) -> String {
                 .set(sh.is_live(e.slot, now / 1000) as i64);
         }
         m.index_blocks.set(blocks as i64);
+        m.index_budget_used.set(sh.budget.total() as i64);
         m.active_requests.set(active as i64);
         m.workers.set(reg.len() as i64);
     })

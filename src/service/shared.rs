@@ -11,6 +11,7 @@
 use super::metrics::Metrics;
 use super::msg::{Lane, Msg};
 use crate::credentials::Credentials;
+use crate::index::Budget;
 use crate::registry::Registry;
 use crate::settings::Settings;
 use crate::sync::board::LoadBoard;
@@ -61,6 +62,9 @@ pub struct Shared {
     pub stopping: AtomicBool,
     /// The shared token and the per-worker tokens (`credentials`).
     pub creds: Credentials,
+    /// Entry counters every core's shard reserves from: exact per-worker caps and the
+    /// global `max_index_entries` (`index::Budget`).
+    pub budget: Arc<Budget>,
     pub inflight: AtomicUsize,
     /// Round-robin cursor shared by all cores.
     pub rr: AtomicU64,
@@ -102,6 +106,7 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             creds,
+            budget: Arc::new(Budget::new(max_workers, settings.limits.max_index_entries)),
             inflight: AtomicUsize::new(0),
             rr: AtomicU64::new(0),
             started: Instant::now(),
