@@ -134,7 +134,7 @@ fn port_zero_gives_one_port_shared_by_every_core() {
 /// A worker spec at every documented maximum (id 128 bytes, model and topology 256,
 /// 64 taints of 128 bytes).
 fn max_spec(i: usize) -> kvroute::types::WorkerSpec {
-    let mut s = kvroute::types::WorkerSpec::new(&format!("{:0<128}", format!("w{i}-")));
+    let mut s = kvroute::types::WorkerSpec::new(format!("{:0<128}", format!("w{i}-")));
     s.model = "m".repeat(256);
     s.topology = "t".repeat(256);
     s.taints = (0..64)
