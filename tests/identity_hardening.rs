@@ -91,9 +91,18 @@ fn second_instance_on_the_same_ports_exits_and_the_first_keeps_serving() {
     }
 }
 
+/// Stops a child router however the test ends.
+struct Stop(std::process::Child);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        kvroute::process::terminate(&mut self.0, Duration::from_secs(10));
+    }
+}
+
 #[test]
 fn port_zero_gives_one_port_shared_by_every_core() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+    let child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
         .args([
             "serve",
             "--cores",
@@ -109,9 +118,10 @@ fn port_zero_gives_one_port_shared_by_every_core() {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn kvroute");
+    let mut child = Stop(child);
     let mut line = String::new();
     use std::io::BufRead;
-    std::io::BufReader::new(child.stdout.take().unwrap())
+    std::io::BufReader::new(child.0.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
     // "... http 127.0.0.1:PORT (JSON ..."
@@ -126,7 +136,6 @@ fn port_zero_gives_one_port_shared_by_every_core() {
         let r = ureq::get(&format!("http://{http}/healthz")).call();
         assert!(r.is_ok(), "{r:?}");
     }
-    kvroute::process::terminate(&mut child, Duration::from_secs(10));
 }
 
 // ------------------------------------------------ item 17: registration is linear
@@ -493,4 +502,25 @@ fn the_global_index_budget_is_exact_and_counted() {
     s.wait_until("budget freed", |s| {
         s.metric("kvroute_index_budget_used ") == 150.0
     });
+}
+
+#[test]
+fn a_zmq_engine_worker_is_not_respecified_over_http() {
+    // Nobody publishes on this endpoint: the subscriber just keeps trying.
+    let s = Server::start(
+        1,
+        &[
+            "--engine",
+            "worker_id=e1,endpoint=tcp://127.0.0.1:9,model=m",
+        ],
+    );
+    s.wait_until("engine registered", |s| {
+        s.workers().iter().any(|w| w["id"] == "e1")
+    });
+    let (code, body) = s.post(
+        "/v1/workers",
+        serde_json::json!({"id": "e1", "model": "m", "capacity_blocks": 5, "epoch": 3}),
+    );
+    assert_eq!(code, 409, "{body}");
+    assert_eq!(body["code"], "conflict");
 }

@@ -7,7 +7,9 @@
 //! the request's correlation id. A frame that cannot be decoded closes the connection
 //! with an `Error` (its correlation id is unknowable); request-level failures (unknown
 //! worker, duplicate id, no eligible worker, overload…) are `Error` answers and the
-//! connection goes on.
+//! connection goes on. The `Hello` token names the connection's principal
+//! (`credentials`): the shared token, or one worker's own token, which may then only
+//! `Register` / `Deregister` that worker (anything else answers `unauthorized`).
 
 use super::conn::{error_kind, read_hello, yield_to_poll, FramedReader, READ_CHUNK};
 use super::core::Core;

@@ -6,7 +6,8 @@
 //! `POST /v1/requests/{id}/{first_token|progress|finish|prefill_failed}`,
 //! `GET /metrics`, `GET /healthz`.
 //! Every failure is a 4xx/5xx with a JSON body `{"error": "...", "code": "..."}`; bodies
-//! are size-limited and parsed strictly (unknown fields rejected).
+//! are size-limited and parsed strictly (unknown fields rejected). Which token may call
+//! which route is decided by `check_auth` with the rules of `credentials`.
 
 use super::core::Core;
 use super::msg::LifeOp;
