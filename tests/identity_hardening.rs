@@ -524,3 +524,34 @@ fn a_zmq_engine_worker_is_not_respecified_over_http() {
     assert_eq!(code, 409, "{body}");
     assert_eq!(body["code"], "conflict");
 }
+
+#[test]
+fn after_a_restart_an_event_worker_still_owns_its_spec() {
+    let dir = std::env::temp_dir().join(format!("kvroute-ident-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().unwrap().to_string();
+    {
+        let s = Server::start(1, &["--state-dir", &d]);
+        let _w = EventPublisher::connect(&s.events, spec("w"), "").unwrap();
+        s.register(serde_json::json!({"id": "static", "capacity_blocks": 1000}));
+        s.wait_until("registered", |s| s.workers().len() == 2);
+    }
+    let s = Server::start(1, &["--state-dir", &d, "--heartbeat-timeout-ms", "400"]);
+    let mut kicked = spec("w");
+    kicked.epoch = 9;
+    assert_eq!(s.post("/v1/workers", spec_json(&kicked)).0, 409);
+    // Restored admin workers are taken over by the first registration.
+    let (code, body) = s.post(
+        "/v1/workers",
+        serde_json::json!({"id": "static", "capacity_blocks": 7}),
+    );
+    assert_eq!(code, 200, "{body}");
+    // Still heartbeat-tracked: not reconnected, it leaves routing.
+    s.wait_until("w down", |s| {
+        s.workers()
+            .iter()
+            .any(|x| x["id"] == "w" && x["state"] == "down")
+    });
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
