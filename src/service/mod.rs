@@ -7,6 +7,8 @@
 //! - `core`: per-core state and the cross-core message handler; `run_loop`: the loop
 //!   that feeds it from the core's urgent and bulk inboxes;
 //! - `control`: registry writes; `board`: lock-free per-worker load figures;
+//! - `listeners`: each listen address bound once (no `SO_REUSEPORT`) and shared by
+//!   the cores, so no other process can join a port;
 //! - `zmq_ingest`: OS threads subscribed to vLLM / SGLang KV events over ZMQ.
 
 pub mod api;
