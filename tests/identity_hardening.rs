@@ -555,3 +555,48 @@ fn after_a_restart_an_event_worker_still_owns_its_spec() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bad_worker_token_setups_stop_the_start() {
+    let dir = std::env::temp_dir().join(format!("kvroute-ident-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good");
+    let dup = dir.join("dup");
+    std::fs::write(&good, "w1 t1\n").unwrap();
+    std::fs::write(&dup, "w1 t1\nw1 t2\n").unwrap();
+    for (args, want) in [
+        (
+            vec!["--worker-tokens-file", good.to_str().unwrap()],
+            "auth_token",
+        ),
+        (
+            vec![
+                "--auth-token",
+                "a",
+                "--worker-tokens-file",
+                dup.to_str().unwrap(),
+            ],
+            "listed twice",
+        ),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args(["serve", "--cores", "1", "--events-addr", "127.0.0.1:0"])
+            .args(["--api-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let st = wait_exit(&mut child, Duration::from_secs(20));
+        let mut err = String::new();
+        use std::io::Read;
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(!st.success() && err.contains(want), "{args:?}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
