@@ -7,28 +7,13 @@
 //! - the per-worker limit and the global index budget enforced exactly.
 
 mod common;
+use common::ident::{call, max_spec, refused, spec_json, store_and_settle, wait_exit, Stop};
 use common::{hashes, req, spec, Server};
 use kvroute::client::{EventPublisher, RequestClient};
 use kvroute::codec::ErrorCode;
 use kvroute::types::Tier;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-/// Waits for a child to exit (bounded); kills it and fails if it does not.
-fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(st) = child.try_wait().expect("try_wait") {
-            return st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("process did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use std::time::Duration;
 
 // ---------------------------------------------------------------- item 7: split brain
 
@@ -91,15 +76,6 @@ fn second_instance_on_the_same_ports_exits_and_the_first_keeps_serving() {
     }
 }
 
-/// Stops a child router however the test ends.
-struct Stop(std::process::Child);
-
-impl Drop for Stop {
-    fn drop(&mut self) {
-        kvroute::process::terminate(&mut self.0, Duration::from_secs(10));
-    }
-}
-
 #[test]
 fn port_zero_gives_one_port_shared_by_every_core() {
     let child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
@@ -140,19 +116,6 @@ fn port_zero_gives_one_port_shared_by_every_core() {
 
 // ------------------------------------------------ item 17: registration is linear
 
-/// A worker spec at every documented maximum (id 128 bytes, model and topology 256,
-/// 64 taints of 128 bytes).
-fn max_spec(i: usize) -> kvroute::types::WorkerSpec {
-    let mut s = kvroute::types::WorkerSpec::new(format!("{:0<128}", format!("w{i}-")));
-    s.model = "m".repeat(256);
-    s.topology = "t".repeat(256);
-    s.taints = (0..64)
-        .map(|k| format!("{:z<128}", format!("{k}-")))
-        .collect();
-    s.capacity_blocks = 1000;
-    s
-}
-
 #[test]
 fn registering_4096_maximum_size_workers_works() {
     let s = Server::start(2, &[]);
@@ -188,10 +151,6 @@ fn registering_4096_maximum_size_workers_works() {
 }
 
 // -------------------------------- item 6: conflicting registrations and liveness
-
-fn spec_json(sp: &kvroute::types::WorkerSpec) -> serde_json::Value {
-    serde_json::to_value(sp).unwrap()
-}
 
 #[test]
 fn reregistering_a_connected_worker_is_refused_and_it_still_goes_down() {
@@ -292,19 +251,6 @@ fn an_admin_worker_is_not_taken_over_by_a_hello_with_another_spec() {
 }
 
 // ---------------------------------------------------- item 6: per-worker tokens
-
-fn call(method: &str, url: &str, token: &str, body: Option<serde_json::Value>) -> u16 {
-    let r = ureq::request(method, url).set("Authorization", &format!("Bearer {token}"));
-    let res = match body {
-        Some(b) => r.send_json(b),
-        None => r.call(),
-    };
-    match res {
-        Ok(r) => r.status(),
-        Err(ureq::Error::Status(code, _)) => code,
-        Err(e) => panic!("{method} {url}: {e}"),
-    }
-}
 
 #[test]
 fn worker_tokens_bind_each_worker_to_its_own_token() {
@@ -422,28 +368,6 @@ fn worker_tokens_bind_each_worker_to_its_own_token() {
 }
 
 // ------------------------------------------ item 4: exact limits, global budget
-
-/// Stores `hashes` for `worker` over HTTP and waits until the shards applied them
-/// (the refused-store counter plus the cached count account for every hash).
-fn store_and_settle(s: &Server, worker: &str, hashes: &[u64]) {
-    let before = cached_total(s) + refused(s, "worker_limit") + refused(s, "index_budget");
-    s.store(worker, "device", hashes);
-    let want = before + hashes.len() as f64;
-    s.wait_until("store applied", |s| {
-        cached_total(s) + refused(s, "worker_limit") + refused(s, "index_budget") >= want
-    });
-}
-
-fn cached_total(s: &Server) -> f64 {
-    s.workers()
-        .iter()
-        .filter_map(|w| w["cached_blocks"].as_u64())
-        .sum::<u64>() as f64
-}
-
-fn refused(s: &Server, kind: &str) -> f64 {
-    s.metric(&format!("kvroute_index_refused_total{{kind=\"{kind}\"}}"))
-}
 
 #[test]
 fn max_blocks_per_worker_is_exact_over_all_cores() {
