@@ -59,6 +59,9 @@ pub struct ServeArgs {
     /// Allow non-loopback listen addresses without a token.
     #[arg(long, env = "KVROUTE_INSECURE")]
     pub insecure: bool,
+    /// Per-worker tokens file (`worker_id token` per line).
+    #[arg(long, alias = "worker-tokens", env = "KVROUTE_WORKER_TOKENS_FILE")]
+    pub worker_tokens_file: Option<String>,
     // Limits.
     #[arg(long, env = "KVROUTE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
@@ -78,6 +81,8 @@ pub struct ServeArgs {
     pub queue_depth: Option<usize>,
     #[arg(long, env = "KVROUTE_MAX_ENGINE_MESSAGE_BYTES")]
     pub max_engine_message_bytes: Option<usize>,
+    #[arg(long, env = "KVROUTE_MAX_INDEX_ENTRIES")]
+    pub max_index_entries: Option<u64>,
     // Routing knobs (DESIGN §1).
     #[arg(long, env = "KVROUTE_BLOCK_SIZE")]
     pub block_size: Option<u32>,
@@ -212,6 +217,7 @@ impl ServeArgs {
             (&mut s.state_dir, &self.state_dir),
             (&mut s.auth_token, &self.auth_token),
             (&mut s.auth_token_file, &self.auth_token_file),
+            (&mut s.worker_tokens_file, &self.worker_tokens_file),
         ] {
             if src.is_some() {
                 *dst = src.clone();
@@ -235,6 +241,7 @@ impl ServeArgs {
             max_active_requests,
             queue_depth,
             max_engine_message_bytes,
+            max_index_entries,
         );
         overlay!(
             s.router,

@@ -12,6 +12,7 @@
 //! - [`select`]: cost, filters, routing modes, disaggregated two-stage decisions.
 //! - [`codec`]: the binary event and request protocols (docs/PROTOCOL.md).
 //! - [`registry`]: the worker registry (slots, specs, liveness).
+//! - [`credentials`]: the shared token and per-worker tokens (who may do what).
 //! - [`engine`]: an in-process router that wires the pure modules together.
 //! - [`ids`]: the one charset and length rule for worker and request ids.
 //! - [`zmtp`]: a bounded ZeroMQ (ZMTP 3.x) client for engine KV events.
@@ -20,6 +21,7 @@ pub mod cli;
 pub mod client;
 pub mod codec;
 pub mod config;
+pub mod credentials;
 pub mod engine;
 pub mod engines;
 pub mod hash;

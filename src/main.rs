@@ -45,15 +45,13 @@ fn serve(settings: kvroute::settings::Settings) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(&format!("cannot install signal handlers: {e}")),
     };
-    let (events, api, http) = (
-        settings.events_addr.clone(),
-        settings.api_addr.clone(),
-        settings.http_addr.clone(),
-    );
     let running = match kvroute::service::start(settings) {
         Ok(r) => r,
         Err(e) => return fail(&e),
     };
+    // The addresses actually bound (port 0 resolved).
+    let s = &running.shared.settings;
+    let (events, api, http) = (&s.events_addr, &s.api_addr, &s.http_addr);
     println!(
         "kvroute {} listening: events {events} (binary), api {api} (binary), http {http} (JSON, /metrics) on {} core(s)",
         env!("CARGO_PKG_VERSION"),

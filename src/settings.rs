@@ -38,6 +38,10 @@ pub struct Settings {
     pub auth_token_file: Option<String>,
     /// Allow listening on a non-loopback address without a token. Default false.
     pub insecure: bool,
+    /// Per-worker tokens, one `worker_id token` per line (`credentials`): a listed
+    /// worker is registered, fed, cleared and removed only with its own token. Needs
+    /// `auth_token` / `auth_token_file`. Default none.
+    pub worker_tokens_file: Option<String>,
     pub limits: Limits,
     pub router: RouterConfig,
     /// vLLM / SGLang engines to subscribe to over ZMQ (`[[engines]]`), each bound to a
@@ -93,6 +97,10 @@ pub struct Limits {
     /// Largest ZMQ message from an engine (sum of its frames), enforced on each frame
     /// header before the frame is read. Default 8 MiB.
     pub max_engine_message_bytes: usize,
+    /// (block, worker, tier) entries in the whole index, over all workers and cores;
+    /// stores beyond it are refused and counted. Default 67,108,864 (2^26: about 2 GiB
+    /// of index at 25–32 bytes an entry).
+    pub max_index_entries: u64,
 }
 
 impl Default for Limits {
@@ -109,6 +117,7 @@ impl Default for Limits {
             max_preauth_connections: 256,
             max_hello_bytes: 16 << 10,
             max_engine_message_bytes: 8 << 20,
+            max_index_entries: 1 << 26,
         }
     }
 }
@@ -127,6 +136,7 @@ impl Default for Settings {
             auth_token: None,
             auth_token_file: None,
             insecure: false,
+            worker_tokens_file: None,
             limits: Limits::default(),
             router: RouterConfig::default(),
             engines: Vec::new(),
@@ -169,6 +179,7 @@ impl Settings {
             || l.max_hashes_per_request == 0
             || l.max_active_requests == 0
             || l.queue_depth < 16
+            || l.max_index_entries == 0
         {
             return Err("limits must be positive (max_frame_bytes >= 64, queue_depth >= 16, max_workers <= 65535)".into());
         }
@@ -211,6 +222,16 @@ impl Settings {
                     ));
                 }
             }
+        }
+        if self.worker_tokens_file.is_some()
+            && self.auth_token.is_none()
+            && self.auth_token_file.is_none()
+        {
+            return Err(
+                "worker_tokens_file needs a shared auth_token or auth_token_file \
+                        (frontends and admins authenticate with it)"
+                    .into(),
+            );
         }
         crate::engines::config::validate_all(&self.engines)?;
         Ok(())

@@ -10,7 +10,8 @@
 //! Checked after every operation:
 //! - no panic; every call succeeds or fails exactly when the model says it must;
 //! - the set of registered workers and each worker's `cached_blocks` equal the model's
-//!   (stores past a worker's per-shard cap are refused, as documented in `index`);
+//!   (stores past a worker's cap, counted over all shards, are refused, as documented
+//!   in `index`);
 //! - tracked requests equal the model's; a worker with no request decoding on it has
 //!   zero `active_requests` and `decode_blocks`, one with none in prefill on it has zero
 //!   `prefill_tokens`; a decision's overlap never exceeds the blocks the model holds.
@@ -60,34 +61,19 @@ struct Model {
 }
 
 impl Model {
-    /// Per-shard cap for a total cap, as documented by `ShardedIndex::per_shard_cap`.
-    fn shard_cap(&self, total: u64) -> u64 {
-        let n = 1u64 << self.shard_bits;
-        if n <= 1 {
-            return total;
-        }
-        let even = total.div_ceil(n);
-        even.saturating_add(even / 4).saturating_add(64).min(total)
-    }
-
+    /// Stores as the index does: shard by shard (hashes of shard 0 first), each hash in
+    /// turn, while the worker holds fewer than its cap of (hash, tier) entries over all
+    /// shards (`ShardedIndex::set_worker_cap` is exact).
     fn store(&mut self, id: &str, tier: u8, hashes: &[u64]) {
         let bits = self.shard_bits;
-        let Some(cap) = self.workers.get(id).map(|w| self.shard_cap(w.cap)) else {
+        let Some(w) = self.workers.get_mut(id) else {
             return;
         };
-        let w = self.workers.get_mut(id).expect("checked");
-        for &h in hashes {
-            if w.blocks.contains(&(h, tier)) {
-                continue;
-            }
-            let s = shard_of(h, bits);
-            let in_shard = w
-                .blocks
-                .iter()
-                .filter(|(b, _)| shard_of(*b, bits) == s)
-                .count();
-            if (in_shard as u64) < cap {
-                w.blocks.insert((h, tier));
+        for s in 0..1usize << bits {
+            for &h in hashes.iter().filter(|&&h| shard_of(h, bits) == s) {
+                if !w.blocks.contains(&(h, tier)) && (w.blocks.len() as u64) < w.cap {
+                    w.blocks.insert((h, tier));
+                }
             }
         }
     }

@@ -10,13 +10,15 @@
 //!
 //! Guarantees:
 //! - memory is bounded: every worker has a per-shard cap (default
-//!   [`DEFAULT_WORKER_CAP`]), and entries invalidated by O(1) clears are reclaimed by an
-//!   amortised compaction;
+//!   [`DEFAULT_WORKER_CAP`]), or, for shards attached to a shared [`Budget`] (the
+//!   service), an exact cap over all shards plus a global limit on the whole index;
+//!   entries invalidated by O(1) clears are reclaimed by an amortised compaction;
 //! - clearing a worker or one of its tiers is O(1) (a generation bump), except once per
 //!   `2^14` clears of the same (worker, tier), when the generation wraps and a full
 //!   compaction guarantees that no stale entry can ever become live again;
 //! - queries never allocate once their output buffers have grown to size.
 
+mod budget;
 mod holders;
 mod merge;
 mod shard;
@@ -30,6 +32,7 @@ mod tests_prop;
 #[cfg(test)]
 mod tests_shard;
 
+pub use budget::{Budget, Grant};
 pub use merge::{merge, Match, MergeResult, ShardAnswer};
 pub use shard::{IndexShard, ShardStats, StoreOutcome, DEFAULT_WORKER_CAP};
 pub use sharded::{ShardedIndex, MAX_SHARD_BITS};

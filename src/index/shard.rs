@@ -19,7 +19,9 @@ use super::holders::{gen_of, key_of, pack, slot_of, tier_idx, tier_of, Holders, 
 use super::merge::{Match, ShardAnswer};
 use super::mix;
 use super::table::{Probe, Table};
+use super::Budget;
 use crate::types::{Tier, WorkerSlot};
+use std::sync::Arc;
 
 /// Per-shard cap on a worker's indexed (block, tier) entries until
 /// [`IndexShard::set_worker_cap`] says otherwise.
@@ -76,8 +78,12 @@ pub struct StoreOutcome {
     pub added: u32,
     /// Entries that were already present and live.
     pub duplicate: u32,
-    /// Stores refused because the worker is at its cap in this shard.
+    /// Stores refused because the worker is at its cap in this shard (or, attached to
+    /// a [`Budget`], at its cap overall or the index at its global limit).
     pub rejected: u32,
+    /// Of `rejected`, those refused by the [`Budget`]'s global limit while the worker
+    /// itself still had room.
+    pub over_budget: u32,
 }
 
 impl std::ops::AddAssign for StoreOutcome {
@@ -85,6 +91,7 @@ impl std::ops::AddAssign for StoreOutcome {
         self.added = self.added.saturating_add(o.added);
         self.duplicate = self.duplicate.saturating_add(o.duplicate);
         self.rejected = self.rejected.saturating_add(o.rejected);
+        self.over_budget = self.over_budget.saturating_add(o.over_budget);
     }
 }
 
@@ -174,6 +181,9 @@ pub struct IndexShard {
     /// Generations per (worker, tier) before a wrap; `GEN_PERIOD` except in tests.
     gen_period: u32,
     compact_floor: u64,
+    /// Shared with the other shards: worker caps count over all of them, plus the
+    /// global limit (see [`IndexShard::attach_budget`]).
+    budget: Option<Arc<Budget>>,
 }
 
 impl Default for IndexShard {
@@ -196,7 +206,19 @@ impl IndexShard {
             compactions: 0,
             gen_period: GEN_PERIOD,
             compact_floor: COMPACT_FLOOR,
+            budget: None,
         }
+    }
+
+    /// Attaches the shard to a [`Budget`] shared with the other shards: from now on a
+    /// worker's cap ([`IndexShard::set_worker_cap`]) is its total over every attached
+    /// shard, enforced exactly, and the budget's global limit bounds all their entries.
+    /// Entries already present are counted (whatever the limits).
+    pub fn attach_budget(&mut self, budget: Arc<Budget>) {
+        for (w, ws) in self.workers.iter().enumerate() {
+            budget.add_existing(w as WorkerSlot, ws.total());
+        }
+        self.budget = Some(budget);
     }
 
     /// A shard whose generations wrap after `period` clears (clamped to `2..=2^14`) and
@@ -219,7 +241,8 @@ impl IndexShard {
         &mut self.workers[i]
     }
 
-    /// Caps the (block, tier) entries indexed for worker `w` in this shard. Entries
+    /// Caps the (block, tier) entries indexed for worker `w` in this shard (attached to
+    /// a [`Budget`]: over all attached shards, exactly). Entries
     /// already present beyond a lowered cap stay; further stores are rejected until the
     /// worker is back under it. Never-set caps are [`DEFAULT_WORKER_CAP`]. The cap
     /// survives clears (a reused slot gets its new worker's cap set by the registry).
@@ -252,8 +275,16 @@ impl IndexShard {
         };
         let entry = pack(w, tier, gens[t]);
         let key = key_of(entry);
-        // Entries `w` may still add before its cap (counted down as they are added).
-        let mut room = ws.cap.saturating_sub(ws.total());
+        // Entries `w` may still add before its cap (counted down as they are added); with
+        // a budget, reserved from the shared counters for this batch.
+        let grant = self
+            .budget
+            .as_ref()
+            .map(|b| b.reserve(w, ws.cap, hashes.len() as u64));
+        let mut room = match grant {
+            Some(g) => g.granted,
+            None => ws.cap.saturating_sub(ws.total()),
+        };
         let mut ahead = Ahead::start(&self.map, hashes);
         for i in 0..hashes.len() {
             let k = ahead.key(&self.map, hashes, i);
@@ -272,6 +303,11 @@ impl IndexShard {
         }
         if let Some(ws) = self.workers.get_mut(w as usize) {
             ws.live[t] += u64::from(out.added);
+        }
+        if let (Some(b), Some(g)) = (&self.budget, grant) {
+            b.release(w, room);
+            let cut = g.worker_room - g.granted;
+            out.over_budget = out.rejected.min(u32::try_from(cut).unwrap_or(u32::MAX));
         }
         self.live += u64::from(out.added);
         self.rejected_total += u64::from(out.rejected);
@@ -374,6 +410,9 @@ impl IndexShard {
         if let Some(ws) = self.workers.get_mut(w as usize) {
             ws.live[t] -= u64::from(removed);
         }
+        if let Some(b) = &self.budget {
+            b.release(w, u64::from(removed));
+        }
         self.live -= u64::from(removed);
         self.stale -= stale_dropped;
         removed
@@ -397,6 +436,9 @@ impl IndexShard {
             return;
         }
         ws.live[t] = 0;
+        if let Some(b) = &self.budget {
+            b.release(w, n);
+        }
         self.live -= n;
         self.stale += n;
         let next = u32::from(*gen) + 1;

@@ -4,12 +4,14 @@
 //! through queues; this type does the same routing synchronously, so the in-process
 //! engine, the tests and the benches exercise exactly the code paths of the service:
 //! every hash goes to [`shard_of`], every query is scattered, answered per shard and
-//! [`merge`]d.
+//! [`merge`]d. Like the service's, its shards share one [`Budget`], so a worker's cap
+//! is exact over all shards.
 
 use super::merge::{merge, MergeResult};
 use super::shard::{IndexShard, ShardStats, StoreOutcome};
-use super::shard_of;
-use crate::types::{Tier, WorkerSlot};
+use super::{shard_of, Budget};
+use crate::types::{Tier, WorkerSlot, MAX_WORKER_SLOTS};
+use std::sync::Arc;
 
 /// Largest supported `shard_bits` (65 536 shards).
 pub const MAX_SHARD_BITS: u32 = 16;
@@ -30,10 +32,20 @@ impl ShardedIndex {
     pub fn new(shard_bits: u32) -> Self {
         let shard_bits = shard_bits.min(MAX_SHARD_BITS);
         let n = 1usize << shard_bits;
-        ShardedIndex {
+        let mut idx = ShardedIndex {
             shards: (0..n).map(|_| IndexShard::new()).collect(),
             shard_bits,
             buf: vec![Vec::new(); n],
+        };
+        idx.attach_budget();
+        idx
+    }
+
+    /// One [`Budget`] for every shard: exact per-worker caps, no global limit.
+    fn attach_budget(&mut self) {
+        let b = Arc::new(Budget::new(MAX_WORKER_SLOTS, u64::MAX));
+        for s in &mut self.shards {
+            s.attach_budget(b.clone());
         }
     }
 
@@ -54,6 +66,7 @@ impl ShardedIndex {
         for sh in &mut s.shards {
             *sh = IndexShard::with_limits(period, floor);
         }
+        s.attach_budget();
         s
     }
 
@@ -62,28 +75,12 @@ impl ShardedIndex {
         self.shards.len()
     }
 
-    /// Splits `total_cap` over the shards. Hashes are spread uniformly, so a worker's
-    /// blocks split about evenly, but not exactly: each shard gets
-    /// `ceil(total / shards * 1.25) + 64` (at most `total`), so a worker is never refused
-    /// for imbalance alone while its indexed blocks stay within 1.25 × `total_cap`
-    /// + 64 × shards overall. With one shard the cap is exact.
-    pub fn per_shard_cap(&self, total_cap: u64) -> u64 {
-        let n = self.shards.len() as u64;
-        if n <= 1 {
-            return total_cap;
-        }
-        let even = total_cap.div_ceil(n);
-        even.saturating_add(even / 4)
-            .saturating_add(64)
-            .min(total_cap)
-    }
-
-    /// Caps worker `w` at about `total_cap` blocks overall; see
-    /// [`ShardedIndex::per_shard_cap`].
+    /// Caps worker `w` at exactly `total_cap` (block, tier) entries over all shards
+    /// (the shards share one [`Budget`]; a store is applied shard by shard, so when the
+    /// cap binds, the hashes of lower shards get in first).
     pub fn set_worker_cap(&mut self, w: WorkerSlot, total_cap: u64) {
-        let cap = self.per_shard_cap(total_cap);
         for s in &mut self.shards {
-            s.set_worker_cap(w, cap);
+            s.set_worker_cap(w, total_cap);
         }
     }
 

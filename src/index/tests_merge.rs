@@ -175,18 +175,19 @@ fn sharded_index_end_to_end() {
 }
 
 #[test]
-fn per_shard_caps_split_with_slack() {
+fn worker_caps_are_exact_over_shards() {
     let mut idx = ShardedIndex::new(2);
     assert_eq!(idx.shard_count(), 4);
-    assert_eq!(idx.per_shard_cap(1000), 250 + 62 + 64);
-    assert_eq!(idx.per_shard_cap(10), 10);
-    assert_eq!(ShardedIndex::new(0).per_shard_cap(1000), 1000);
     idx.set_worker_cap(1, 400);
     let hashes: Vec<u64> = (0..1000).collect();
     let out = idx.stored(1, Device, &hashes);
-    assert_eq!(out.added as u64, idx.worker_blocks(1));
-    assert!(out.added >= 400 && out.added <= 4 * idx.per_shard_cap(400) as u32);
-    assert_eq!(out.added + out.rejected, 1000);
+    assert_eq!((out.added, out.rejected), (400, 600));
+    assert_eq!(idx.worker_blocks(1), 400);
+    let freed = idx.removed(1, Device, &hashes[..500]);
+    assert_eq!(idx.worker_blocks(1), 400 - u64::from(freed));
+    let more: Vec<u64> = (5000..6000).collect();
+    assert_eq!(idx.stored(1, Host, &more).added, freed);
+    assert_eq!(idx.worker_blocks(1), 400);
 }
 
 #[test]

@@ -71,7 +71,7 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Default)]
 struct Model {
     sets: HashMap<(WorkerSlot, Tier), HashSet<u64>>,
-    /// Per-shard cap of each worker (as computed by the index).
+    /// Cap of each worker over all shards.
     caps: HashMap<WorkerSlot, u64>,
 }
 
@@ -87,27 +87,21 @@ impl Model {
             .sum()
     }
 
-    fn blocks_in_shard(&self, w: WorkerSlot, shard: usize, bits: u32) -> u64 {
-        Tier::ALL
-            .iter()
-            .filter_map(|&t| self.sets.get(&(w, t)))
-            .flat_map(|s| s.iter())
-            .filter(|&&h| shard_of(h, bits) == shard)
-            .count() as u64
-    }
-
+    /// The index applies a store shard by shard (hashes of shard 0 first), each hash
+    /// in turn; the cap counts the worker's entries over all shards.
     fn store(&mut self, w: WorkerSlot, t: Tier, hs: &[u64], bits: u32) -> StoreOutcome {
         let mut out = StoreOutcome::default();
-        for &h in hs {
-            if self.has(w, t, h) {
-                out.duplicate += 1;
-            } else if self.blocks_in_shard(w, shard_of(h, bits), bits)
-                >= *self.caps.get(&w).unwrap_or(&DEFAULT_WORKER_CAP)
-            {
-                out.rejected += 1;
-            } else {
-                self.sets.entry((w, t)).or_default().insert(h);
-                out.added += 1;
+        let cap = *self.caps.get(&w).unwrap_or(&DEFAULT_WORKER_CAP);
+        for shard in 0..1usize << bits {
+            for &h in hs.iter().filter(|&&h| shard_of(h, bits) == shard) {
+                if self.has(w, t, h) {
+                    out.duplicate += 1;
+                } else if self.blocks(w) >= cap {
+                    out.rejected += 1;
+                } else {
+                    self.sets.entry((w, t)).or_default().insert(h);
+                    out.added += 1;
+                }
             }
         }
         out
@@ -180,7 +174,7 @@ proptest! {
                 Op::SetCap(w, c) => {
                     let w = WORKERS[*w];
                     idx.set_worker_cap(w, *c);
-                    model.caps.insert(w, idx.per_shard_cap(*c));
+                    model.caps.insert(w, *c);
                 }
                 Op::Query(q) => {
                     idx.query(q, |w| w == SHARED, &mut r);

@@ -82,7 +82,8 @@ fn store_query_and_first_miss() {
         StoreOutcome {
             added: 3,
             duplicate: 0,
-            rejected: 0
+            rejected: 0,
+            over_budget: 0,
         }
     );
     s.stored(2, Host, &[10, 11]);
@@ -340,3 +341,35 @@ fn stale_compaction_bounds_memory() {
 }
 
 const GEN_PERIOD_FOR_TESTS: u32 = 1 << 14;
+
+#[test]
+fn a_shared_budget_makes_caps_exact_over_shards_and_bounds_the_index() {
+    use crate::index::Budget;
+    use std::sync::Arc;
+    let b = Arc::new(Budget::new(4, 25));
+    let (mut s0, mut s1) = (IndexShard::new(), IndexShard::new());
+    s0.stored(3, Device, &[1, 2]); // before attaching: counted, whatever the limits
+    s0.attach_budget(b.clone());
+    s1.attach_budget(b.clone());
+    for s in [&mut s0, &mut s1] {
+        s.set_worker_cap(1, 10);
+        s.set_worker_cap(2, 100);
+    }
+    assert_eq!(b.total(), 2);
+    let a = s0.stored(1, Device, &(100..108).collect::<Vec<_>>());
+    let c = s1.stored(1, Device, &(200..208).collect::<Vec<_>>());
+    assert_eq!((a.added, c.added, c.rejected, c.over_budget), (8, 2, 6, 0));
+    // Duplicates and the other tier: duplicates cost nothing, a new tier entry counts.
+    assert_eq!(s0.stored(1, Device, &[100, 101]).duplicate, 2);
+    assert_eq!(s0.stored(1, Host, &[100]).rejected, 1);
+    assert_eq!(b.held(1), 10);
+    // The global limit (25) cuts worker 2 below its own cap.
+    let d = s1.stored(2, Device, &(300..320).collect::<Vec<_>>());
+    assert_eq!((d.added, d.rejected, d.over_budget), (13, 7, 7));
+    assert_eq!(b.total(), 25);
+    // Removals and clears give entries back.
+    assert_eq!(s0.removed(1, Device, &[100, 101]), 2);
+    s1.clear_worker(2);
+    assert_eq!((b.held(1), b.held(2), b.total()), (8, 0, 10));
+    assert_eq!(s1.stored(1, Device, &[400, 401, 402]).added, 2);
+}

@@ -7,7 +7,9 @@
 //! the request's correlation id. A frame that cannot be decoded closes the connection
 //! with an `Error` (its correlation id is unknowable); request-level failures (unknown
 //! worker, duplicate id, no eligible worker, overload…) are `Error` answers and the
-//! connection goes on.
+//! connection goes on. The `Hello` token names the connection's principal
+//! (`credentials`): the shared token, or one worker's own token, which may then only
+//! `Register` / `Deregister` that worker (anything else answers `unauthorized`).
 //!
 //! A session that sends no complete frame for `api_idle_timeout_ms` while none of its
 //! requests is being answered is closed; while its answers are being computed it is
@@ -24,7 +26,9 @@ use super::{batch, control, errors};
 use crate::codec::{
     self, ErrorCode, LifecycleOp, Prompt, RequestMsg, ResponseMsg, PROTOCOL_VERSION,
 };
+use crate::credentials::Principal;
 use crate::engine::{DpRankSpec, RouteDecision, RouteRequest};
+use crate::registry::Origin;
 use bytes::BytesMut;
 use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
@@ -107,7 +111,48 @@ fn err(corr: u64, e: &ApiError) -> ResponseMsg {
     }
 }
 
-async fn answer(core: &Core, msg: RequestMsg) -> Result<ResponseMsg, &'static str> {
+/// The `Error` answer to a frame the connection's credential does not allow.
+fn forbidden(core: &Core, corr: u64, what: &str) -> ResponseMsg {
+    core.shared.metrics.protocol_error("unauthorized");
+    ResponseMsg::Error {
+        corr,
+        code: ErrorCode::Unauthorized.as_u16(),
+        message: format!("this connection's token may not {what}"),
+    }
+}
+
+async fn answer(
+    core: &Core,
+    who: &Principal,
+    msg: RequestMsg,
+) -> Result<ResponseMsg, &'static str> {
+    let creds = &core.shared.creds;
+    // A worker token may only register or remove its own worker (`credentials`).
+    match (&msg, who) {
+        (RequestMsg::Route(r), Principal::Worker(_)) => {
+            return Ok(forbidden(core, r.corr, "route"))
+        }
+        (RequestMsg::Lifecycle { corr, .. }, Principal::Worker(_)) => {
+            return Ok(forbidden(core, *corr, "report request lifecycle"))
+        }
+        (RequestMsg::Register { corr, spec }, _) if !creds.principal_may_act_on(who, &spec.id) => {
+            return Ok(forbidden(
+                core,
+                *corr,
+                &format!("register worker {:?}", spec.id),
+            ))
+        }
+        (RequestMsg::Deregister { corr, worker_id }, _)
+            if !creds.principal_may_act_on(who, worker_id) =>
+        {
+            return Ok(forbidden(
+                core,
+                *corr,
+                &format!("remove worker {worker_id:?}"),
+            ))
+        }
+        _ => {}
+    }
     Ok(match msg {
         RequestMsg::Hello { .. } => return Err("second_hello"),
         RequestMsg::Route(r) => {
@@ -135,10 +180,12 @@ async fn answer(core: &Core, msg: RequestMsg) -> Result<ResponseMsg, &'static st
                 Err(e) => err(corr, &e),
             }
         }
-        RequestMsg::Register { corr, spec } => match control::register(core, spec, false).await {
-            Ok(_) => ResponseMsg::Ack { corr },
-            Err(e) => err(corr, &e),
-        },
+        RequestMsg::Register { corr, spec } => {
+            match control::register(core, spec, Origin::Admin).await {
+                Ok(_) => ResponseMsg::Ack { corr },
+                Err(e) => err(corr, &e),
+            }
+        }
         RequestMsg::Deregister { corr, worker_id } => {
             match control::deregister(core, &worker_id).await {
                 Ok(()) => ResponseMsg::Ack { corr },
@@ -165,6 +212,7 @@ fn order_key(m: &RequestMsg) -> Option<u64> {
 /// frames concurrently (`batch`). Stops at the first protocol violation.
 async fn answer_all(
     core: &Core,
+    who: &Principal,
     msgs: Vec<RequestMsg>,
     out: &mut BytesMut,
 ) -> Result<(), &'static str> {
@@ -178,11 +226,17 @@ async fn answer_all(
         sh.inflight.fetch_add(n, Ordering::SeqCst);
         let answers = if n == 1 {
             match msgs.next() {
-                Some(m) => vec![answer(core, m).await],
+                Some(m) => vec![answer(core, who, m).await],
                 None => Vec::new(),
             }
         } else {
-            batch::join_all(msgs.by_ref().take(n).map(|m| answer(core, m)).collect()).await
+            batch::join_all(
+                msgs.by_ref()
+                    .take(n)
+                    .map(|m| answer(core, who, m))
+                    .collect(),
+            )
+            .await
         };
         sh.inflight.fetch_sub(n, Ordering::SeqCst);
         for a in answers {
@@ -229,9 +283,11 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream, slot: Rc<Slot>) {
         }
     };
     slot.busy();
-    match RequestMsg::decode(&first) {
-        Ok(RequestMsg::Hello { auth_token }) => {
-            if !sh.authorized(&auth_token) {
+    // The shared token (frontends, admins) or one worker's own token (`credentials`).
+    let who = match RequestMsg::decode(&first) {
+        Ok(RequestMsg::Hello { auth_token }) => match sh.creds.principal(&auth_token) {
+            Some(p) => p,
+            None => {
                 sh.metrics.protocol_error("unauthorized");
                 ResponseMsg::Error {
                     corr: 0,
@@ -242,7 +298,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream, slot: Rc<Slot>) {
                 let _ = s.write_all(&out).await;
                 return;
             }
-        }
+        },
         Ok(_) => {
             sh.metrics.protocol_error("no_hello");
             let code = ErrorCode::ProtocolViolation;
@@ -255,7 +311,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream, slot: Rc<Slot>) {
             fatal(&mut s, &mut out, code, format!("bad hello: {e}")).await;
             return;
         }
-    }
+    };
     ResponseMsg::HelloAck {
         server_version: PROTOCOL_VERSION,
     }
@@ -263,11 +319,17 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream, slot: Rc<Slot>) {
     if s.write_all(&out).await.is_err() {
         return;
     }
-    Box::pin(session(core, s, slot, rd)).await
+    Box::pin(session(core, s, slot, rd, who)).await
 }
 
 /// An authenticated session: full-size reads, answers, and the idle timeout.
-async fn session(core: Rc<Core>, mut s: TcpStream, slot: Rc<Slot>, mut rd: FramedReader) {
+async fn session(
+    core: Rc<Core>,
+    mut s: TcpStream,
+    slot: Rc<Slot>,
+    mut rd: FramedReader,
+    who: Principal,
+) {
     let sh = core.shared.clone();
     let mut out = BytesMut::new();
     rd.authenticated(sh.settings.limits.max_frame_bytes);
@@ -321,7 +383,7 @@ async fn session(core: Rc<Core>, mut s: TcpStream, slot: Rc<Slot>, mut rd: Frame
             }
         }
         answered = !msgs.is_empty();
-        if let Err(kind) = answer_all(&core, msgs, &mut out).await {
+        if let Err(kind) = answer_all(&core, &who, msgs, &mut out).await {
             sh.metrics.protocol_error(kind);
             let code = ErrorCode::ProtocolViolation;
             fatal(&mut s, &mut out, code, "Hello after handshake".into()).await;

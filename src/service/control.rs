@@ -1,8 +1,15 @@
 //! Control plane: worker registration, removal, JSON events, status.
 //!
 //! Registry writes are serialised by one mutex (rare, cold) and published as a new
-//! snapshot; the shards learn about identity changes through `Forget` messages and
-//! per-slot generations, so events about a previous identity of a slot are dropped.
+//! snapshot (O(1) to copy: the registry is persistent); the shards learn about identity
+//! changes through `Forget` messages and per-slot generations, so events about a
+//! previous identity of a slot are dropped.
+//!
+//! Registration rules (the decisions are `Registry::upsert_as`): one event connection
+//! per worker, bound under the write lock; a registration changing the spec of a worker
+//! that is connected, or that another door ([`Origin`]) registered, is refused with
+//! `conflict`; heartbeat tracking is only ever switched on (by the event protocol) and
+//! off only by removal, so no registration can keep a dead worker live.
 //!
 //! JSON events are read-your-writes: `json_events` returns only once every shard has
 //! applied the batches it queued ([`applied_everywhere`]), so a route sent after the
@@ -15,27 +22,30 @@ use super::router::ApiError;
 use super::shared::Shared;
 use crate::engine::{EngineError, KvEvent, WorkerState, WorkerStatus};
 use crate::engines::adapter::Change;
-use crate::registry::Upsert;
+use crate::registry::{Origin, Upsert};
 use crate::types::{WorkerSlot, WorkerSpec};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Per-shard cap for a worker's declared capacity (25% + 64 blocks of slack for the
-/// uneven split of hashes over shards).
-pub fn cap_per_shard(capacity: u64, max_per_worker: u64, cores: usize) -> u64 {
-    let total = capacity.min(max_per_worker);
-    total.div_ceil(cores as u64).saturating_mul(5) / 4 + 64
+/// The cap every shard enforces for a worker: its declared capacity, at most
+/// `max_blocks_per_worker`. The service's shards share one `index::Budget`, so this is
+/// the worker's total over all cores, enforced exactly (no slack for the uneven split
+/// of hashes over shards); `_cores` is kept for the callers' sake.
+pub fn cap_per_shard(capacity: u64, max_per_worker: u64, _cores: usize) -> u64 {
+    capacity.min(max_per_worker)
 }
 
-/// Registers (or re-registers) a worker. `heartbeat`: subject to the heartbeat window.
+/// Registers (or re-registers) a worker arriving through `origin`. From
+/// [`Origin::Events`] it also binds the event connection (the caller clears
+/// `connected` when that connection ends) and makes the worker heartbeat-tracked.
 pub async fn register(
     core: &Core,
     spec: WorkerSpec,
-    heartbeat: bool,
+    origin: Origin,
 ) -> Result<(Upsert, u64), ApiError> {
     let sh = &core.shared;
     let capacity = spec.capacity_blocks;
-    let (up, gen) = upsert(sh, spec, heartbeat)?;
+    let (up, gen) = upsert(sh, spec, origin)?;
     let slot = up.slot();
     if let Upsert::NewEpoch(_) = up {
         broadcast(core, |_| Msg::Forget { slot }).await;
@@ -47,13 +57,21 @@ pub async fn register(
 }
 
 /// The registry write of a registration: new snapshot, slot generation and cells.
-fn upsert(sh: &Shared, spec: WorkerSpec, heartbeat: bool) -> Result<(Upsert, u64), ApiError> {
+fn upsert(sh: &Shared, spec: WorkerSpec, origin: Origin) -> Result<(Upsert, u64), ApiError> {
     let _guard = sh
         .registry_write
         .lock()
         .map_err(|_| EngineError::BadRequest("registry lock poisoned".into()))?;
     let mut reg = (**sh.registry.load()).clone();
-    let up = reg.upsert(spec).map_err(EngineError::from)?;
+    // `connected` only goes 0 → 1 under this lock, so the answer cannot go stale
+    // before the registration below is published (1 → 0, a close, is benign).
+    let connected = reg
+        .slot(&spec.id)
+        .and_then(|s| sh.cells(s))
+        .is_some_and(|c| c.connected.load(Ordering::Acquire) != 0);
+    let up = reg
+        .upsert_as(spec, origin, connected)
+        .map_err(EngineError::from)?;
     let cells = sh
         .cells(up.slot())
         .ok_or_else(|| EngineError::BadRequest("slot out of range".into()))?;
@@ -62,22 +80,57 @@ fn upsert(sh: &Shared, spec: WorkerSpec, heartbeat: bool) -> Result<(Upsert, u64
         cells.next_seq.store(0, Ordering::Release);
         cells.suspect.store(false, Ordering::Release);
     }
-    cells.heartbeat.store(heartbeat, Ordering::Release);
-    cells.last_seen_ms.store(sh.now_ms(), Ordering::Release);
+    let gen = cells.gen.load(Ordering::Acquire);
+    if origin == Origin::Events {
+        cells
+            .connected
+            .store(connection_tag(gen), Ordering::Release);
+        cells.heartbeat.store(true, Ordering::Release);
+    }
+    // A worker's own registration is a sign of life; an admin repeating the spec of a
+    // silent worker is not (it must not keep a dead worker live).
+    if origin == Origin::Events || !matches!(up, Upsert::SameEpoch(_)) {
+        cells.last_seen_ms.store(sh.now_ms(), Ordering::Release);
+    }
     sh.registry.store(Arc::new(reg));
-    Ok((up, cells.gen.load(Ordering::Acquire)))
+    Ok((up, gen))
 }
 
-/// `register` for plain OS threads (ZMQ ingest): the same registry write, then the same
-/// messages through the mailboxes with [`send_blocking`]. Errors if shutdown started
-/// before they were delivered.
+/// The non-zero value `connected` holds for the event connection registered at
+/// generation `gen`.
+fn connection_tag(gen: u64) -> u32 {
+    (gen as u32) | 0x8000_0000
+}
+
+/// Unbinds the event connection registered at `gen` (no-op if the worker was removed
+/// meanwhile and its slot possibly bound by another connection).
+pub fn release_connection(sh: &Shared, slot: WorkerSlot, gen: u64) {
+    if let Some(c) = sh.cells(slot) {
+        let _ = c.connected.compare_exchange(
+            connection_tag(gen),
+            0,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+}
+
+/// `register` for plain OS threads (ZMQ ingest, [`Origin::Engine`]; `heartbeat` true
+/// means [`Origin::Events`]): the same registry write, then the same messages through
+/// the mailboxes with [`send_blocking`]. Errors if shutdown started before they were
+/// delivered.
 pub fn register_blocking(
     sh: &Shared,
     spec: WorkerSpec,
     heartbeat: bool,
 ) -> Result<(Upsert, u64), ApiError> {
     let capacity = spec.capacity_blocks;
-    let (up, gen) = upsert(sh, spec, heartbeat)?;
+    let origin = if heartbeat {
+        Origin::Events
+    } else {
+        Origin::Engine
+    };
+    let (up, gen) = upsert(sh, spec, origin)?;
     let slot = up.slot();
     let cap = cap_per_shard(capacity, sh.settings.limits.max_blocks_per_worker, sh.cores);
     let ops: Arc<[IndexOp]> = vec![IndexOp::SetCap(cap)].into();
@@ -135,6 +188,7 @@ pub async fn deregister(core: &Core, id: &str) -> Result<(), ApiError> {
         if let Some(c) = sh.cells(slot) {
             c.gen.fetch_add(1, Ordering::AcqRel);
             c.heartbeat.store(false, Ordering::Release);
+            c.connected.store(0, Ordering::Release);
             c.suspect.store(false, Ordering::Release);
         }
         sh.registry.store(Arc::new(reg));

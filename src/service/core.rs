@@ -329,7 +329,10 @@ impl Core {
             match op {
                 IndexOp::Stored { tier, hashes } => {
                     hashes.select(self.id, bits, &mut st.scratch);
-                    st.index.stored(slot, *tier, &st.scratch);
+                    let o = st.index.stored(slot, *tier, &st.scratch);
+                    if o.rejected > 0 {
+                        self.shared.metrics.index_refused(o.rejected, o.over_budget);
+                    }
                 }
                 IndexOp::Removed { tier, hashes } => {
                     hashes.select(self.id, bits, &mut st.scratch);

@@ -18,6 +18,7 @@ pub fn code(e: &ApiError) -> ErrorCode {
             EngineError::Duplicate(_) => ErrorCode::DuplicateRequest,
             EngineError::Registry(RegistryError::Invalid(_)) => ErrorCode::BadRequest,
             EngineError::Registry(RegistryError::Full(_)) => ErrorCode::Overloaded,
+            EngineError::Registry(RegistryError::Conflict(_)) => ErrorCode::Conflict,
             EngineError::Route(r) => match r {
                 RouteError::DirectNeedsPin => ErrorCode::BadRequest,
                 RouteError::AllBusy { .. } => ErrorCode::AllBusy,

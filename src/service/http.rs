@@ -6,14 +6,15 @@
 //! `POST /v1/requests/{id}/{first_token|progress|finish|prefill_failed}`,
 //! `GET /metrics`, `GET /healthz`.
 //! Every failure is a 4xx/5xx with a JSON body `{"error": "...", "code": "..."}`; bodies
-//! are size-limited and parsed strictly (unknown fields rejected).
+//! are size-limited and parsed strictly (unknown fields rejected). Which token may call
+//! which route is decided by `check_auth` with the rules of `credentials`.
 
 use super::core::Core;
 use super::msg::LifeOp;
 use super::router::{self, ApiError};
 use super::{control, errors};
 use crate::engine::{EventBatch, RouteRequest};
-use crate::registry::Upsert;
+use crate::registry::{Origin, Upsert};
 use crate::types::WorkerSpec;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -96,30 +97,49 @@ pub async fn handle(
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    if core.shared.auth_enabled() && parts.as_slice() != ["healthz"] {
-        let presented = req
-            .headers()
-            .get(hyper::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !core.shared.authorized(presented) {
-            core.shared.metrics.protocol_error("unauthorized");
-            return Ok(error(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "missing or wrong bearer token",
-            ));
-        }
+    let presented = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
+        .to_string();
+    if let Some(refused) = check_auth(&core, &method, &parts, &presented) {
+        return Ok(refused);
     }
     core.shared
         .inflight
         .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let resp = route_http(&core, req, &method, &path, &parts).await;
+    let resp = route_http(&core, req, &method, &path, &parts, &presented).await;
     core.shared
         .inflight
         .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     Ok(resp)
+}
+
+/// Who may call what (`credentials`): `/healthz` anyone; a worker's own routes
+/// (`POST /v1/workers/{id}/events`, `DELETE /v1/workers/{id}`) its own token if it has
+/// one, else the shared token; `POST /v1/workers` any valid token here, the worker's
+/// own (or the shared one) checked once the body names it; everything else the shared
+/// token. `None`: allowed.
+fn check_auth(core: &Core, method: &Method, parts: &[&str], presented: &str) -> Option<Resp> {
+    let creds = &core.shared.creds;
+    if !creds.enabled() {
+        return None;
+    }
+    let ok = match (method, parts) {
+        (_, ["healthz"]) => true,
+        (&Method::POST, ["v1", "workers", id, "events"])
+        | (&Method::DELETE, ["v1", "workers", id]) => creds.may_act_on(presented, id),
+        (&Method::POST, ["v1", "workers"]) => creds.principal(presented).is_some(),
+        _ => creds.is_admin(presented),
+    };
+    (!ok).then(|| unauthorized(core, "missing or wrong bearer token"))
+}
+
+fn unauthorized(core: &Core, msg: &str) -> Resp {
+    core.shared.metrics.protocol_error("unauthorized");
+    error(StatusCode::UNAUTHORIZED, "unauthorized", msg)
 }
 
 async fn route_http(
@@ -128,6 +148,7 @@ async fn route_http(
     method: &Method,
     path: &str,
     parts: &[&str],
+    presented: &str,
 ) -> Resp {
     let core = core.clone();
     let method = method.clone();
@@ -143,9 +164,13 @@ async fn route_http(
         (&Method::GET, ["v1", "workers"]) => json(StatusCode::OK, &control::workers(&core)),
         (&Method::POST, ["v1", "workers"]) => match body_json::<WorkerSpec>(&core, req).await {
             Err(r) => r,
+            Ok(spec) if !core.shared.creds.may_act_on(presented, &spec.id) => unauthorized(
+                &core,
+                &format!("this token may not register worker {:?}", spec.id),
+            ),
             Ok(spec) => {
                 let id = spec.id.clone();
-                match control::register(&core, spec, false).await {
+                match control::register(&core, spec, Origin::Admin).await {
                     Ok((up, _)) => {
                         let (status, what) = match up {
                             Upsert::New(_) => (StatusCode::CREATED, "created"),

@@ -18,6 +18,7 @@ use super::errors;
 use super::index_batch::Batch;
 use super::msg::IndexOp;
 use crate::codec::{resync_reason, ErrorCode, EventMsg, WorkerBound, PROTOCOL_VERSION};
+use crate::registry::Origin;
 use bytes::BytesMut;
 use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
@@ -87,7 +88,8 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream, conn: Rc<Slot>) {
             return;
         }
     };
-    if !sh.authorized(&hello.auth_token) {
+    // The worker's own token if it has one, else the shared token (`credentials`).
+    if !sh.creds.may_act_on(&hello.auth_token, &hello.spec.id) {
         sh.metrics.protocol_error("unauthorized");
         log(&format!(
             "worker {:?}: wrong or missing token; closing",
@@ -102,29 +104,24 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream, conn: Rc<Slot>) {
         return;
     }
     let worker_id = hello.spec.id.clone();
-    let (up, gen) = match control::register(&core, hello.spec, true).await {
+    // Registers and binds this connection to the worker in one registry write: a second
+    // connection, or a Hello changing the spec of a worker another door registered, is
+    // refused (`conflict`) before anything changes.
+    let (up, gen) = match control::register(&core, hello.spec, Origin::Events).await {
         Ok(r) => r,
         Err(e) => {
+            if errors::code(&e) == ErrorCode::Conflict {
+                sh.metrics.protocol_error("already_connected");
+            }
             send_error(&mut s, errors::code(&e), e.to_string()).await;
             return;
         }
     };
     let slot = up.slot();
-    let Some(cells) = sh.cells(slot) else { return };
-    if cells
-        .connected
-        .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-    {
-        sh.metrics.protocol_error("already_connected");
-        send_error(
-            &mut s,
-            ErrorCode::Conflict,
-            format!("worker {worker_id:?} already has an event connection"),
-        )
-        .await;
+    let Some(cells) = sh.cells(slot) else {
+        control::release_connection(&sh, slot, gen);
         return;
-    }
+    };
     let next = cells.next_seq.load(Ordering::Acquire);
     let mut out = BytesMut::new();
     WorkerBound::HelloAck {
@@ -133,7 +130,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream, conn: Rc<Slot>) {
     }
     .encode(&mut out);
     if s.write_all(&out).await.is_err() {
-        cells.connected.store(0, Ordering::Release);
+        control::release_connection(&sh, slot, gen);
         return;
     }
     out.clear();
@@ -147,8 +144,11 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream, conn: Rc<Slot>) {
         worker_id: &worker_id,
     };
     let next = Box::pin(events(ctx, s, rd, out, next)).await;
-    cells.next_seq.store(next, Ordering::Release);
-    cells.connected.store(0, Ordering::Release);
+    // A removed or re-registered worker's cells belong to its new identity now.
+    if cells.gen.load(Ordering::Acquire) == gen {
+        cells.next_seq.store(next, Ordering::Release);
+    }
+    control::release_connection(&sh, slot, gen);
 }
 
 /// What the event loop of one authenticated connection works with.

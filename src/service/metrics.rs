@@ -73,6 +73,11 @@ pub struct Metrics {
     pub snapshot_last_success: Gauge,
     /// Size in bytes of the last snapshot written.
     pub snapshot_bytes: Gauge,
+    /// Stores refused by `max_blocks_per_worker` / capacity (`worker_limit`) or by
+    /// `max_index_entries` (`index_budget`).
+    pub index_refused: Family<KindLabel, Counter>,
+    /// Entries counted against `max_index_entries` (live, plus batches being applied).
+    pub index_budget_used: Gauge,
 }
 
 impl Default for Metrics {
@@ -111,6 +116,8 @@ impl Metrics {
             snapshot_consecutive_failures: Gauge::default(),
             snapshot_last_success: Gauge::default(),
             snapshot_bytes: Gauge::default(),
+            index_refused: Family::default(),
+            index_budget_used: Gauge::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -225,6 +232,16 @@ impl Metrics {
                 "Size of the last snapshot written",
                 m.snapshot_bytes.clone(),
             );
+            r.register(
+                "index_refused",
+                "Block stores refused: worker_limit (capacity / max_blocks_per_worker) or index_budget (max_index_entries)",
+                m.index_refused.clone(),
+            );
+            r.register(
+                "index_budget_used",
+                "Index entries counted against max_index_entries",
+                m.index_budget_used.clone(),
+            );
         }
         m
     }
@@ -233,6 +250,19 @@ impl Metrics {
         self.routes
             .get_or_create(&RouteLabels { mode, outcome })
             .inc();
+    }
+
+    /// Counts `rejected` refused stores, `over_budget` of them by the global budget.
+    pub fn index_refused(&self, rejected: u32, over_budget: u32) {
+        let budget = u64::from(over_budget.min(rejected));
+        let worker = u64::from(rejected) - budget;
+        for (kind, n) in [("worker_limit", worker), ("index_budget", budget)] {
+            if n > 0 {
+                self.index_refused
+                    .get_or_create(&KindLabel { kind })
+                    .inc_by(n);
+            }
+        }
     }
 
     pub fn event(&self, kind: &'static str, n: u64) {

@@ -7,6 +7,8 @@
 //! - `core`: per-core state and the cross-core message handler; `run_loop`: the loop
 //!   that feeds it from the core's urgent and bulk inboxes;
 //! - `control`: registry writes; `board`: lock-free per-worker load figures;
+//! - `listeners`: each listen address bound once (no `SO_REUSEPORT`) and shared by
+//!   the cores, so no other process can join a port;
 //! - `zmq_ingest`: OS threads subscribed to vLLM / SGLang KV events over ZMQ.
 //! - `slots` (pure policy) / `conn_slot`: per-listener connection slots, displacing
 //!   pre-handshake and idle connections; `http_clock` (pure) / `hyper_io`: HTTP
@@ -24,6 +26,7 @@ pub mod http_clock;
 pub mod hyper_io;
 pub mod index_batch;
 pub mod ingest;
+pub mod listeners;
 pub mod metrics;
 pub mod msg;
 pub mod persist;
@@ -36,7 +39,6 @@ pub mod zmq_ingest;
 
 use self::core::Core;
 use crate::settings::Settings;
-use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
 use shared::Shared;
 use std::rc::Rc;
@@ -135,9 +137,25 @@ impl Running {
 }
 
 /// Starts the service and returns once every core listens.
-pub fn start(settings: Settings) -> Result<Running, String> {
+pub fn start(mut settings: Settings) -> Result<Running, String> {
     settings.validate()?;
     let token = settings.resolve_token()?;
+    let worker_tokens = match &settings.worker_tokens_file {
+        Some(path) => crate::credentials::load_worker_tokens(path, token.as_deref())?,
+        None => Default::default(),
+    };
+    let creds = crate::credentials::Credentials::new(token, worker_tokens);
+    // Bound here, once per address, before anything slow: a port held by another
+    // process stops the start at once (see `listeners`).
+    let bound = listeners::Bound::bind(
+        &settings.events_addr,
+        &settings.api_addr,
+        &settings.http_addr,
+    )?;
+    let [ev_addr, api_addr, http_addr] = bound.addrs()?;
+    settings.events_addr = ev_addr.to_string();
+    settings.api_addr = api_addr.to_string();
+    settings.http_addr = http_addr.to_string();
     raise_memlock();
     let cores = effective_cores(settings.cores);
     let shard_bits = cores.trailing_zeros();
@@ -145,7 +163,7 @@ pub fn start(settings: Settings) -> Result<Running, String> {
     let state = state_dir::load_at_start(&settings, cores, shard_bits)?;
     let restored = state.restored;
     let persist::RestoredState {
-        registry,
+        mut registry,
         mut shards,
         saved,
         requests,
@@ -157,8 +175,21 @@ pub fn start(settings: Settings) -> Result<Running, String> {
     });
     let requests = Arc::new(requests);
     shards.resize_with(cores, crate::index::IndexShard::new);
+    // A restored worker that was on the event protocol stays owned by it; others may be
+    // claimed by the first registration (e.g. their `[[engines]]` entry at start).
+    for (slot, w) in &saved {
+        let origin = if w.heartbeat {
+            crate::registry::Origin::Events
+        } else {
+            crate::registry::Origin::Restored
+        };
+        registry.set_origin(*slot, origin);
+    }
     let (shared, doorbells) =
-        Shared::new(settings, cores, registry, token).map_err(|e| format!("doorbells: {e}"))?;
+        Shared::new(settings, cores, registry, creds).map_err(|e| format!("doorbells: {e}"))?;
+    for s in &mut shards {
+        s.attach_budget(shared.budget.clone());
+    }
     for (slot, w) in &saved {
         if let Some(c) = shared.cells(*slot) {
             c.gen.store(1, Ordering::Release);
@@ -176,6 +207,13 @@ pub fn start(settings: Settings) -> Result<Running, String> {
         let ready = ready_tx.clone();
         let requests = requests.clone();
         let spin = sh.settings.spin_before_park_us;
+        let mine = match bound.for_core() {
+            Ok(l) => l,
+            Err(e) => {
+                first_err = Some(e);
+                break;
+            }
+        };
         let mut b = LocalExecutorBuilder::new(Placement::Fixed(id % num_cpus()))
             .name(&format!("kvroute-core-{id}"))
             .io_memory(512 << 10);
@@ -186,20 +224,11 @@ pub fn start(settings: Settings) -> Result<Running, String> {
             let core = Rc::new(Core::new(id, sh.clone(), shard));
             persist::restore_requests(&core, &requests);
             drop(requests);
-            match bind_all(&sh) {
-                Ok((ev, api_l, http_l)) => {
-                    let _ = ready.send(Ok(()));
-                    glommio::spawn_local(accept_loop(core.clone(), ev, "events", ingest::serve))
-                        .detach();
-                    glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::serve))
-                        .detach();
-                    glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http))
-                        .detach();
-                }
-                Err(e) => {
-                    let _ = ready.send(Err(e));
-                }
-            }
+            let (ev, api_l, http_l) = mine.into_glommio();
+            let _ = ready.send(Ok(()));
+            glommio::spawn_local(accept_loop(core.clone(), ev, "events", ingest::serve)).detach();
+            glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::serve)).detach();
+            glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http)).detach();
             run_loop::run(core, bell).await;
         });
         match spawned {
@@ -213,6 +242,7 @@ pub fn start(settings: Settings) -> Result<Running, String> {
         }
     }
     drop(ready_tx);
+    drop(bound);
     for _ in 0..handles.len() {
         match ready_rx.recv_timeout(Duration::from_secs(30)) {
             Ok(Ok(())) => {}
@@ -253,22 +283,16 @@ fn num_cpus() -> usize {
         .unwrap_or(1)
 }
 
-fn bind_all(sh: &Shared) -> Result<(TcpListener, TcpListener, TcpListener), String> {
-    let s = &sh.settings;
-    let bind = |a: &str| TcpListener::bind(a).map_err(|e| format!("cannot listen on {a}: {e}"));
-    Ok((
-        bind(&s.events_addr)?,
-        bind(&s.api_addr)?,
-        bind(&s.http_addr)?,
-    ))
-}
-
 /// Accepts connections until shutdown. Each listener on each core has a slot table
 /// (`conn_slot`): at `max_connections` a new connection displaces a pre-handshake or
 /// idle one and is refused only when every slot is busy; pre-handshake connections are
 /// capped at `max_preauth_connections`, the oldest going first (`slots`).
-async fn accept_loop<F, Fut>(core: Rc<Core>, l: TcpListener, name: &'static str, serve: F)
-where
+async fn accept_loop<F, Fut>(
+    core: Rc<Core>,
+    l: glommio::net::TcpListener,
+    name: &'static str,
+    serve: F,
+) where
     F: Fn(Rc<Core>, glommio::net::TcpStream, Rc<conn_slot::Slot>) -> Fut + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
 {
@@ -398,6 +422,7 @@ pub fn scrape(core: &Core) -> String {
                 .set(sh.is_live(e.slot, now / 1000) as i64);
         }
         m.index_blocks.set(blocks as i64);
+        m.index_budget_used.set(sh.budget.total() as i64);
         m.active_requests.set(active as i64);
         m.workers.set(reg.len() as i64);
     })

@@ -10,6 +10,8 @@
 
 use super::metrics::Metrics;
 use super::msg::{Lane, Msg};
+use crate::credentials::Credentials;
+use crate::index::Budget;
 use crate::registry::Registry;
 use crate::settings::Settings;
 use crate::sync::board::LoadBoard;
@@ -27,9 +29,11 @@ use std::time::Instant;
 pub struct WorkerCells {
     /// Milliseconds since service start of the last frame from the worker.
     pub last_seen_ms: AtomicU64,
-    /// 1 while a binary event connection is bound to the worker.
+    /// 1 while a binary event connection is bound to the worker: set under the registry
+    /// write lock by the registration of its `Hello`, cleared when it closes.
     pub connected: AtomicU32,
-    /// Subject to the heartbeat window (registered over the binary protocol).
+    /// Subject to the heartbeat window (registered over the event protocol). Only ever
+    /// switched on by a registration; off again only when the worker is removed.
     pub heartbeat: AtomicBool,
     /// Index state suspect (sequence gap, resync pending).
     pub suspect: AtomicBool,
@@ -59,8 +63,11 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     /// Stop accepting connections and stop the snapshot thread.
     pub stopping: AtomicBool,
-    /// Resolved shared secret, if authentication is on.
-    token: Option<String>,
+    /// The shared token and the per-worker tokens (`credentials`).
+    pub creds: Credentials,
+    /// Entry counters every core's shard reserves from: exact per-worker caps and the
+    /// global `max_index_entries` (`index::Budget`).
+    pub budget: Arc<Budget>,
     pub inflight: AtomicUsize,
     /// Round-robin cursor shared by all cores.
     pub rr: AtomicU64,
@@ -73,7 +80,7 @@ impl Shared {
         settings: Settings,
         cores: usize,
         registry: Registry,
-        token: Option<String>,
+        creds: Credentials,
     ) -> std::io::Result<(Arc<Shared>, Vec<UnixStream>)> {
         let shard_bits = cores.trailing_zeros();
         let mut doorbells = Vec::new();
@@ -101,7 +108,8 @@ impl Shared {
             metrics: Metrics::new(),
             shutdown: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
-            token,
+            creds,
+            budget: Arc::new(Budget::new(max_workers, settings.limits.max_index_entries)),
             inflight: AtomicUsize::new(0),
             rr: AtomicU64::new(0),
             started: Instant::now(),
@@ -163,18 +171,15 @@ impl Shared {
 }
 
 impl Shared {
-    /// Whether a presented token is accepted (constant-time compare; always true when
-    /// authentication is off).
+    /// Whether a presented token is the shared one (constant-time compare; always true
+    /// when authentication is off). Worker-scoped operations check
+    /// [`Credentials::may_act_on`] instead.
     pub fn authorized(&self, presented: &str) -> bool {
-        use subtle::ConstantTimeEq;
-        match &self.token {
-            None => true,
-            Some(t) => bool::from(t.as_bytes().ct_eq(presented.as_bytes())),
-        }
+        self.creds.is_admin(presented)
     }
 
     pub fn auth_enabled(&self) -> bool {
-        self.token.is_some()
+        self.creds.enabled()
     }
 
     /// Wakes core `to` if it may be parked.
