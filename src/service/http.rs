@@ -4,7 +4,8 @@
 //! `POST /v1/workers`, `DELETE /v1/workers/{id}`, `GET /v1/workers`,
 //! `POST /v1/workers/{id}/events`, `POST /v1/route`,
 //! `POST /v1/requests/{id}/{first_token|progress|finish|prefill_failed}`,
-//! `GET /metrics`, `GET /healthz`.
+//! `GET /metrics`, `GET /healthz`, and the status page: `GET /ui` (HTML) and
+//! `GET /v1/status` (its JSON, `status`).
 //! Every failure is a 4xx/5xx with a JSON body `{"error": "...", "code": "..."}`; bodies
 //! are size-limited and parsed strictly (unknown fields rejected).
 
@@ -75,6 +76,25 @@ async fn body_json<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// An HTML page (the status page, or its token form).
+fn html(status: StatusCode, page: &'static str) -> Resp {
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/html; charset=utf-8")
+        .header("cache-control", "no-store")
+        .header("x-content-type-options", "nosniff")
+        .header("referrer-policy", "no-referrer")
+        .body(Full::new(Bytes::from_static(page.as_bytes())))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+/// `token` of a `/ui` query string, form-decoded.
+fn ui_query_token(query: Option<&str>) -> Option<String> {
+    form_urlencoded::parse(query?.as_bytes())
+        .find(|(k, _)| k == "token")
+        .map(|(_, v)| v.into_owned())
+}
+
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Progress {
@@ -96,8 +116,17 @@ pub async fn handle(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        if !core.shared.authorized(presented) {
+        // A browser opening the status page cannot set a header: `/ui` also takes the
+        // token as `?token=` (the page then sends it as a Bearer header itself).
+        let ui = parts.as_slice() == ["ui"];
+        let from_query = ui.then(|| ui_query_token(req.uri().query())).flatten();
+        let ok = core.shared.authorized(presented)
+            || from_query.is_some_and(|t| core.shared.authorized(&t));
+        if !ok {
             core.shared.metrics.protocol_error("unauthorized");
+            if ui && req.method() == Method::GET {
+                return Ok(html(StatusCode::UNAUTHORIZED, super::status::LOGIN_HTML));
+            }
             return Ok(error(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -133,6 +162,12 @@ async fn route_http(
                 .body(Full::new(Bytes::from(text)))
                 .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
         }
+        (&Method::GET, ["ui"]) => html(StatusCode::OK, super::status::INDEX_HTML),
+        (&Method::GET, ["v1", "status"]) => Response::builder()
+            .header("content-type", "application/json")
+            .header("cache-control", "no-store")
+            .body(Full::new(super::status::status_body(&core.shared)))
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
         (&Method::GET, ["v1", "workers"]) => json(StatusCode::OK, &control::workers(&core)),
         (&Method::POST, ["v1", "workers"]) => match body_json::<WorkerSpec>(&core, req).await {
             Err(r) => r,
@@ -207,6 +242,8 @@ async fn route_http(
             _,
             ["healthz"]
             | ["metrics"]
+            | ["ui"]
+            | ["v1", "status"]
             | ["v1", "workers", ..]
             | ["v1", "route"]
             | ["v1", "requests", ..],

@@ -63,6 +63,9 @@ pub struct Metrics {
     pub worker_cached_blocks: Family<WorkerLabel, Gauge>,
     pub worker_live: Family<WorkerLabel, Gauge>,
     pub engine_stream: Family<EngineStreamLabels, Counter>,
+    /// Sums over kinds of `events` and `protocol_errors`, for the status page.
+    pub events_total: AtomicU64,
+    pub protocol_errors_total: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -96,6 +99,8 @@ impl Metrics {
             worker_cached_blocks: Family::default(),
             worker_live: Family::default(),
             engine_stream: Family::default(),
+            events_total: AtomicU64::new(0),
+            protocol_errors_total: AtomicU64::new(0),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -197,12 +202,16 @@ impl Metrics {
 
     pub fn event(&self, kind: &'static str, n: u64) {
         self.events.get_or_create(&KindLabel { kind }).inc_by(n);
+        self.events_total
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn protocol_error(&self, kind: &'static str) {
         self.protocol_errors
             .get_or_create(&KindLabel { kind })
             .inc();
+        self.protocol_errors_total
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Renders the text exposition. `fill` sets the scrape-time gauges first.

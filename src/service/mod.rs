@@ -25,6 +25,7 @@ pub mod persist;
 pub mod router;
 pub mod run_loop;
 pub mod shared;
+pub mod status;
 pub mod zmq_ingest;
 
 use self::core::Core;
@@ -195,6 +196,9 @@ pub fn start(settings: Settings) -> Result<Running, String> {
                         .detach();
                     glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http))
                         .detach();
+                    if id == 0 {
+                        glommio::spawn_local(status::sample_loop(core.clone())).detach();
+                    }
                 }
                 Err(e) => {
                     let _ = ready.send(Err(e));
