@@ -2,6 +2,8 @@
 //! talks to it over HTTP (ureq) and the binary protocols (kvroute::client).
 #![allow(dead_code)]
 
+pub mod ui;
+
 use serde_json::Value;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
