@@ -186,6 +186,33 @@ fn status_page_in_a_browser() {
         state("gpu-suspect") == Some("suspect".into()) && state("gpu-down") == Some("down".into())
     });
     traffic(&mut c, "more", 60);
+    // For the README's screenshot (docs/ui.png): KVROUTE_UI_DEMO_SECS=N runs N more
+    // seconds of traffic whose rate and prefix reuse vary, so the charts have shape.
+    let demo = std::env::var("KVROUTE_UI_DEMO_SECS").ok();
+    if let Some(secs) = demo.and_then(|v| v.parse::<u64>().ok()) {
+        let t0 = std::time::Instant::now();
+        let mut i = 0u64;
+        while t0.elapsed().as_secs() < secs {
+            let x = t0.elapsed().as_secs_f64();
+            let burst = 3 + ((x / 9.0).sin().abs() * 12.0) as u64;
+            let spread = 3 + (x / 20.0) as u64 % 3;
+            for _ in 0..burst {
+                let mut h = hashes(i % spread, 12);
+                h.extend(hashes(50_000 + i, 4));
+                let id = format!("demo-{i}");
+                let r = RouteRequest {
+                    request_id: id.clone(),
+                    block_hashes: Some(h),
+                    model: Some("llama".into()),
+                    ..Default::default()
+                };
+                c.route(&r).unwrap();
+                c.finish(&id).unwrap();
+                i += 1;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 
     browser.window(1400, 1100);
     browser.goto(&s.url(&format!("/ui?token={TOKEN}")));
