@@ -117,7 +117,7 @@ fn status_page_in_a_browser() {
     };
     let s = Server::start(
         2,
-        &["--auth-token", TOKEN, "--heartbeat-timeout-ms", "1500"],
+        &["--auth-token", TOKEN, "--heartbeat-timeout-ms", "3000"],
     );
     // Three live workers with cached prefixes, one that will turn suspect (sequence
     // gap) and one that will go down (stops heartbeating); all over the binary event
