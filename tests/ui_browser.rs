@@ -69,6 +69,20 @@ fn status_needs_the_token_and_is_cached() {
     );
 }
 
+#[test]
+fn status_without_a_token() {
+    let s = Server::start(1, &[]);
+    let (code, page) = authed_get(&s, "/ui", None);
+    assert_eq!(code, 200);
+    assert!(page.starts_with("<!doctype html>"));
+    let (code, body) = authed_get(&s, "/v1/status", None);
+    assert_eq!(code, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["settings"]["auth_token"], Value::Null);
+    assert_eq!(v["refresh_ms"], 1000);
+    assert_eq!(s.post("/ui", serde_json::json!({})).0, 405);
+}
+
 /// Keeps the given publishers alive (heartbeats) and sends a cache event now and then
 /// (the events chart), until dropped.
 struct Heartbeats {
@@ -277,7 +291,15 @@ fn status_page_in_a_browser() {
     );
 
     // A decision's explain record, on click: candidates with their cost terms.
-    browser.click("#decisions tbody tr[data-seq]");
+    // One made after gpu-down went down (the page may first get a document cached
+    // before that traffic).
+    let after_down = "#decisions tbody tr[data-request^='more-']";
+    browser.wait_js(
+        "decisions after the down worker left",
+        &format!("return !!document.querySelector(\"{after_down}\")"),
+        Duration::from_secs(5),
+    );
+    browser.click(after_down);
     browser.wait_js(
         "explain record",
         "return document.querySelectorAll('#explain-candidates tbody tr').length > 0",
@@ -302,10 +324,23 @@ fn status_page_in_a_browser() {
         assert_eq!(cells.len(), 7);
         let cost: f64 = cells[6].as_str().unwrap().replace(',', "").parse().unwrap();
         assert!(cost.is_finite());
-        assert_ne!(c["worker"], "gpu-down", "a down worker is no candidate");
+        assert_ne!(
+            c["worker"], "gpu-down",
+            "a down worker is no candidate: {ex}"
+        );
     }
     let kv = browser.js("return document.getElementById('explain-kv').textContent");
     assert!(kv.as_str().unwrap().contains("cost"));
+
+    // Sortable: by state, down first.
+    browser.click("#fleet th[data-key=state]");
+    browser.wait_js(
+        "sorted by state",
+        "const r = document.querySelectorAll('#fleet tbody tr[data-worker]'); \
+         return r[0].dataset.worker === 'gpu-down' && r[1].dataset.worker === 'gpu-suspect'",
+        Duration::from_secs(5),
+    );
+    browser.click("#fleet th[data-key=id]");
 
     let png = browser.screenshot();
     assert!(png.starts_with(b"\x89PNG"), "screenshot is no PNG");
@@ -339,6 +374,11 @@ fn status_page_in_a_browser() {
         true,
         "page wider than a phone window"
     );
+    std::fs::write(
+        target_dir().join("ui-screenshot-phone.png"),
+        browser.screenshot(),
+    )
+    .unwrap();
     // Filtering finds one worker among them.
     browser.js(
         "const f = document.getElementById('filter'); f.value = 'gpu-suspect'; \
