@@ -166,7 +166,9 @@ async fn route_http(
         (&Method::GET, ["v1", "status"]) => Response::builder()
             .header("content-type", "application/json")
             .header("cache-control", "no-store")
-            .body(Full::new(super::status::status_body(&core.shared)))
+            .body(Full::new(
+                super::status::status_body(core.shared.clone()).await,
+            ))
             .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
         (&Method::GET, ["v1", "workers"]) => json(StatusCode::OK, &control::workers(&core)),
         (&Method::POST, ["v1", "workers"]) => match body_json::<WorkerSpec>(&core, req).await {

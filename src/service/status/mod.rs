@@ -5,7 +5,8 @@
 //! - this file: the once-a-second sampler (a timer task on core 0), and the status
 //!   document, built at most once per [`REFRESH_MS`] whatever the number of pages
 //!   polling it (every caller inside the interval gets the same cached bytes; while one
-//!   core builds a fresh document the others serve the previous one).
+//!   core builds a fresh document, on glommio's blocking-thread pool, the others serve
+//!   the previous one).
 //!
 //! Memory is bounded: a 600-point history, 7 window snapshots of at most `max_workers`
 //! counters, 50 recorded decisions of at most 16 candidates each, and one cached
@@ -22,7 +23,7 @@ use model::{DecisionRecord, History, Point, SlotCount, Totals, Window, REFRESH_M
 use serde::Serialize;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The page itself: HTML with inline CSS and JavaScript, no external resource.
@@ -253,8 +254,10 @@ fn build(sh: &Shared, now_ms: u64) -> Bytes {
 }
 
 /// The `GET /v1/status` body: the cached document if younger than [`REFRESH_MS`], else
-/// a fresh one (built by one caller at a time; the others get the previous one).
-pub fn status_body(sh: &Shared) -> Bytes {
+/// a fresh one (built by one caller at a time; the others get the previous one). The
+/// build runs on glommio's blocking-thread pool, not on the executor: at 1,000 workers
+/// it takes milliseconds that this core's routing should not wait behind.
+pub async fn status_body(sh: Arc<Shared>) -> Bytes {
     let now = sh.now_ms();
     let st = &sh.status;
     let stale = match st.cache.lock() {
@@ -271,12 +274,20 @@ pub fn status_body(sh: &Shared) -> Bytes {
             return b;
         }
     }
-    let body = build(sh, now);
-    if let Ok(mut c) = st.cache.lock() {
-        *c = Some((now, body.clone()));
-    }
-    if owner {
-        st.building.store(false, Ordering::Release);
-    }
-    body
+    // The blocking thread stores the document and clears the flag itself, so a
+    // caller that goes away mid-build (client disconnected) leaves no stuck flag.
+    let worker = sh.clone();
+    glommio::executor()
+        .spawn_blocking(move || {
+            let body = build(&worker, now);
+            let st = &worker.status;
+            if let Ok(mut c) = st.cache.lock() {
+                *c = Some((now, body.clone()));
+            }
+            if owner {
+                st.building.store(false, Ordering::Release);
+            }
+            body
+        })
+        .await
 }
