@@ -177,3 +177,70 @@ impl Counters {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_gate_per_thread() {
+        let c = Counters::new(1, 4);
+        assert!(c.sample(false, 1_000));
+        assert!(!c.sample(false, 1_000 + SAMPLE_EVERY_US - 1));
+        assert!(
+            c.sample(true, 1_000 + SAMPLE_EVERY_US - 1),
+            "explain always records"
+        );
+        assert!(c.sample(false, 10 * SAMPLE_EVERY_US));
+    }
+
+    #[test]
+    fn slots_tiers_and_reset() {
+        let c = Counters::new(2, 4);
+        c.routed(1);
+        c.routed(1);
+        c.prefilled(1, 10, 4);
+        c.routed(99); // out of range: ignored
+        c.cache_event(1, 0);
+        c.publish_tiers(0, 1, [3, 2, 1]);
+        c.publish_tiers(1, 1, [1, 0, 0]);
+        assert_eq!(c.tiers(1), [4, 2, 1]);
+        assert_eq!(c.last_event_ms(1), Some(0));
+        assert_eq!(c.last_event_ms(2), None);
+        let n = c.slot_count(1, 7);
+        assert_eq!(
+            (n.gen, n.routes, n.prompt_blocks, n.cached_blocks),
+            (7, 2, 10, 4)
+        );
+        c.reset(1);
+        assert_eq!(c.slot_count(1, 8).routes, 0);
+        assert_eq!(c.last_event_ms(1), None);
+    }
+
+    #[test]
+    fn ring_is_bounded_newest_first() {
+        let c = Counters::new(1, 1);
+        for i in 0..(RECENT_DECISIONS + 5) {
+            c.record(DecisionRecord {
+                seq: 0,
+                t_ms: i as u64,
+                request_id: format!("r{i}"),
+                mode: "kv",
+                decode_worker: "w".into(),
+                prefill_worker: None,
+                dp_rank: 0,
+                overlap: Default::default(),
+                cost: 0.0,
+                fallback: "none".into(),
+                prompt_blocks: 1,
+                input_tokens: 1,
+                candidates_total: 0,
+                candidates: Vec::new(),
+            });
+        }
+        let r = c.recent();
+        assert_eq!(r.len(), RECENT_DECISIONS);
+        assert_eq!(r[0].request_id, format!("r{}", RECENT_DECISIONS + 4));
+        assert!(r[0].seq > r[1].seq);
+    }
+}
