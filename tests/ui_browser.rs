@@ -81,6 +81,10 @@ fn status_without_a_token() {
     assert_eq!(v["settings"]["auth_token"], Value::Null);
     assert_eq!(v["refresh_ms"], 1000);
     assert_eq!(s.post("/ui", serde_json::json!({})).0, 405);
+    // The page may load nothing from elsewhere.
+    let r = ureq::get(&s.url("/ui")).call().unwrap();
+    let csp = r.header("content-security-policy").unwrap_or_default();
+    assert!(csp.starts_with("default-src 'none'") && csp.contains("connect-src 'self'"));
 }
 
 /// Keeps the given publishers alive (heartbeats) and sends a cache event now and then
