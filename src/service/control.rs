@@ -79,6 +79,7 @@ fn upsert(sh: &Shared, spec: WorkerSpec, origin: Origin) -> Result<(Upsert, u64)
         cells.gen.fetch_add(1, Ordering::AcqRel);
         cells.next_seq.store(0, Ordering::Release);
         cells.suspect.store(false, Ordering::Release);
+        sh.status.counters.reset(up.slot());
     }
     let gen = cells.gen.load(Ordering::Acquire);
     if origin == Origin::Events {
@@ -305,42 +306,43 @@ pub fn workers(core: &Core) -> Vec<WorkerStatus> {
     let sh = &core.shared;
     let reg = sh.registry.load();
     let now_us = sh.now_us();
+    reg.iter().map(|e| worker_status(sh, e, now_us)).collect()
+}
+
+/// Status of one worker at `now_us` (also the status page's fleet rows).
+pub fn worker_status(sh: &Shared, e: &crate::registry::WorkerEntry, now_us: u64) -> WorkerStatus {
     let cfg = &sh.settings.router;
-    reg.iter()
-        .map(|e| {
-            let p = sh.board.read(e.slot);
-            let load = p.agg.load(cfg.prefill_load_model, now_us);
-            let state = if !sh.is_live(e.slot, now_us / 1000) {
-                WorkerState::Down
-            } else if sh
-                .cells(e.slot)
-                .is_some_and(|c| c.suspect.load(Ordering::Relaxed))
-            {
-                WorkerState::Suspect
-            } else {
-                WorkerState::Live
-            };
-            let mut w = WorkerStatus::new(
-                &e.spec,
-                state,
-                p.cached_blocks,
-                &load,
-                if cfg.assume_kv_reuse {
-                    p.blocks_unique as f64
-                } else {
-                    load.blocks_total
-                },
-            );
-            let mismatch = sh
-                .cells(e.slot)
-                .map_or(0, |c| c.engine_block_size_mismatch.load(Ordering::Relaxed));
-            if mismatch != 0 {
-                w.engine_issue = Some(format!(
-                    "block_size_mismatch: engine {mismatch}, router {}",
-                    cfg.block_size
-                ));
-            }
-            w
-        })
-        .collect()
+    let p = sh.board.read(e.slot);
+    let load = p.agg.load(cfg.prefill_load_model, now_us);
+    let state = if !sh.is_live(e.slot, now_us / 1000) {
+        WorkerState::Down
+    } else if sh
+        .cells(e.slot)
+        .is_some_and(|c| c.suspect.load(Ordering::Relaxed))
+    {
+        WorkerState::Suspect
+    } else {
+        WorkerState::Live
+    };
+    let mut w = WorkerStatus::new(
+        &e.spec,
+        state,
+        p.cached_blocks,
+        &load,
+        if cfg.assume_kv_reuse {
+            p.blocks_unique as f64
+        } else {
+            load.blocks_total
+        },
+    );
+    let mismatch = sh
+        .cells(e.slot)
+        .map_or(0, |c| c.engine_block_size_mismatch.load(Ordering::Relaxed));
+    if mismatch != 0 {
+        w.engine_issue = Some(format!(
+            "block_size_mismatch: engine {mismatch}, router {}",
+            cfg.block_size
+        ));
+    }
+    w
 }

@@ -371,7 +371,14 @@ impl Core {
     /// Handles one message from another core (or our own mailbox).
     pub fn handle(&self, msg: Msg) {
         match msg {
-            Msg::Index { slot, gen, ops } => self.apply_index(slot, gen, &ops),
+            Msg::Index { slot, gen, ops } => {
+                // Every core sees every index batch; core 0 notes it for the status page.
+                if self.id == 0 && ops.iter().any(|o| !matches!(o, IndexOp::SetCap(_))) {
+                    let now = self.shared.now_ms();
+                    self.shared.status.counters.cache_event(slot, now);
+                }
+                self.apply_index(slot, gen, &ops)
+            }
             Msg::Forget { slot } => self.forget(slot),
             Msg::Query {
                 from,
@@ -445,6 +452,11 @@ impl Core {
                 cached_blocks: st.index.worker_blocks(slot),
             };
             self.shared.board.publish(self.id, slot, &p);
+            let tiers = Tier::ALL.map(|t| st.index.worker_tier_blocks(slot, t));
+            self.shared
+                .status
+                .counters
+                .publish_tiers(self.id, slot, tiers);
         }
     }
 }

@@ -4,7 +4,8 @@
 //! `POST /v1/workers`, `DELETE /v1/workers/{id}`, `GET /v1/workers`,
 //! `POST /v1/workers/{id}/events`, `POST /v1/route`,
 //! `POST /v1/requests/{id}/{first_token|progress|finish|prefill_failed}`,
-//! `GET /metrics`, `GET /healthz`.
+//! `GET /metrics`, `GET /healthz`, and the status page: `GET /ui` (HTML) and
+//! `GET /v1/status` (its JSON, `status`).
 //! Every failure is a 4xx/5xx with a JSON body `{"error": "...", "code": "..."}`; bodies
 //! are size-limited and parsed strictly (unknown fields rejected). Which token may call
 //! which route is decided by `check_auth` with the rules of `credentials`.
@@ -83,6 +84,31 @@ async fn body_json<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// An HTML page (the status page, or its token form). The content security policy
+/// lets it load nothing from anywhere but its own inline code and this origin's API.
+fn html(status: StatusCode, page: &'static str) -> Resp {
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/html; charset=utf-8")
+        .header(
+            "content-security-policy",
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+             connect-src 'self'; form-action 'self'; img-src data:; frame-ancestors 'none'",
+        )
+        .header("cache-control", "no-store")
+        .header("x-content-type-options", "nosniff")
+        .header("referrer-policy", "no-referrer")
+        .body(Full::new(Bytes::from_static(page.as_bytes())))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+/// `token` of a `/ui` query string, form-decoded.
+fn ui_query_token(query: Option<&str>) -> Option<String> {
+    form_urlencoded::parse(query?.as_bytes())
+        .find(|(k, _)| k == "token")
+        .map(|(_, v)| v.into_owned())
+}
+
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Progress {
@@ -97,14 +123,25 @@ pub async fn handle(
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let presented = req
+    let mut presented = req
         .headers()
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("")
         .to_string();
+    // A browser opening the status page cannot set a header: `/ui` also takes the
+    // token as `?token=` (the page then sends it as a Bearer header itself).
+    let ui = parts.as_slice() == ["ui"];
+    if ui && !core.shared.creds.is_admin(&presented) {
+        if let Some(t) = ui_query_token(req.uri().query()) {
+            presented = t;
+        }
+    }
     if let Some(refused) = check_auth(&core, &method, &parts, &presented) {
+        if ui && method == Method::GET {
+            return Ok(html(StatusCode::UNAUTHORIZED, super::status::LOGIN_HTML));
+        }
         return Ok(refused);
     }
     core.shared
@@ -161,6 +198,14 @@ async fn route_http(
                 .body(Full::new(Bytes::from(text)))
                 .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
         }
+        (&Method::GET, ["ui"]) => html(StatusCode::OK, super::status::INDEX_HTML),
+        (&Method::GET, ["v1", "status"]) => Response::builder()
+            .header("content-type", "application/json")
+            .header("cache-control", "no-store")
+            .body(Full::new(
+                super::status::status_body(core.shared.clone()).await,
+            ))
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
         (&Method::GET, ["v1", "workers"]) => json(StatusCode::OK, &control::workers(&core)),
         (&Method::POST, ["v1", "workers"]) => match body_json::<WorkerSpec>(&core, req).await {
             Err(r) => r,
@@ -248,6 +293,8 @@ async fn route_http(
             _,
             ["healthz"]
             | ["metrics"]
+            | ["ui"]
+            | ["v1", "status"]
             | ["v1", "workers", ..]
             | ["v1", "route"]
             | ["v1", "requests", ..],

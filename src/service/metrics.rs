@@ -78,6 +78,9 @@ pub struct Metrics {
     pub index_refused: Family<KindLabel, Counter>,
     /// Entries counted against `max_index_entries` (live, plus batches being applied).
     pub index_budget_used: Gauge,
+    /// Sums over kinds of `events` and `protocol_errors`, for the status page.
+    pub events_total: AtomicU64,
+    pub protocol_errors_total: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -118,6 +121,8 @@ impl Metrics {
             snapshot_bytes: Gauge::default(),
             index_refused: Family::default(),
             index_budget_used: Gauge::default(),
+            events_total: AtomicU64::new(0),
+            protocol_errors_total: AtomicU64::new(0),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -267,12 +272,16 @@ impl Metrics {
 
     pub fn event(&self, kind: &'static str, n: u64) {
         self.events.get_or_create(&KindLabel { kind }).inc_by(n);
+        self.events_total
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn protocol_error(&self, kind: &'static str) {
         self.protocol_errors
             .get_or_create(&KindLabel { kind })
             .inc();
+        self.protocol_errors_total
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Renders the text exposition. `fill` sets the scrape-time gauges first.

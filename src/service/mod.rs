@@ -35,6 +35,7 @@ pub mod run_loop;
 pub mod shared;
 pub mod slots;
 pub mod state_dir;
+pub mod status;
 pub mod zmq_ingest;
 
 use self::core::Core;
@@ -229,6 +230,9 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             glommio::spawn_local(accept_loop(core.clone(), ev, "events", ingest::serve)).detach();
             glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::serve)).detach();
             glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http)).detach();
+            if id == 0 {
+                glommio::spawn_local(status::sample_loop(core.clone())).detach();
+            }
             run_loop::run(core, bell).await;
         });
         match spawned {

@@ -135,6 +135,9 @@ pub async fn route(core: &Core, req: &RouteRequest) -> Result<RouteDecision, Api
         .map_err(EngineError::from)?;
     if core.load_count() >= sh.settings.limits.max_active_requests {
         sh.metrics.route("kv", "overloaded");
+        sh.status
+            .counters
+            .on_route(false, started.elapsed().as_nanos() as u64);
         return Err(ApiError::Overloaded("too many active requests".into()));
     }
     let mode = req.mode.unwrap_or(sh.settings.router.mode);
@@ -155,9 +158,11 @@ pub async fn route(core: &Core, req: &RouteRequest) -> Result<RouteDecision, Api
         Err(_) => "error",
     };
     sh.metrics.route(mode.name(), outcome);
-    sh.metrics
-        .decision_latency
-        .observe(started.elapsed().as_secs_f64());
+    let elapsed = started.elapsed();
+    sh.metrics.decision_latency.observe(elapsed.as_secs_f64());
+    sh.status
+        .counters
+        .on_route(out.is_ok(), elapsed.as_nanos() as u64);
     out
 }
 
@@ -235,6 +240,9 @@ async fn route_prepared(
     );
     let cfg = &sh.settings.router;
     let now_us = sh.now_us();
+    // The status page's recent decisions carry explain records: a sampled decision
+    // computes one even when the client did not ask (at most a few per second).
+    let sampled = sh.status.counters.sample(explain, now_us);
     // One round-robin cursor for the whole service (a per-core cursor would cycle
     // each core's share of the requests separately).
     let mut rr = RrState {
@@ -265,7 +273,7 @@ async fn route_prepared(
             loads: &v.loads,
             hits: &v.hits,
             prefill_failed,
-            explain,
+            explain: explain || sampled,
         };
         decide_view(
             &input,
@@ -281,9 +289,10 @@ async fn route_prepared(
             return Err(EngineError::Route(e).into());
         }
     };
-    let out = plan::to_output(&reg, id, &d, explain);
+    let mut out = plan::to_output(&reg, id, &d, explain || sampled);
     sh.metrics.request_blocks.inc_by(n as u64);
     sh.metrics.overlap_blocks.inc_by(d.overlap.own() as u64);
+    record_for_status(core, &d, &mut out, &prepared, mode, sampled, explain);
     let retained = d.prefill_worker.is_some().then(|| Retained {
         prepared: prepared.clone(),
         mode,
@@ -293,6 +302,58 @@ async fn route_prepared(
     let req = plan::new_request(id, &d, &prepared, hashes, cfg.block_size, osl, now_us);
     core.commit_here(req, retained);
     Ok(out)
+}
+
+/// Counts decision `d` for the status page (routes per worker; prompt and cached
+/// blocks on the worker that prefills) and, if `sampled`, records it with its explain
+/// record, leaving `out.candidates` only if the client asked for them (`explain`).
+fn record_for_status(
+    core: &Core,
+    d: &Decision,
+    out: &mut RouteDecision,
+    prepared: &Prepared,
+    mode: Mode,
+    sampled: bool,
+    explain: bool,
+) {
+    use super::status::model::{keep_candidates, DecisionRecord, MAX_CANDIDATES};
+    let c = &core.shared.status.counters;
+    c.routed(d.decode_worker);
+    if let Some(p) = d.prefill_worker.filter(|&p| p != d.decode_worker) {
+        c.routed(p);
+    }
+    c.prefilled(
+        d.prefill_worker.unwrap_or(d.decode_worker),
+        prepared.hashes.len() as u64,
+        d.overlap.own() as u64,
+    );
+    if !sampled {
+        return;
+    }
+    let all = if explain {
+        out.candidates.clone().unwrap_or_default()
+    } else {
+        out.candidates.take().unwrap_or_default()
+    };
+    let mut chosen = vec![out.decode_worker.as_str()];
+    chosen.extend(out.prefill_worker.as_deref());
+    let total = all.len();
+    c.record(DecisionRecord {
+        seq: 0,
+        t_ms: core.shared.now_ms(),
+        request_id: out.request_id.clone(),
+        mode: mode.name(),
+        decode_worker: out.decode_worker.clone(),
+        prefill_worker: out.prefill_worker.clone(),
+        dp_rank: out.dp_rank,
+        overlap: out.overlap,
+        cost: out.cost,
+        fallback: out.fallback.clone(),
+        prompt_blocks: prepared.prompt_blocks,
+        input_tokens: prepared.input_tokens,
+        candidates_total: total,
+        candidates: keep_candidates(all, &chosen, MAX_CANDIDATES),
+    });
 }
 
 /// A lifecycle call. `PrefillFailed` answers with the decode-only decision.

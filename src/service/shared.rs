@@ -72,6 +72,8 @@ pub struct Shared {
     /// Round-robin cursor shared by all cores.
     pub rr: AtomicU64,
     pub started: Instant,
+    /// Status page counters, history and cached document (`status`).
+    pub status: super::status::StatusState,
 }
 
 impl Shared {
@@ -113,6 +115,7 @@ impl Shared {
             inflight: AtomicUsize::new(0),
             rr: AtomicU64::new(0),
             started: Instant::now(),
+            status: super::status::StatusState::new(cores, max_workers),
             settings,
         };
         Ok((Arc::new(shared), readers))

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod ident;
+pub mod ui;
 
 use serde_json::Value;
 use std::net::TcpListener;
