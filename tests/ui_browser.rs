@@ -102,7 +102,7 @@ impl Heartbeats {
             let mut n = 0u64;
             while !s.load(Ordering::Relaxed) {
                 for (i, p) in pubs.iter_mut().enumerate() {
-                    if n % 3 == 0 {
+                    if n.is_multiple_of(3) {
                         p.stored(Tier::Host, None, &hashes(900 + i as u64 * 100 + n, 2));
                     }
                     p.heartbeat(0, 8, 10_000);

@@ -153,7 +153,7 @@ impl Counters {
             let due = explain
                 || last
                     .get()
-                    .map_or(true, |t| now_us.saturating_sub(t) >= SAMPLE_EVERY_US);
+                    .is_none_or(|t| now_us.saturating_sub(t) >= SAMPLE_EVERY_US);
             if due {
                 last.set(Some(now_us));
             }

@@ -233,7 +233,7 @@ impl Window {
         self.snaps
             .iter()
             .next_back()
-            .map_or(true, |s| now_ms.saturating_sub(s.at_ms) >= WINDOW_EVERY_MS)
+            .is_none_or(|s| now_ms.saturating_sub(s.at_ms) >= WINDOW_EVERY_MS)
     }
 
     pub fn snapshot(&mut self, now_ms: u64, decisions: u64, slots: Vec<SlotCount>) {
@@ -294,7 +294,7 @@ pub fn warnings(
         }
         WorkerState::Live => {}
     }
-    if routes_in_window > 0 && last_event_age_ms.map_or(true, |a| a >= SILENT_AFTER_MS) {
+    if routes_in_window > 0 && last_event_age_ms.is_none_or(|a| a >= SILENT_AFTER_MS) {
         w.push("no cache events while routed to");
     }
     w
