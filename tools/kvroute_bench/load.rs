@@ -43,6 +43,14 @@ pub struct Result {
     /// HTTP calls answered as expected (`--http-clients`); their routes are counted in
     /// `decisions_per_s` too.
     pub http_ops_per_s: f64,
+    /// Block events published by the simulated ZMQ engines (`--engines`; also counted
+    /// in `block_events_per_s`), malformed payloads they sent on purpose, and messages
+    /// no subscriber received (the router's subscription was down).
+    pub engine_block_events: u64,
+    pub engine_garbage_sent: u64,
+    pub engine_messages_unsent: u64,
+    /// The router's `kvroute_engine_stream_total` for the engines, by kind, at the end.
+    pub engine_router_view: std::collections::BTreeMap<String, u64>,
 }
 
 /// User + system CPU seconds used so far by process `pid` (all threads).
@@ -269,6 +277,7 @@ fn client(
 pub fn run(
     args: &Args,
     addrs: &crate::Addrs,
+    engines: Option<&crate::engine_load::Engines>,
     pid: Option<u32>,
     label: String,
 ) -> std::result::Result<Result, String> {
@@ -285,8 +294,19 @@ pub fn run(
     let kinds: Arc<Kinds> = Arc::new(Default::default());
     let mut rss_warm = None;
     let duration = Duration::from_secs(args.duration.clamp(1, 3600));
-    let (results, piped, https, secs, block_events, cpu) = std::thread::scope(|s| {
+    let block_size = kvroute::config::RouterConfig::default().block_size;
+    let (results, piped, https, engs, secs, block_events, cpu) = std::thread::scope(|s| {
         let mut pubs = Vec::new();
+        let mut engs = Vec::new();
+        for e in 0..engines.map_or(0, |e| e.len()) {
+            let Some(p) = engines.and_then(|x| x.get(e)) else {
+                continue;
+            };
+            let (stop, sent) = (stop.clone(), sent.clone());
+            engs.push(
+                s.spawn(move || crate::engine_load::publish(args, p, e, block_size, &stop, &sent)),
+            );
+        }
         for w in 0..args.workers {
             let (stop, sent, rc) = (stop.clone(), sent.clone(), reconnects.clone());
             pubs.push(s.spawn(move || publisher(args, events, w, &stop, &sent, &rc)));
@@ -345,12 +365,13 @@ pub fn run(
             }
         }
         let https: Vec<_> = https.into_iter().filter_map(|h| h.join().ok()).collect();
+        let engs: Vec<_> = engs.into_iter().filter_map(|h| h.join().ok()).collect();
         for p in pubs {
             if let Ok(Err(e)) = p.join() {
                 eprintln!("kvroute-bench: publisher: {e}");
             }
         }
-        (out, piped_out, https, secs, block_events, cpu)
+        (out, piped_out, https, engs, secs, block_events, cpu)
     });
     let mut lat: Vec<u32> = Vec::new();
     let mut decisions = 0u64;
@@ -386,6 +407,12 @@ pub fn run(
             *kinds.entry(k).or_insert(0) += n;
         }
     }
+    let (mut engine_events, mut engine_garbage, mut engine_unsent) = (0u64, 0u64, 0u64);
+    for e in engs {
+        engine_events += e.block_events;
+        engine_garbage += e.garbage;
+        engine_unsent += e.unsent;
+    }
     lat.sort_unstable();
     lag.sort_unstable();
     let pipelined = args.connections > 0;
@@ -416,14 +443,22 @@ pub fn run(
             .filter(|_| decisions > 0)
             .map(|c| c * 1e6 / decisions as f64),
         http_ops_per_s: http_ops as f64 / secs,
+        engine_block_events: engine_events,
+        engine_garbage_sent: engine_garbage,
+        engine_messages_unsent: engine_unsent,
+        engine_router_view: if engines.is_some_and(|e| e.len() > 0) {
+            crate::engine_load::router_view(http)
+        } else {
+            Default::default()
+        },
     })
 }
 
 pub fn table(rs: &[Result]) -> String {
-    let mut s = String::from("| run | clients | block events/s | decisions/s | p50 µs | p99 µs | p999 µs | send lag p50/p99 µs | router CPU cores (µs/decision) | errors | lost | reconnects | RSS MiB warm→end (peak) | HTTP ops/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut s = String::from("| run | clients | block events/s | decisions/s | p50 µs | p99 µs | p999 µs | send lag p50/p99 µs | router CPU cores (µs/decision) | errors | lost | reconnects | RSS MiB warm→end (peak) | HTTP ops/s | engine block events (garbage sent, unsent) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rs {
         s += &format!(
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} {:?} | {} | {} | {} → {} ({}) | {:.0} |\n",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} {:?} | {} | {} | {} → {} ({}) | {:.0} | {} ({}, {}) |\n",
             r.label,
             r.clients,
             r.block_events_per_s,
@@ -453,7 +488,10 @@ pub fn table(rs: &[Result]) -> String {
             r.peak_rss_mib
                 .map(|m| format!("{m:.0}"))
                 .unwrap_or_else(|| "-".into()),
-            r.http_ops_per_s
+            r.http_ops_per_s,
+            r.engine_block_events,
+            r.engine_garbage_sent,
+            r.engine_messages_unsent
         );
     }
     s

@@ -13,6 +13,7 @@
 //! (on free loopback ports) to show scaling. Loopback only; every loop is bounded by
 //! `--duration`.
 
+mod engine_load;
 mod http_load;
 mod load;
 mod pipelined;
@@ -89,6 +90,13 @@ pub struct Args {
     /// finish).
     #[arg(long, default_value_t = 200)]
     pub http_rate: u64,
+    /// Simulated vLLM engines publishing KV events over ZMQ (`engine_load`; needs
+    /// --spawn: the spawned router subscribes to them with `--engine`).
+    #[arg(long, default_value_t = 0)]
+    pub engines: usize,
+    /// Block events/s over all engines.
+    #[arg(long, default_value_t = 20_000)]
+    pub engine_rate: u64,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<String>,
@@ -117,7 +125,11 @@ pub struct Addrs {
     pub http: String,
 }
 
-fn spawn(path: &str, cores: usize) -> Result<(Spawned, Addrs), String> {
+fn spawn(
+    path: &str,
+    cores: usize,
+    engines: &engine_load::Engines,
+) -> Result<(Spawned, Addrs), String> {
     let p = |_| free_port().map_err(|e| e.to_string());
     let (e, a, h) = (p(0)?, p(1)?, p(2)?);
     let events = format!("127.0.0.1:{e}");
@@ -134,6 +146,7 @@ fn spawn(path: &str, cores: usize) -> Result<(Spawned, Addrs), String> {
             &api,
         ])
         .args(["--http-addr", &http, "--max-blocks-per-worker", "100000000"])
+        .args(engines.router_flags())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -152,7 +165,11 @@ fn spawn(path: &str, cores: usize) -> Result<(Spawned, Addrs), String> {
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let mut results = Vec::new();
-    let run = |args: &Args, addrs: &Addrs, pid: Option<u32>, label: String| {
+    let run = |args: &Args,
+               addrs: &Addrs,
+               engines: Option<&engine_load::Engines>,
+               pid: Option<u32>,
+               label: String| {
         let clients = if args.connections > 0 {
             format!("{} pipelined connections", args.connections)
         } else {
@@ -162,18 +179,30 @@ fn main() -> std::process::ExitCode {
             "kvroute-bench: {label}: {} workers, {clients} at {}/s, {} s",
             args.workers, args.rate, args.duration
         );
-        load::run(args, addrs, pid, label)
+        load::run(args, addrs, engines, pid, label)
     };
+    if args.engines > 0 && args.spawn.is_none() {
+        eprintln!("kvroute-bench: --engines needs --spawn (the router must subscribe to them)");
+        return std::process::ExitCode::from(2);
+    }
     if let Some(path) = &args.spawn {
         for c in args.cores.split(',') {
             let Ok(cores) = c.trim().parse::<usize>() else {
                 eprintln!("kvroute-bench: bad --cores value {c:?}");
                 return std::process::ExitCode::from(2);
             };
-            match spawn(path, cores) {
+            let engines = match engine_load::Engines::bind(args.engines) {
+                Ok(e) => e,
+                Err(e) => {
+                    eprintln!("kvroute-bench: cannot bind engine publishers: {e}");
+                    return std::process::ExitCode::FAILURE;
+                }
+            };
+            match spawn(path, cores, &engines) {
                 Ok((s, addrs)) => {
                     let pid = s.child.id();
-                    match run(&args, &addrs, Some(pid), format!("cores={cores}")) {
+                    let label = format!("cores={cores}");
+                    match run(&args, &addrs, Some(&engines), Some(pid), label) {
                         Ok(r) => results.push(r),
                         Err(e) => {
                             eprintln!("kvroute-bench: {e}");
@@ -193,7 +222,7 @@ fn main() -> std::process::ExitCode {
             api: args.api.clone(),
             http: args.http.clone(),
         };
-        match run(&args, &addrs, args.pid, "router".into()) {
+        match run(&args, &addrs, None, args.pid, "router".into()) {
             Ok(r) => results.push(r),
             Err(e) => {
                 eprintln!("kvroute-bench: {e}");
@@ -202,6 +231,12 @@ fn main() -> std::process::ExitCode {
         }
     }
     println!("{}", load::table(&results));
+    for r in results.iter().filter(|r| !r.engine_router_view.is_empty()) {
+        println!(
+            "{}: router's engine stream counters: {:?}",
+            r.label, r.engine_router_view
+        );
+    }
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&results).unwrap_or_default();
         if let Err(e) = std::fs::write(path, text) {
