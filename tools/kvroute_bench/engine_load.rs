@@ -179,7 +179,7 @@ pub fn publish(
                 sent.fetch_add(old.len() as u64, Ordering::Relaxed);
             }
         }
-        if n % GARBAGE_EVERY == 0 {
+        if n.is_multiple_of(GARBAGE_EVERY) {
             send(b"\xc1 not msgpack", &mut out);
             out.garbage += 1;
         }
