@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod ident;
+pub mod raw;
 pub mod ui;
 
 use serde_json::Value;
