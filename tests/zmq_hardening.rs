@@ -7,88 +7,38 @@
 //! The router is started here (not through `common::Server`) so that its stderr can be
 //! captured and the log lines checked.
 
+mod common;
+
+use common::{free_port, Server};
 use kvroute::zmtp::{codec, Conn, Item, Limits, Publisher};
 use rmpv::Value;
 use serde_json::Value as Json;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const BS: u64 = 4;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A `kvroute serve` child with its stderr captured line by line.
+/// The router of these tests: one core, block size 4, stderr captured
+/// ([`Server::start_logged`]) so the log lines can be checked.
 struct Router {
-    child: Child,
-    http: String,
-    log: Arc<Mutex<Vec<String>>>,
+    s: Server,
 }
 
 impl Router {
     fn start(extra: &[&str]) -> Router {
-        for _ in 0..4 {
-            if let Some(r) = Router::try_start(extra) {
-                return r;
-            }
+        let mut args = vec!["--block-size", "4"];
+        args.extend_from_slice(extra);
+        Router {
+            s: Server::start_logged(1, &args),
         }
-        panic!("kvroute did not start on free ports four times");
-    }
-
-    fn try_start(extra: &[&str]) -> Option<Router> {
-        let addr = |p: u16| format!("127.0.0.1:{p}");
-        let (e, a, h) = (addr(free_port()), addr(free_port()), addr(free_port()));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
-            .args(["serve", "--cores", "1", "--block-size", "4"])
-            .args(["--events-addr", &e, "--api-addr", &a, "--http-addr", &h])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn kvroute");
-        let err = child.stderr.take().expect("stderr");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let l = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("[kvroute] {line}");
-                l.lock().unwrap_or_else(|p| p.into_inner()).push(line);
-            }
-        });
-        let mut r = Router {
-            child,
-            http: h,
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if r.child.try_wait().ok().flatten().is_some() {
-                return None;
-            }
-            if r.healthz() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "kvroute did not become healthy");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-        if r.child.try_wait().ok().flatten().is_some() {
-            return None;
-        }
-        Some(r)
     }
 
     fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.http)
+        self.s.url(path)
     }
 
     fn healthz(&self) -> bool {
@@ -99,7 +49,7 @@ impl Router {
     }
 
     fn alive(&mut self) -> bool {
-        self.child.try_wait().ok().flatten().is_none()
+        self.s.alive()
     }
 
     fn metrics(&self) -> String {
@@ -149,7 +99,7 @@ impl Router {
             assert!(
                 Instant::now() < deadline,
                 "timed out waiting for {what}; log:\n{}",
-                self.log.lock().unwrap().join("\n")
+                self.s.log().join("\n")
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -159,7 +109,7 @@ impl Router {
     fn wait_log(&self, parts: &[&str]) -> String {
         let mut found = String::new();
         self.wait_until(&format!("a log line with {parts:?}"), |r| {
-            let log = r.log.lock().unwrap();
+            let log = r.s.log();
             match log.iter().find(|l| parts.iter().all(|p| l.contains(p))) {
                 Some(l) => {
                     found = l.clone();
@@ -173,7 +123,7 @@ impl Router {
 
     /// `(VmRSS, VmHWM)` of the router in KiB.
     fn rss_kib(&self) -> (u64, u64) {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.s.pid())).unwrap();
         let field = |name: &str| {
             s.lines()
                 .find(|l| l.starts_with(name))
@@ -182,12 +132,6 @@ impl Router {
                 .unwrap_or(0)
         };
         (field("VmRSS:"), field("VmHWM:"))
-    }
-}
-
-impl Drop for Router {
-    fn drop(&mut self) {
-        kvroute::process::terminate(&mut self.child, Duration::from_secs(10));
     }
 }
 
@@ -419,13 +363,11 @@ fn gap_without_replay_failed_replay_and_malformed_payload_are_logged() {
     r.wait_until("burst counted", |r| {
         r.stream_metric("noreplay", "bad_payload") == 47.0
     });
-    let lines = r
-        .log
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|l| l.contains("malformed payload"))
-        .count();
+    let lines =
+        r.s.log()
+            .iter()
+            .filter(|l| l.contains("malformed payload"))
+            .count();
     assert_eq!(lines, 1, "one line per reason per window");
 }
 
@@ -489,17 +431,7 @@ fn a_non_zmtp_peer_and_a_bad_greeting_do_not_hurt() {
 #[test]
 fn rust_publisher_interoperates_with_a_libzmq_subscriber() {
     // pyzmq (libzmq) is what vLLM uses; skipped without it, except under CI.
-    let ok = Command::new("python3")
-        .args(["-c", "import zmq"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var("CI").map_or(true, |v| v.is_empty() || v == "false"),
-            "CI is set but python3 cannot import zmq"
-        );
-        eprintln!("SKIPPED: python3 with pyzmq not available");
+    if !common::python_has("zmq", "pyzmq") {
         return;
     }
     let p = Publisher::bind("127.0.0.1:0").unwrap();

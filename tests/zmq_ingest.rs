@@ -16,22 +16,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 const BS: u32 = 4;
 
 fn python_ok() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import zmq, msgspec"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        // CI must run these tests: there a missing install is a failure, not a skip.
-        assert!(
-            std::env::var("CI").map_or(true, |v| v.is_empty() || v == "false"),
-            "CI is set but python3 cannot import zmq and msgspec: pip install pyzmq msgspec"
-        );
-        eprintln!(
-            "SKIPPED: python3 with pyzmq and msgspec not available (pip install pyzmq msgspec)"
-        );
-    }
-    ok
+    common::python_has("zmq, msgspec", "pyzmq msgspec")
 }
 
 struct Publisher {

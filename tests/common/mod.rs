@@ -7,8 +7,10 @@ pub mod raw;
 pub mod ui;
 
 use serde_json::Value;
+use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub struct Server {
@@ -16,9 +18,11 @@ pub struct Server {
     pub events: String,
     pub api: String,
     pub http: String,
+    /// The router's stderr lines, when started with [`Server::start_logged`].
+    log: Option<Arc<Mutex<Vec<String>>>>,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -33,8 +37,18 @@ impl Server {
     /// process can take one in between; kvroute then exits at once and the start is
     /// retried on fresh ports.
     pub fn start(cores: usize, extra: &[&str]) -> Server {
+        Self::start_with(cores, extra, false)
+    }
+
+    /// [`Server::start`], with the router's stderr captured line by line (and echoed
+    /// with a `[kvroute]` prefix) so a test can check what it logged ([`Server::log`]).
+    pub fn start_logged(cores: usize, extra: &[&str]) -> Server {
+        Self::start_with(cores, extra, true)
+    }
+
+    fn start_with(cores: usize, extra: &[&str], capture: bool) -> Server {
         for _ in 0..4 {
-            if let Some(s) = Self::try_start(cores, extra) {
+            if let Some(s) = Self::try_start(cores, extra, capture) {
                 return s;
             }
         }
@@ -42,7 +56,7 @@ impl Server {
     }
 
     /// One attempt of [`Server::start`]; `None` if kvroute exited (a port was taken).
-    fn try_start(cores: usize, extra: &[&str]) -> Option<Server> {
+    fn try_start(cores: usize, extra: &[&str], capture: bool) -> Option<Server> {
         let (e, a, h) = (free_port(), free_port(), free_port());
         let events = format!("127.0.0.1:{e}");
         let api = format!("127.0.0.1:{a}");
@@ -61,14 +75,31 @@ impl Server {
             ])
             .args(extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(if capture {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            })
             .spawn()
             .expect("spawn kvroute");
+        let mut child = child;
+        let log = child.stderr.take().map(|err| {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let l = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    eprintln!("[kvroute] {line}");
+                    l.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+                }
+            });
+            log
+        });
         let mut s = Server {
             child,
             events,
             api,
             http,
+            log,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -99,6 +130,23 @@ impl Server {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.http, path)
+    }
+
+    /// The stderr lines so far ([`Server::start_logged`]; empty otherwise).
+    pub fn log(&self) -> Vec<String> {
+        self.log
+            .as_ref()
+            .map(|l| l.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .unwrap_or_default()
+    }
+
+    /// Whether the router process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// POST JSON; returns (status, body).
@@ -192,6 +240,25 @@ impl Drop for Server {
         // SIGTERM → graceful shutdown; then make sure it is gone.
         kvroute::process::terminate(&mut self.child, Duration::from_secs(10));
     }
+}
+
+/// Whether `python3` can import `modules` (e.g. `"zmq, msgspec"`). Tests that need
+/// them skip without, except under CI, where a missing install is a failure: `.ci/run`
+/// installs them (`pip install {pip}`).
+pub fn python_has(modules: &str, pip: &str) -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            !std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false"),
+            "CI is set but python3 cannot import {modules}: pip install {pip}"
+        );
+        eprintln!("SKIPPED: python3 cannot import {modules} (pip install {pip})");
+    }
+    ok
 }
 
 /// Sequence hashes 0..n mixed (stand-ins for real prefix hashes).
