@@ -330,29 +330,24 @@ fn record_for_status(
     if !sampled {
         return;
     }
-    let all = if explain {
-        out.candidates.clone().unwrap_or_default()
-    } else {
-        out.candidates.take().unwrap_or_default()
-    };
-    let mut chosen = vec![out.decode_worker.as_str()];
-    chosen.extend(out.prefill_worker.as_deref());
+    let all = out.candidates.take().unwrap_or_default();
+    let mut decision = out.clone();
+    if explain {
+        out.candidates = Some(all.clone());
+    }
+    let mut chosen = vec![decision.decode_worker.as_str()];
+    chosen.extend(decision.prefill_worker.as_deref());
     let total = all.len();
+    let kept = keep_candidates(all, &chosen, MAX_CANDIDATES);
+    decision.candidates = Some(kept);
     c.record(DecisionRecord {
         seq: 0,
         t_ms: core.shared.now_ms(),
-        request_id: out.request_id.clone(),
         mode: mode.name(),
-        decode_worker: out.decode_worker.clone(),
-        prefill_worker: out.prefill_worker.clone(),
-        dp_rank: out.dp_rank,
-        overlap: out.overlap,
-        cost: out.cost,
-        fallback: out.fallback.clone(),
         prompt_blocks: prepared.prompt_blocks,
         input_tokens: prepared.input_tokens,
         candidates_total: total,
-        candidates: keep_candidates(all, &chosen, MAX_CANDIDATES),
+        decision,
     });
 }
 

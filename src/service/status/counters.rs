@@ -224,23 +224,28 @@ mod tests {
             c.record(DecisionRecord {
                 seq: 0,
                 t_ms: i as u64,
-                request_id: format!("r{i}"),
                 mode: "kv",
-                decode_worker: "w".into(),
-                prefill_worker: None,
-                dp_rank: 0,
-                overlap: Default::default(),
-                cost: 0.0,
-                fallback: "none".into(),
                 prompt_blocks: 1,
                 input_tokens: 1,
                 candidates_total: 0,
-                candidates: Vec::new(),
+                decision: crate::engine::RouteDecision {
+                    request_id: format!("r{i}"),
+                    decode_worker: "w".into(),
+                    prefill_worker: None,
+                    dp_rank: 0,
+                    overlap: Default::default(),
+                    cost: 0.0,
+                    fallback: "none".into(),
+                    candidates: Some(Vec::new()),
+                },
             });
         }
         let r = c.recent();
         assert_eq!(r.len(), RECENT_DECISIONS);
-        assert_eq!(r[0].request_id, format!("r{}", RECENT_DECISIONS + 4));
+        assert_eq!(
+            r[0].decision.request_id,
+            format!("r{}", RECENT_DECISIONS + 4)
+        );
         assert!(r[0].seq > r[1].seq);
     }
 }

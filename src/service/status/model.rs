@@ -8,7 +8,6 @@
 //! at most `max_workers` counters), so memory does not grow with uptime or traffic.
 
 use crate::engine::{CandidateOut, WorkerState};
-use crate::types::Overlap;
 use serde::Serialize;
 use std::collections::VecDeque;
 
@@ -300,26 +299,23 @@ pub fn warnings(
     w
 }
 
-/// One recorded routing decision with its explain record.
+/// One recorded routing decision with its explain record: the `POST /v1/route` answer
+/// itself (flattened into the same JSON keys, its `candidates` the kept rows) plus
+/// what the page shows beside it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DecisionRecord {
     /// Increasing number of the record (the page's key for "which one was clicked").
     pub seq: u64,
     /// Milliseconds since service start.
     pub t_ms: u64,
-    pub request_id: String,
     pub mode: &'static str,
-    pub decode_worker: String,
-    pub prefill_worker: Option<String>,
-    pub dp_rank: u32,
-    pub overlap: Overlap,
-    pub cost: f64,
-    pub fallback: String,
     pub prompt_blocks: u32,
     pub input_tokens: u32,
-    /// Candidates scored in all (the record keeps at most [`MAX_CANDIDATES`]).
+    /// Candidates scored in all (`decision.candidates` keeps at most
+    /// [`MAX_CANDIDATES`]).
     pub candidates_total: usize,
-    pub candidates: Vec<CandidateOut>,
+    #[serde(flatten)]
+    pub decision: crate::engine::RouteDecision,
 }
 
 /// The candidates an explain record keeps: the chosen workers' rows, then the cheapest
@@ -440,7 +436,7 @@ mod tests {
             worker: w.into(),
             stage: "aggregated".into(),
             prefill_blocks: 0.0,
-            overlap: Overlap::default(),
+            overlap: crate::types::Overlap::default(),
             adjusted_prefill: 0.0,
             decode_blocks: 0.0,
             cost,
