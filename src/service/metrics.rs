@@ -62,6 +62,19 @@ pub struct Metrics {
     pub worker_decode_blocks: Family<WorkerLabel, Gauge>,
     pub worker_cached_blocks: Family<WorkerLabel, Gauge>,
     pub worker_live: Family<WorkerLabel, Gauge>,
+    /// Prompt blocks routed to each worker's prefill, and of those the blocks found
+    /// cached there (since the worker's registration), and their ratio: the
+    /// block-weighted hit rate as routed (scrape-time, from the status counters).
+    pub worker_routed_prompt_blocks: Family<WorkerLabel, Gauge>,
+    pub worker_routed_cached_blocks: Family<WorkerLabel, Gauge>,
+    pub worker_hit_rate: Family<WorkerLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// The same, fleet-wide.
+    pub routed_prompt_blocks: Gauge,
+    pub routed_cached_blocks: Gauge,
+    pub hit_rate: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Decisions that sent a request to a worker with no KV cache event in the last
+    /// minute (or ever): routing to it has silently become load-only.
+    pub routed_without_events: Family<WorkerLabel, Counter>,
     pub engine_stream: Family<EngineStreamLabels, Counter>,
     /// Snapshots written (periodic and shutdown).
     pub snapshots: Counter,
@@ -113,6 +126,13 @@ impl Metrics {
             worker_decode_blocks: Family::default(),
             worker_cached_blocks: Family::default(),
             worker_live: Family::default(),
+            worker_routed_prompt_blocks: Family::default(),
+            worker_routed_cached_blocks: Family::default(),
+            worker_hit_rate: Family::default(),
+            routed_prompt_blocks: Gauge::default(),
+            routed_cached_blocks: Gauge::default(),
+            hit_rate: Gauge::default(),
+            routed_without_events: Family::default(),
             engine_stream: Family::default(),
             snapshots: Counter::default(),
             snapshot_failures: Counter::default(),
@@ -206,6 +226,41 @@ impl Metrics {
                 "worker_live",
                 "1 if the worker is eligible for routing",
                 m.worker_live.clone(),
+            );
+            r.register(
+                "worker_routed_prompt_blocks",
+                "Prompt blocks routed to the worker's prefill since it registered",
+                m.worker_routed_prompt_blocks.clone(),
+            );
+            r.register(
+                "worker_routed_cached_blocks",
+                "Of those, blocks the index found cached on the worker (any tier)",
+                m.worker_routed_cached_blocks.clone(),
+            );
+            r.register(
+                "worker_hit_rate",
+                "Block-weighted hit rate as routed: routed cached blocks / routed prompt blocks",
+                m.worker_hit_rate.clone(),
+            );
+            r.register(
+                "routed_prompt_blocks",
+                "Prompt blocks routed, fleet-wide (workers registered now)",
+                m.routed_prompt_blocks.clone(),
+            );
+            r.register(
+                "routed_cached_blocks",
+                "Of those, blocks found cached on the worker that prefills them",
+                m.routed_cached_blocks.clone(),
+            );
+            r.register(
+                "hit_rate",
+                "Block-weighted hit rate as routed, fleet-wide",
+                m.hit_rate.clone(),
+            );
+            r.register(
+                "routed_without_events",
+                "Decisions that sent a request to a worker with no KV event in the last minute (routing to it is load-only)",
+                m.routed_without_events.clone(),
             );
             r.register(
                 "engine_stream",

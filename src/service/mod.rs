@@ -32,6 +32,7 @@ pub mod msg;
 pub mod persist;
 pub mod router;
 pub mod run_loop;
+pub mod scrape;
 pub mod shared;
 pub mod slots;
 pub mod state_dir;
@@ -41,6 +42,7 @@ pub mod zmq_ingest;
 use self::core::Core;
 use crate::settings::Settings;
 use glommio::{LocalExecutorBuilder, Placement};
+pub use scrape::scrape;
 use shared::Shared;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -384,50 +386,3 @@ async fn serve_http(core: Rc<Core>, stream: glommio::net::TcpStream, slot: Rc<co
 
 /// hyper's read buffer limit per HTTP connection (its default is ~400 KiB).
 const HTTP_MAX_BUF: usize = 64 << 10;
-
-/// `/metrics` text, with scrape-time gauges filled from the board.
-pub fn scrape(core: &Core) -> String {
-    let sh = &core.shared;
-    sh.metrics.render(|m| {
-        let reg = sh.registry.load();
-        let cfg = &sh.settings.router;
-        let now = sh.now_us();
-        let (mut blocks, mut active) = (0u64, 0u64);
-        m.worker_active_requests.clear();
-        m.worker_prefill_tokens.clear();
-        m.worker_decode_blocks.clear();
-        m.worker_cached_blocks.clear();
-        m.worker_live.clear();
-        for e in reg.iter() {
-            let p = sh.board.read(e.slot);
-            let load = p.agg.load(cfg.prefill_load_model, now);
-            let l = metrics::WorkerLabel {
-                worker: e.spec.id.clone(),
-            };
-            blocks += p.cached_blocks;
-            active += load.active_requests as u64;
-            m.worker_active_requests
-                .get_or_create(&l)
-                .set(load.active_requests as i64);
-            m.worker_prefill_tokens
-                .get_or_create(&l)
-                .set(load.prefill_tokens as i64);
-            let decode = if cfg.assume_kv_reuse {
-                p.blocks_unique as f64
-            } else {
-                load.blocks_total
-            };
-            m.worker_decode_blocks.get_or_create(&l).set(decode as i64);
-            m.worker_cached_blocks
-                .get_or_create(&l)
-                .set(p.cached_blocks as i64);
-            m.worker_live
-                .get_or_create(&l)
-                .set(sh.is_live(e.slot, now / 1000) as i64);
-        }
-        m.index_blocks.set(blocks as i64);
-        m.index_budget_used.set(sh.budget.total() as i64);
-        m.active_requests.set(active as i64);
-        m.workers.set(reg.len() as i64);
-    })
-}

@@ -319,8 +319,29 @@ fn record_for_status(
     use super::status::model::{keep_candidates, DecisionRecord, MAX_CANDIDATES};
     let c = &core.shared.status.counters;
     c.routed(d.decode_worker);
-    if let Some(p) = d.prefill_worker.filter(|&p| p != d.decode_worker) {
+    let prefill = d.prefill_worker.filter(|&p| p != d.decode_worker);
+    if let Some(p) = prefill {
         c.routed(p);
+    }
+    let now_ms = core.shared.now_ms();
+    let workers = [(d.decode_worker, &out.decode_worker)]
+        .into_iter()
+        .chain(prefill.zip(out.prefill_worker.as_ref()));
+    for (slot, id) in workers {
+        if let Some(warn) = c.routed_silent(slot, now_ms) {
+            let label = super::metrics::WorkerLabel { worker: id.clone() };
+            core.shared
+                .metrics
+                .routed_without_events
+                .get_or_create(&label)
+                .inc();
+            if warn {
+                eprintln!(
+                    "kvroute: warning: worker {id:?} is being routed to but sent no KV cache event in the last {} s: its decisions are load-only (check its event connection or engine)",
+                    super::status::model::SILENT_AFTER_MS / 1000
+                );
+            }
+        }
     }
     c.prefilled(
         d.prefill_worker.unwrap_or(d.decode_worker),

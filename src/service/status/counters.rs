@@ -8,7 +8,7 @@
 //! router then computes the explain record for that one decision). All arrays are sized
 //! once, from `max_workers` and the core count.
 
-use super::model::{lat_bucket, DecisionRecord, Ring, SlotCount, LAT_BUCKETS};
+use super::model::{lat_bucket, DecisionRecord, Ring, SlotCount, LAT_BUCKETS, SILENT_AFTER_MS};
 use crate::types::{Tier, WorkerSlot};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -26,6 +26,8 @@ struct Slot {
     cached_blocks: AtomicU64,
     /// 1 + milliseconds since start of the last cache event (0: never).
     last_event: AtomicU64,
+    /// 1 + milliseconds since start of the last "routed without events" warning.
+    warned: AtomicU64,
 }
 
 pub struct Counters {
@@ -93,7 +95,29 @@ impl Counters {
             s.prompt_blocks.store(0, Relaxed);
             s.cached_blocks.store(0, Relaxed);
             s.last_event.store(0, Relaxed);
+            s.warned.store(0, Relaxed);
         }
+    }
+
+    /// A decision just sent a request to `worker` at `now_ms`: `None` if the worker
+    /// sent a KV cache event within [`SILENT_AFTER_MS`]; otherwise it is silent (the
+    /// decision was load-only for it) and the answer says whether to log a warning now
+    /// (at most one per worker per [`SILENT_AFTER_MS`]; concurrent callers race for it
+    /// and one wins).
+    pub fn routed_silent(&self, worker: WorkerSlot, now_ms: u64) -> Option<bool> {
+        let s = self.slots.get(worker as usize)?;
+        let last = s.last_event.load(Relaxed);
+        if last != 0 && now_ms.saturating_sub(last - 1) < SILENT_AFTER_MS {
+            return None;
+        }
+        let warned = s.warned.load(Relaxed);
+        let due = warned == 0 || now_ms.saturating_sub(warned - 1) >= SILENT_AFTER_MS;
+        Some(
+            due && s
+                .warned
+                .compare_exchange(warned, now_ms + 1, Relaxed, Relaxed)
+                .is_ok(),
+        )
     }
 
     /// A cache event of `worker` reached the index at `now_ms`.
@@ -181,6 +205,23 @@ impl Counters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn silent_workers_are_reported_and_warned_once_a_minute() {
+        let c = Counters::new(1, 2);
+        assert_eq!(c.routed_silent(0, 5), Some(true), "never sent an event");
+        assert_eq!(c.routed_silent(0, 6), Some(false), "warned already");
+        c.cache_event(0, 10);
+        assert_eq!(c.routed_silent(0, 10 + SILENT_AFTER_MS - 1), None);
+        assert_eq!(c.routed_silent(0, 10 + SILENT_AFTER_MS), Some(true));
+        assert_eq!(c.routed_silent(9, 0), None, "out of range");
+        c.reset(0);
+        assert_eq!(
+            c.routed_silent(0, 20),
+            Some(true),
+            "a new identity is warned anew"
+        );
+    }
 
     #[test]
     fn sampling_gate_per_thread() {
