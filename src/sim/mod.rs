@@ -16,6 +16,7 @@
 //! - [`router_impls`]: the engine in-process and a running service over TCP as
 //!   [`driver::RouterApi`]s.
 //! - [`report`]: the per-run report, its text table and an SVG chart.
+//! - [`tune`]: the knob search of `kvroute-sim tune` (objective, iterated local search).
 //!
 //! Everything here is pure and single-threaded: time is virtual (µs), the only I/O is
 //! reading a trace file, and a run is deterministic for a given seed.
@@ -29,6 +30,7 @@ pub mod service_restart;
 pub mod synth;
 pub mod timing;
 pub mod trace;
+pub mod tune;
 pub mod worker;
 
 pub use bound::{hit_rate_bound, Bound};
