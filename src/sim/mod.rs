@@ -5,7 +5,8 @@
 //! numbers are comparable:
 //!
 //! - [`trace`]: the Mooncake JSONL reader, turning `hash_ids` into router sequence
-//!   hashes; [`synth`]: a seeded synthetic workload generator.
+//!   hashes; [`synth`]: a seeded synthetic workload generator; [`azure`]: synthetic
+//!   loads timed and sized by an Azure-format CSV request log.
 //! - [`bound`]: the hit-rate upper bound of a workload (one shared unlimited cache).
 //! - [`cache`]: one worker's LRU KV cache that emits exactly the events a router needs
 //!   to mirror it.
@@ -21,6 +22,7 @@
 //! Everything here is pure and single-threaded: time is virtual (µs), the only I/O is
 //! reading a trace file, and a run is deterministic for a given seed.
 
+pub mod azure;
 pub mod bound;
 pub mod cache;
 pub mod driver;
@@ -38,7 +40,10 @@ pub use cache::{CacheEvent, KvCache};
 pub use driver::{
     run_offline, FleetSpec, RouteQuery, Routed, RouterApi, SimWorkerSpec, TimedRouter,
 };
-pub use report::{hit_rate_between, svg_chart, table, HitSample, Percentiles, Recorder, Report};
+pub use report::{
+    device_table, hit_rate_between, svg_chart, svg_chart_with_bound, table, HitSample,
+    Percentiles, Recorder, Report,
+};
 pub use router_impls::{EngineRouter, Pace, ServiceRouter};
 pub use service_restart::{RestartPlan, RestartStats, RouterRestart};
 pub use synth::{generate, LenRange, SynthSpec};

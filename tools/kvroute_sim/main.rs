@@ -28,7 +28,7 @@ mod tune;
 
 use clap::{Args, Parser, Subcommand};
 use kvroute::config::Mode;
-use kvroute::sim::{hit_rate_bound, svg_chart, table, Report, SimRequest};
+use kvroute::sim::{device_table, hit_rate_bound, svg_chart_with_bound, table, Report, SimRequest};
 use runner::{RouterAddrs, Variant};
 use setup::{parse_pairs, FleetArgs, WorkloadArgs};
 use std::path::PathBuf;
@@ -378,7 +378,9 @@ fn ab(a: AbArgs) -> Result<(), String> {
         reports.push(rep);
     }
     if let Some(p) = &a.svg {
-        std::fs::write(p, svg_chart(&reports)).map_err(|e| format!("{}: {e}", p.display()))?;
+        let bound = hit_rate_bound(&reqs, a.c.work.block_size).ratio;
+        std::fs::write(p, svg_chart_with_bound(&reports, Some(bound)))
+            .map_err(|e| format!("{}: {e}", p.display()))?;
     }
     emit(&a.c, &reqs, &reports, &pacings)
 }
@@ -399,6 +401,7 @@ fn emit(
         bound.ratio * 100.0
     );
     print!("{}", table(reports));
+    print!("{}", device_table(reports));
     for (r, p) in reports.iter().zip(pacings) {
         println!(
             "{}: real time x{} in {:.1} s wall; pacing lag p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs",
