@@ -102,6 +102,31 @@ pub(super) fn fmt_ms(ms: f64) -> String {
     }
 }
 
+/// An axis tick in ms without needless digits: "100 ms", "1 s", "2.5 s".
+pub(super) fn fmt_tick_ms(ms: f64) -> String {
+    let trim = |v: f64| {
+        let t = format!("{v:.3}");
+        t.trim_end_matches('0').trim_end_matches('.').to_string()
+    };
+    if ms >= 1000.0 {
+        format!("{} s", trim(ms / 1000.0))
+    } else {
+        format!("{} ms", trim(ms))
+    }
+}
+
+/// A linear hit-rate axis (percent) holding `top`: its maximum and tick step (at most
+/// 5 steps; 100 at most).
+pub(super) fn pct_axis(top: f64) -> (f64, f64) {
+    let top = if top.is_finite() { top.clamp(1.0, 100.0) } else { 100.0 };
+    for step in [1.0, 2.0, 5.0, 10.0, 20.0, 25.0] {
+        if top / step <= 5.0 {
+            return (((top / step).ceil() * step).min(100.0), step);
+        }
+    }
+    (100.0, 25.0)
+}
+
 /// Splits `label` into lines of at most `max` characters, after commas where it can
 /// (a hard split when one piece is longer).
 pub(super) fn wrap(label: &str, max: usize) -> Vec<String> {
@@ -182,7 +207,14 @@ pub fn svg_chart_with_bound(reports: &[Report], bound: Option<f64>) -> String {
     );
     let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let (l0, l1) = (80.0, 640.0);
-    let (r0, r1) = (720.0, W - MARGIN);
+    let (r0, r1) = (710.0, 880.0);
+    // Hit-rate axis zoomed to the largest of the hit rates and the bound (+15%).
+    let top_pct = reports
+        .iter()
+        .map(|r| r.hit_rate * 100.0)
+        .chain(bound.map(|b| b * 100.0))
+        .fold(0.0, f64::max);
+    let (pct_max, pct_step) = pct_axis(top_pct * 1.15);
     let axis = LogAxis::around(reports.iter().flat_map(|r| {
         [r.ttft_us.p50, r.ttft_us.p90, r.ttft_us.p99]
             .into_iter()
@@ -190,7 +222,7 @@ pub fn svg_chart_with_bound(reports: &[Report], bound: Option<f64>) -> String {
     }));
     let span = BOTTOM - TOP;
     let ylog = |v: f64| BOTTOM - axis.frac(v) * span;
-    let ylin = |pct: f64| BOTTOM - (pct / 100.0).clamp(0.0, 1.0) * span;
+    let ylin = |pct: f64| BOTTOM - (pct / pct_max).clamp(0.0, 1.0) * span;
     for (x0, x1, title) in [
         (l0, l1, "Time to first token (log scale)"),
         (r0, r1, "Hit rate (%)"),
@@ -216,17 +248,19 @@ pub fn svg_chart_with_bound(reports: &[Report], bound: Option<f64>) -> String {
             r##"<line x1="{l0}" y1="{y:.1}" x2="{l1}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
             l0 - 4.0,
             y + 4.0,
-            fmt_ms(v)
+            fmt_tick_ms(v)
         );
     }
-    for i in 0..=4 {
-        let v = 25.0 * i as f64;
+    let mut v = 0.0;
+    while v <= pct_max + 1e-9 {
         let _ = writeln!(
             s,
-            r#"<text x="{}" y="{:.1}" text-anchor="end">{v:.0}</text>"#,
+            r##"<line x1="{r0}" y1="{y:.1}" x2="{r1}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{v:.0}</text>"##,
             r0 - 4.0,
-            ylin(v) + 4.0
+            ylin(v) + 4.0,
+            y = ylin(v)
         );
+        v += pct_step;
     }
     let groups = ["p50", "p90", "p99"];
     let gw = (l1 - l0) / groups.len() as f64;
@@ -261,7 +295,7 @@ pub fn svg_chart_with_bound(reports: &[Report], bound: Option<f64>) -> String {
                 BOTTOM - top,
                 groups[g]
             );
-            value_label(&mut s, x + bw / 2.0, top, BOTTOM - top, &fmt_ms(v));
+            value_label(&mut s, x + bw / 2.0, top, BOTTOM - top, &fmt_ms(v), color);
         }
         let x = r0 + (r1 - r0) * 0.1 + hw * i as f64;
         let pct = r.hit_rate * 100.0;
@@ -271,7 +305,14 @@ pub fn svg_chart_with_bound(reports: &[Report], bound: Option<f64>) -> String {
             r#"<rect x="{x:.1}" y="{top:.1}" width="{hw:.1}" height="{:.1}"><title>{name}: {pct:.1}%</title></rect>"#,
             BOTTOM - top
         );
-        value_label(&mut s, x + hw / 2.0, top, BOTTOM - top, &format!("{pct:.1}"));
+        value_label(
+            &mut s,
+            x + hw / 2.0,
+            top,
+            BOTTOM - top,
+            &format!("{pct:.1}"),
+            color,
+        );
         if let Some(p) = legend.get(i) {
             let _ = writeln!(
                 s,
@@ -296,8 +337,11 @@ pub fn svg_chart_with_bound(reports: &[Report], bound: Option<f64>) -> String {
         let y = ylin(pct);
         let _ = writeln!(
             s,
-            r##"<g class="bound"><line x1="{r0}" y1="{y:.1}" x2="{r1}" y2="{y:.1}" stroke="#222" stroke-width="1.5" stroke-dasharray="6 3"/><text x="{r1}" y="{:.1}" text-anchor="end" font-size="11" fill="#222">bound {pct:.1}%</text></g>"##,
-            y - 4.0
+            r##"<g class="bound"><line x1="{r0}" y1="{y:.1}" x2="{r1}" y2="{y:.1}" stroke="#222" stroke-width="1.5" stroke-dasharray="6 3"/><text x="{}" y="{:.1}" font-size="11" fill="#222">bound</text><text x="{}" y="{:.1}" font-size="11" fill="#222">{pct:.1}%</text></g>"##,
+            r1 + 4.0,
+            y - 2.0,
+            r1 + 4.0,
+            y + 11.0
         );
     }
     s.push_str("</svg>\n");
@@ -306,16 +350,31 @@ pub fn svg_chart_with_bound(reports: &[Report], bound: Option<f64>) -> String {
 
 /// A bar's value, rotated along the bar: inside it (white) when the bar is tall enough,
 /// just above it (dark) otherwise.
-fn value_label(s: &mut String, cx: f64, top: f64, height: f64, text: &str) {
+fn value_label(s: &mut String, cx: f64, top: f64, height: f64, text: &str, bar: &str) {
     let len = 6.0 * text.chars().count() as f64 + 6.0;
-    let (y, anchor, fill) = if height >= len {
-        (top + 4.0, "end", "white")
+    // Outside labels get a white halo, so grid and bound lines do not cross them.
+    let (y, anchor, paint) = if height >= len {
+        // Dark text on the light bar colours, white on the others.
+        let light = ["#edc948", "#76b7b2"].contains(&bar);
+        (
+            top + 4.0,
+            "end",
+            if light {
+                r##"fill="#222""##
+            } else {
+                r#"fill="white""#
+            },
+        )
     } else {
-        (top - 3.0, "start", "#222")
+        (
+            top - 3.0,
+            "start",
+            r##"fill="#222" stroke="white" stroke-width="3" paint-order="stroke""##,
+        )
     };
     let _ = writeln!(
         s,
-        r#"<text class="value" x="{cx:.1}" y="{y:.1}" font-size="10" fill="{fill}" text-anchor="{anchor}" dominant-baseline="central" transform="rotate(-90 {cx:.1} {y:.1})">{}</text>"#,
+        r#"<text class="value" x="{cx:.1}" y="{y:.1}" font-size="10" {paint} text-anchor="{anchor}" dominant-baseline="central" transform="rotate(-90 {cx:.1} {y:.1})">{}</text>"#,
         esc(text)
     );
 }
