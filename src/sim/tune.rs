@@ -14,14 +14,17 @@
 //! score = ttft_p99 / ttft_p99(defaults)
 //!       + hit_weight       · (hit_rate(defaults) − hit_rate) / bound
 //!       + imbalance_weight · max(0, imbalance − max_imbalance)
+//!       + e2e_weight       · (e2e_p99 / e2e_p99(defaults) − 1)
 //! ```
 //!
 //! `bound` is the workload's hit-rate bound (one shared unlimited cache), so the hit
 //! term is in units of "the whole achievable hit rate": with `hit_weight` 1, losing the
 //! entire bound costs as much as doubling TTFT p99. Imbalance (max ÷ mean requests per
 //! worker) costs nothing up to `max_imbalance` (1.25, the large-fleet goal of issue
-//! 15) and linearly above it. A run with errors or unfinished requests scores +∞.
-//! The defaults score `1 + imbalance term`.
+//! 15) and linearly above it; on a fleet mixing CPU and GPU workers it is the worst
+//! imbalance *within* a device class (sending a slow CPU worker fewer requests is the
+//! point, not a skew). `e2e_weight` (default 0) lets E2E p99 count too. A run with
+//! errors or unfinished requests scores +∞. The defaults score `1 + imbalance term`.
 //!
 //! # The search
 //! Iterated local search on the grid given by the [`Space`], first improvement in
@@ -174,6 +177,7 @@ fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Figures {
     pub ttft_p99_us: f64,
+    pub e2e_p99_us: f64,
     pub hit_rate: f64,
     pub imbalance: f64,
     /// Errors or unfinished requests: such a run is never recommended.
@@ -182,10 +186,20 @@ pub struct Figures {
 
 impl Figures {
     pub fn of(r: &Report) -> Figures {
+        // Mixed fleets: balance within each device class (see the module docs).
+        let imbalance = if r.imbalance_by_device.is_empty() {
+            r.imbalance
+        } else {
+            r.imbalance_by_device
+                .iter()
+                .map(|d| d.imbalance)
+                .fold(0.0, f64::max)
+        };
         Figures {
             ttft_p99_us: r.ttft_us.p99,
+            e2e_p99_us: r.e2e_us.p99,
             hit_rate: r.hit_rate,
-            imbalance: r.imbalance,
+            imbalance,
             failed: r.errors > 0 || r.finished < r.requests,
         }
     }
@@ -197,6 +211,7 @@ pub struct Objective {
     pub hit_weight: f64,
     pub imbalance_weight: f64,
     pub max_imbalance: f64,
+    pub e2e_weight: f64,
     /// The workload's hit-rate bound (fraction); ≤ 0 counts as 1.
     pub bound: f64,
 }
@@ -207,6 +222,7 @@ impl Default for Objective {
             hit_weight: 1.0,
             imbalance_weight: 1.0,
             max_imbalance: 1.25,
+            e2e_weight: 0.0,
             bound: 1.0,
         }
     }
@@ -215,7 +231,15 @@ impl Default for Objective {
 impl Objective {
     pub fn validate(&self) -> Result<(), String> {
         let ok = |v: f64| v.is_finite() && v >= 0.0;
-        if !(ok(self.hit_weight) && ok(self.imbalance_weight) && ok(self.max_imbalance)) {
+        if ![
+            self.hit_weight,
+            self.imbalance_weight,
+            self.max_imbalance,
+            self.e2e_weight,
+        ]
+        .into_iter()
+        .all(ok)
+        {
             return Err("objective weights and max imbalance must be finite and >= 0".into());
         }
         Ok(())
@@ -234,8 +258,14 @@ impl Objective {
             1.0
         };
         let bound = if self.bound > 0.0 { self.bound } else { 1.0 };
+        let e2e = if self.e2e_weight > 0.0 && base.e2e_p99_us > 0.0 {
+            self.e2e_weight * (f.e2e_p99_us / base.e2e_p99_us - 1.0)
+        } else {
+            0.0
+        };
         ttft + self.hit_weight * (base.hit_rate - f.hit_rate) / bound
             + self.imbalance_weight * (f.imbalance - self.max_imbalance).max(0.0)
+            + e2e
     }
 }
 

@@ -54,6 +54,9 @@ pub struct TuneArgs {
     /// Objective: imbalance (max ÷ mean requests per worker) that costs nothing.
     #[arg(long, default_value_t = 1.25)]
     pub max_imbalance: f64,
+    /// Objective: weight of E2E p99 relative to the defaults' (0: not counted).
+    #[arg(long, default_value_t = 0.0)]
+    pub e2e_weight: f64,
     /// Also write the recommended `[router]` TOML to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -167,6 +170,7 @@ pub fn tune(a: TuneArgs) -> Result<(), String> {
         hit_weight: a.hit_weight,
         imbalance_weight: a.imbalance_weight,
         max_imbalance: a.max_imbalance,
+        e2e_weight: a.e2e_weight,
         bound: bound.ratio,
     };
     let mut compares = Vec::new();
@@ -255,9 +259,20 @@ pub fn tune(a: TuneArgs) -> Result<(), String> {
         threads,
         secs
     );
+    let e2e = if objective.e2e_weight > 0.0 {
+        format!(
+            " + {} x (e2e_p99/e2e_p99(defaults) - 1)",
+            objective.e2e_weight
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "objective (lower is better): ttft_p99/ttft_p99(defaults) + {} x hit-rate lost/bound + {} x max(0, imbalance - {})",
-        objective.hit_weight, objective.imbalance_weight, objective.max_imbalance
+        "objective (lower is better): ttft_p99/ttft_p99(defaults) + {} x hit-rate lost/bound + {} x max(0, {}imbalance - {}){e2e}",
+        objective.hit_weight,
+        objective.imbalance_weight,
+        if mixed { "per-device-class " } else { "" },
+        objective.max_imbalance
     );
     let mut t = table(&rows);
     // Append the score to each row of the table.

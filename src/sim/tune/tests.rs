@@ -21,6 +21,7 @@ fn figures(p: &Point) -> Figures {
     t -= p[2] as f64 * 0.5;
     Figures {
         ttft_p99_us: t,
+        e2e_p99_us: 1.0,
         hit_rate: 0.3,
         imbalance: 1.0,
         failed: false,
@@ -83,6 +84,7 @@ fn objective_trades_ttft_hit_rate_and_balance() {
     };
     let base = Figures {
         ttft_p99_us: 1000.0,
+        e2e_p99_us: 4000.0,
         hit_rate: 0.3,
         imbalance: 1.1,
         failed: false,
@@ -104,6 +106,16 @@ fn objective_trades_ttft_hit_rate_and_balance() {
         ..base
     };
     assert!((o.score(&skewed, &base) - 1.5).abs() < 1e-9);
+    let slow_end = Figures {
+        e2e_p99_us: 6000.0,
+        ..base
+    };
+    assert_eq!(o.score(&slow_end, &base), 1.0, "e2e counts only with a weight");
+    let with_e2e = Objective {
+        e2e_weight: 0.5,
+        ..o
+    };
+    assert!((with_e2e.score(&slow_end, &base) - 1.25).abs() < 1e-9);
     let failed = Figures {
         failed: true,
         ..faster
@@ -115,6 +127,28 @@ fn objective_trades_ttft_hit_rate_and_balance() {
     }
     .validate()
     .is_err());
+}
+
+#[test]
+fn mixed_fleets_are_balanced_per_device_class() {
+    use crate::sim::report::DeviceImbalance;
+    use crate::types::DeviceClass;
+    let class = |device, imbalance| DeviceImbalance {
+        device,
+        imbalance,
+        ..Default::default()
+    };
+    let r = Report {
+        imbalance: 3.0,
+        imbalance_by_device: vec![class(DeviceClass::Gpu, 1.1), class(DeviceClass::Cpu, 1.3)],
+        ..Default::default()
+    };
+    assert_eq!(Figures::of(&r).imbalance, 1.3);
+    let plain = Report {
+        imbalance: 1.2,
+        ..Default::default()
+    };
+    assert_eq!(Figures::of(&plain).imbalance, 1.2);
 }
 
 #[test]
