@@ -14,7 +14,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvroute::config::{Mode, RouterConfig};
 use kvroute::sim::tune::{Dim, Figures, Objective, Point, Search, Space};
-use kvroute::sim::{hit_rate_bound, table, FleetSpec, Report, SimRequest};
+use kvroute::sim::{device_table, hit_rate_bound, table, FleetSpec, Report, SimRequest};
 use kvroute::types::Role;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -285,6 +285,7 @@ pub fn tune(a: TuneArgs) -> Result<(), String> {
     }
     t = lines.join("\n");
     println!("{t}");
+    print!("{}", device_table(&rows));
     let (b, r) = (&base_eval.report, &best_eval.report);
     println!(
         "recommended vs defaults: TTFT p99 {}, E2E p99 {}, hit rate {:+.1} points, imbalance {:.2} -> {:.2}",
