@@ -274,7 +274,12 @@ fn synthetic_load_from_an_azure_csv() {
         "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,10,x\n",
     )
     .unwrap();
-    let out = sim_raw(&["offline", "--synthetic", "--synth-csv", bad.to_str().unwrap()]);
+    let out = sim_raw(&[
+        "offline",
+        "--synthetic",
+        "--synth-csv",
+        bad.to_str().unwrap(),
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("line 2") && !err.contains("panicked"),
@@ -313,9 +318,15 @@ fn ab_svg_has_log_axis_values_bound_and_fitting_legend() {
     let width: f64 = attr(&chart, "<svg", "width").unwrap();
     for (x, len) in legend_texts(&chart) {
         // 7 px per character at 12 px sans-serif is generous.
-        assert!(x + 7.0 * len as f64 <= width, "legend at {x} with {len} chars");
+        assert!(
+            x + 7.0 * len as f64 <= width,
+            "legend at {x} with {len} chars"
+        );
     }
-    assert!(chart.contains("kv[overlap_score_credit=0.5,"), "long label kept");
+    assert!(
+        chart.contains("kv[overlap_score_credit=0.5,"),
+        "long label kept"
+    );
 }
 
 /// The value of attribute `name` on the first element starting with `tag`.

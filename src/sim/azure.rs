@@ -110,10 +110,7 @@ pub fn parse_azure_csv(
     let mut rdr = csv::ReaderBuilder::new()
         .trim(csv::Trim::All)
         .from_reader(reader);
-    let headers = rdr
-        .headers()
-        .map_err(|e| format!("line 1: {e}"))?
-        .clone();
+    let headers = rdr.headers().map_err(|e| format!("line 1: {e}"))?.clone();
     let limit = limit.unwrap_or(usize::MAX);
     let mut out = Vec::new();
     for rec in rdr.records() {
@@ -211,9 +208,20 @@ mod tests {
         let b = parse_timestamp("2023-11-16T18:15:47.1805900Z").unwrap();
         assert!((b - a - 0.5).abs() < 1e-6, "{a} {b}");
         assert_eq!(parse_timestamp("1970-01-02 00:00:00").unwrap(), 86_400.0);
-        assert_eq!(parse_timestamp("2000-03-01 00:00:00").unwrap(), 951_868_800.0);
+        assert_eq!(
+            parse_timestamp("2000-03-01 00:00:00").unwrap(),
+            951_868_800.0
+        );
         assert_eq!(parse_timestamp(" 12.5 ").unwrap(), 12.5);
-        for bad in ["", "-1", "nan", "2023-13-01 00:00:00", "2023-11-16", "x y", "2023-11-16 1:2:3.x"] {
+        for bad in [
+            "",
+            "-1",
+            "nan",
+            "2023-13-01 00:00:00",
+            "2023-11-16",
+            "x y",
+            "2023-11-16 1:2:3.x",
+        ] {
             assert!(parse_timestamp(bad).is_err(), "{bad:?}");
         }
     }
@@ -225,13 +233,18 @@ mod tests {
                     300,2023-11-16 18:15:47.5,40,y\n";
         let rows = parse_azure_csv(text.as_bytes(), None).unwrap();
         assert_eq!(rows.len(), 2);
-        assert_eq!((rows[1].context_tokens, rows[1].generated_tokens), (300, 40));
+        assert_eq!(
+            (rows[1].context_tokens, rows[1].generated_tokens),
+            (300, 40)
+        );
         assert_eq!(parse_azure_csv(text.as_bytes(), Some(1)).unwrap().len(), 1);
         let bad = "TIMESTAMP,ContextTokens,GeneratedTokens\n1,2,3\n2,-5,3\n";
         let e = parse_azure_csv(bad.as_bytes(), None).unwrap_err();
         assert!(e.starts_with("line 3"), "{e}");
         let huge = "TIMESTAMP,ContextTokens,GeneratedTokens\n1,99999999999,3\n";
-        assert!(parse_azure_csv(huge.as_bytes(), None).unwrap_err().contains("line 2"));
+        assert!(parse_azure_csv(huge.as_bytes(), None)
+            .unwrap_err()
+            .contains("line 2"));
         let missing = "TIMESTAMP,ContextTokens\n1,2\n";
         assert!(parse_azure_csv(missing.as_bytes(), None).is_err());
     }

@@ -222,7 +222,9 @@ pub fn run_offline(
         .iter()
         .map(|w| (w.id.clone(), w.role, w.device))
         .collect();
-    Ok(run.rec.finish_with_devices(mode.name(), mode, seed, &workers))
+    Ok(run
+        .rec
+        .finish_with_devices(mode.name(), mode, seed, &workers))
 }
 
 /// State of one offline run.

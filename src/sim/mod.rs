@@ -41,8 +41,8 @@ pub use driver::{
     run_offline, FleetSpec, RouteQuery, Routed, RouterApi, SimWorkerSpec, TimedRouter,
 };
 pub use report::{
-    device_table, hit_rate_between, svg_chart, svg_chart_with_bound, table, HitSample,
-    Percentiles, Recorder, Report,
+    device_table, hit_rate_between, svg_chart, svg_chart_with_bound, table, HitSample, Percentiles,
+    Recorder, Report,
 };
 pub use router_impls::{EngineRouter, Pace, ServiceRouter};
 pub use service_restart::{RestartPlan, RestartStats, RouterRestart};

@@ -103,8 +103,7 @@ pub fn imbalance_by_device(counts: &[WorkerCount]) -> Vec<DeviceImbalance> {
     classes
         .iter()
         .map(|&d| {
-            let pool: Vec<WorkerCount> =
-                counts.iter().filter(|c| c.device == d).cloned().collect();
+            let pool: Vec<WorkerCount> = counts.iter().filter(|c| c.device == d).cloned().collect();
             let jobs: u64 = pool.iter().map(|c| c.jobs).sum();
             DeviceImbalance {
                 device: d,

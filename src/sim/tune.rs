@@ -305,7 +305,10 @@ impl Search {
             return Err("the budget must be at least 1 configuration".into());
         }
         if start.len() != space.dims.len()
-            || start.iter().zip(&space.dims).any(|(&i, d)| i >= d.values.len())
+            || start
+                .iter()
+                .zip(&space.dims)
+                .any(|(&i, d)| i >= d.values.len())
         {
             return Err("start point outside the space".into());
         }

@@ -99,7 +99,9 @@ fn simulate(
             });
         }
     });
-    let done = out.into_inner().map_err(|_| "a simulation thread panicked")?;
+    let done = out
+        .into_inner()
+        .map_err(|_| "a simulation thread panicked")?;
     done.into_iter()
         .map(|r| {
             let report = r.ok_or("a simulation did not run")??;
@@ -185,7 +187,9 @@ pub fn tune(a: TuneArgs) -> Result<(), String> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
         .max(1);
     let mut search = Search::new(space, start, objective, a.budget, a.c.work.seed)?;
-    let total = a.budget.min(usize::try_from(search.space().size()).unwrap_or(usize::MAX));
+    let total = a
+        .budget
+        .min(usize::try_from(search.space().size()).unwrap_or(usize::MAX));
     let bar = if a.no_progress {
         ProgressBar::hidden()
     } else {

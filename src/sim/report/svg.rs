@@ -69,7 +69,11 @@ impl LogAxis {
     /// Tick values: every decade, plus 2 and 5 multiples over at most two decades.
     pub fn ticks(&self) -> Vec<f64> {
         let decades = (self.hi / self.lo).log10().round() as i32;
-        let steps: &[f64] = if decades <= 2 { &[1.0, 2.0, 5.0] } else { &[1.0] };
+        let steps: &[f64] = if decades <= 2 {
+            &[1.0, 2.0, 5.0]
+        } else {
+            &[1.0]
+        };
         let mut out = Vec::new();
         for d in 0..=decades {
             let base = self.lo * 10f64.powi(d);
@@ -118,7 +122,11 @@ pub(super) fn fmt_tick_ms(ms: f64) -> String {
 /// A linear hit-rate axis (percent) holding `top`: its maximum and tick step (at most
 /// 5 steps; 100 at most).
 pub(super) fn pct_axis(top: f64) -> (f64, f64) {
-    let top = if top.is_finite() { top.clamp(1.0, 100.0) } else { 100.0 };
+    let top = if top.is_finite() {
+        top.clamp(1.0, 100.0)
+    } else {
+        100.0
+    };
     for step in [1.0, 2.0, 5.0, 10.0, 20.0, 25.0] {
         if top / step <= 5.0 {
             return (((top / step).ceil() * step).min(100.0), step);

@@ -117,7 +117,10 @@ fn imbalance_per_device_class_on_mixed_fleets_only() {
     ];
     let by = imbalance_by_device(&mixed);
     assert_eq!(by.len(), 2);
-    assert_eq!((by[0].device, by[0].workers, by[0].jobs), (DeviceClass::Gpu, 2, 200));
+    assert_eq!(
+        (by[0].device, by[0].workers, by[0].jobs),
+        (DeviceClass::Gpu, 2, 200)
+    );
     assert!((by[0].imbalance - 1.1).abs() < 1e-12);
     assert_eq!((by[1].device, by[1].max_jobs), (DeviceClass::Cpu, 30));
     assert!((by[1].mean_jobs - 20.0).abs() < 1e-12);
@@ -128,7 +131,10 @@ fn imbalance_per_device_class_on_mixed_fleets_only() {
         ..Default::default()
     };
     let t = device_table(std::slice::from_ref(&rep));
-    assert!(t.contains("per device class") && t.contains("cpu") && t.contains("1.50"), "{t}");
+    assert!(
+        t.contains("per device class") && t.contains("cpu") && t.contains("1.50"),
+        "{t}"
+    );
     assert!(device_table(&[Report::default()]).is_empty());
 }
 
@@ -218,10 +224,18 @@ fn long_labels_wrap_at_commas() {
         ["kv[a=1,", "bb=2,", "c=3]"]
     );
     assert_eq!(svg::wrap("abcdefghij", 4), ["abcd", "efgh", "ij"]);
-    let long = format!("kv[{}]", vec!["overlap_score_credit=0.5"; 12].join(","));
+    let long = format!("kv[{}]", ["overlap_score_credit=0.5"; 12].join(","));
     let svg = svg_chart_with_bound(&[sample(&long, Mode::Kv, 10.0, 0.2)], Some(0.37));
     assert!(svg.contains("bound") && svg.contains("37.0%"));
     // The drawing grew to hold the wrapped legend.
-    let h: f64 = svg.split("height=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+    let h: f64 = svg
+        .split("height=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(h > 380.0, "{h}");
 }

@@ -110,7 +110,11 @@ fn objective_trades_ttft_hit_rate_and_balance() {
         e2e_p99_us: 6000.0,
         ..base
     };
-    assert_eq!(o.score(&slow_end, &base), 1.0, "e2e counts only with a weight");
+    assert_eq!(
+        o.score(&slow_end, &base),
+        1.0,
+        "e2e counts only with a weight"
+    );
     let with_e2e = Objective {
         e2e_weight: 0.5,
         ..o
