@@ -217,12 +217,14 @@ pub fn run_offline(
             }
         }
     }
-    let workers: Vec<(String, Role)> = fleet
+    let workers: Vec<(String, Role, DeviceClass)> = fleet
         .workers
         .iter()
-        .map(|w| (w.id.clone(), w.role))
+        .map(|w| (w.id.clone(), w.role, w.device))
         .collect();
-    Ok(run.rec.finish(mode.name(), mode, seed, &workers))
+    Ok(run
+        .rec
+        .finish_with_devices(mode.name(), mode, seed, &workers))
 }
 
 /// State of one offline run.

@@ -5,7 +5,8 @@
 //! numbers are comparable:
 //!
 //! - [`trace`]: the Mooncake JSONL reader, turning `hash_ids` into router sequence
-//!   hashes; [`synth`]: a seeded synthetic workload generator.
+//!   hashes; [`synth`]: a seeded synthetic workload generator; [`azure`]: synthetic
+//!   loads timed and sized by an Azure-format CSV request log.
 //! - [`bound`]: the hit-rate upper bound of a workload (one shared unlimited cache).
 //! - [`cache`]: one worker's LRU KV cache that emits exactly the events a router needs
 //!   to mirror it.
@@ -16,10 +17,12 @@
 //! - [`router_impls`]: the engine in-process and a running service over TCP as
 //!   [`driver::RouterApi`]s.
 //! - [`report`]: the per-run report, its text table and an SVG chart.
+//! - [`tune`]: the knob search of `kvroute-sim tune` (objective, iterated local search).
 //!
 //! Everything here is pure and single-threaded: time is virtual (µs), the only I/O is
 //! reading a trace file, and a run is deterministic for a given seed.
 
+pub mod azure;
 pub mod bound;
 pub mod cache;
 pub mod driver;
@@ -29,6 +32,7 @@ pub mod service_restart;
 pub mod synth;
 pub mod timing;
 pub mod trace;
+pub mod tune;
 pub mod worker;
 
 pub use bound::{hit_rate_bound, Bound};
@@ -36,7 +40,10 @@ pub use cache::{CacheEvent, KvCache};
 pub use driver::{
     run_offline, FleetSpec, RouteQuery, Routed, RouterApi, SimWorkerSpec, TimedRouter,
 };
-pub use report::{hit_rate_between, svg_chart, table, HitSample, Percentiles, Recorder, Report};
+pub use report::{
+    device_table, hit_rate_between, svg_chart, svg_chart_with_bound, table, HitSample, Percentiles,
+    Recorder, Report,
+};
 pub use router_impls::{EngineRouter, Pace, ServiceRouter};
 pub use service_restart::{RestartPlan, RestartStats, RouterRestart};
 pub use synth::{generate, LenRange, SynthSpec};

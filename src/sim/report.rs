@@ -16,20 +16,24 @@
 //!   (aggregated, prefill, decode; a disaggregated request is one job on its prefill
 //!   worker and one on its decode worker) and the worst pool reported. 1.0 is a
 //!   perfectly even spread; pools that received nothing are skipped.
+//! - `imbalance_by_device` (fleets mixing CPU and GPU workers only): the same figure
+//!   within each device class, with the class's mean and maximum jobs per worker, so a
+//!   mixed fleet's spread can be read per class (a router that weighs device speed is
+//!   *meant* to send CPU workers fewer requests, which the fleet-wide figure punishes).
 //! - `events` = cache events (stored / removed batches) forwarded to the router.
 //! - `decision_us` = route-call latency, filled by the real-time tool (or offline with
 //!   [`super::driver::TimedRouter`]); `None` when not measured.
 
 use crate::config::Mode;
-use crate::types::Role;
+use crate::types::{DeviceClass, Role};
 use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
 
 mod svg;
 mod text;
 
-pub use svg::svg_chart;
-pub use text::table;
+pub use svg::{svg_chart, svg_chart_with_bound};
+pub use text::{device_table, table};
 
 /// p50 / p90 / p99 (nearest-rank), maximum and sample count of a distribution.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -73,6 +77,44 @@ pub struct WorkerCount {
     pub worker: String,
     pub role: Role,
     pub jobs: u64,
+    #[serde(default)]
+    pub device: DeviceClass,
+}
+
+/// Jobs per worker within one device class (see the module docs).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceImbalance {
+    pub device: DeviceClass,
+    pub workers: u64,
+    pub jobs: u64,
+    pub mean_jobs: f64,
+    pub max_jobs: u64,
+    /// Worst max ÷ mean over the class's role pools.
+    pub imbalance: f64,
+}
+
+/// Per device class figures of `counts`, GPU first; empty unless both classes exist.
+pub fn imbalance_by_device(counts: &[WorkerCount]) -> Vec<DeviceImbalance> {
+    let classes = [DeviceClass::Gpu, DeviceClass::Cpu];
+    let present = |d: DeviceClass| counts.iter().any(|c| c.device == d);
+    if !classes.iter().all(|&d| present(d)) {
+        return Vec::new();
+    }
+    classes
+        .iter()
+        .map(|&d| {
+            let pool: Vec<WorkerCount> = counts.iter().filter(|c| c.device == d).cloned().collect();
+            let jobs: u64 = pool.iter().map(|c| c.jobs).sum();
+            DeviceImbalance {
+                device: d,
+                workers: pool.len() as u64,
+                jobs,
+                mean_jobs: jobs as f64 / pool.len().max(1) as f64,
+                max_jobs: pool.iter().map(|c| c.jobs).max().unwrap_or(0),
+                imbalance: imbalance(&pool),
+            }
+        })
+        .collect()
 }
 
 /// Everything one run measured (see the module docs for definitions).
@@ -101,6 +143,9 @@ pub struct Report {
     pub output_tok_per_s: f64,
     pub jobs_per_worker: Vec<WorkerCount>,
     pub imbalance: f64,
+    /// Mixed CPU/GPU fleets: imbalance within each device class (else empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub imbalance_by_device: Vec<DeviceImbalance>,
     pub decision_us: Option<Percentiles>,
     pub events: u64,
     pub events_per_s: f64,
@@ -263,16 +308,32 @@ impl Recorder {
     /// The report. `workers` lists the fleet (id, role) so idle workers count in the
     /// imbalance.
     pub fn finish(self, label: &str, mode: Mode, seed: u64, workers: &[(String, Role)]) -> Report {
+        let all: Vec<(String, Role, DeviceClass)> = workers
+            .iter()
+            .map(|(w, r)| (w.clone(), *r, DeviceClass::Gpu))
+            .collect();
+        self.finish_with_devices(label, mode, seed, &all)
+    }
+
+    /// [`Recorder::finish`] with each worker's device class, for the per-class imbalance.
+    pub fn finish_with_devices(
+        self,
+        label: &str,
+        mode: Mode,
+        seed: u64,
+        workers: &[(String, Role, DeviceClass)],
+    ) -> Report {
         let start = self.first_arrival.unwrap_or(0);
         let duration_us = self.last_finish.saturating_sub(start);
         let secs = duration_us as f64 / 1e6;
         let per_s = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
         let jobs_per_worker: Vec<WorkerCount> = workers
             .iter()
-            .map(|(w, role)| WorkerCount {
+            .map(|(w, role, device)| WorkerCount {
                 worker: w.clone(),
                 role: *role,
                 jobs: self.jobs.get(w.as_str()).copied().unwrap_or(0),
+                device: *device,
             })
             .collect();
         Report {
@@ -300,6 +361,7 @@ impl Recorder {
             throughput_rps: per_s(self.e2e.len() as u64),
             output_tok_per_s: per_s(self.output_tokens),
             imbalance: imbalance(&jobs_per_worker),
+            imbalance_by_device: imbalance_by_device(&jobs_per_worker),
             jobs_per_worker,
             decision_us: (!self.decisions.is_empty()).then(|| Percentiles::of(&self.decisions)),
             events: self.events,

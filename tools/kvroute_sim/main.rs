@@ -14,16 +14,21 @@
 //!   spawned router is restarted mid-run from its `--state-dir`, and the hit rate before
 //!   and after, the decisions lost and the replayed calls are reported.
 //!
+//! - `tune`: searches the router knobs offline on a workload (seeded, every core, a
+//!   progress bar) and prints the recommended `[router]` TOML with its figures against
+//!   the defaults (`tune.rs`).
+//!
 //! Every figure is computed by `kvroute::sim` (one model for all paths); hit rate is
 //! measured on the simulated workers. Errors are reported, never panics.
 
 mod restart;
 mod runner;
 mod setup;
+mod tune;
 
 use clap::{Args, Parser, Subcommand};
 use kvroute::config::Mode;
-use kvroute::sim::{hit_rate_bound, svg_chart, table, Report, SimRequest};
+use kvroute::sim::{device_table, hit_rate_bound, svg_chart_with_bound, table, Report, SimRequest};
 use runner::{RouterAddrs, Variant};
 use setup::{parse_pairs, FleetArgs, WorkloadArgs};
 use std::path::PathBuf;
@@ -48,11 +53,13 @@ enum Cmd {
     Ab(AbArgs),
     /// Real time against a running router (fleet + frontend over the binary protocols).
     Run(RunArgs),
+    /// Search the router knobs offline on a workload; print the best `[router]` TOML.
+    Tune(tune::TuneArgs),
 }
 
 /// Output and knob flags shared by the subcommands.
 #[derive(Args, Clone, Debug)]
-struct Common {
+pub(crate) struct Common {
     #[command(flatten)]
     work: WorkloadArgs,
     #[command(flatten)]
@@ -69,7 +76,7 @@ struct Common {
 struct OfflineArgs {
     #[command(flatten)]
     c: Common,
-    #[arg(long, default_value = "kv", value_parser = parse_mode)]
+    #[arg(long, default_value = "kv", value_parser = mode_parser())]
     mode: Mode,
 }
 
@@ -136,7 +143,7 @@ struct RunArgs {
     #[arg(long, default_value = "")]
     auth_token: String,
     /// Mode sent with every request (the router's own default applies otherwise).
-    #[arg(long, default_value = "kv", value_parser = parse_mode)]
+    #[arg(long, default_value = "kv", value_parser = mode_parser())]
     mode: Mode,
     /// Model time runs this many times faster than the wall clock.
     #[arg(long, default_value_t = 60.0)]
@@ -145,8 +152,17 @@ struct RunArgs {
     no_progress: bool,
 }
 
-fn parse_mode(s: &str) -> Result<Mode, String> {
-    Mode::parse(s).ok_or_else(|| format!("unknown mode {s:?}"))
+/// The routing modes a simulated frontend can ask for: every mode but `direct` (which
+/// needs the caller to name the worker). Listed by `--help` and on a bad value.
+fn mode_parser() -> impl clap::builder::TypedValueParser<Value = Mode> {
+    use clap::builder::TypedValueParser;
+    let names: Vec<&'static str> = Mode::ALL
+        .iter()
+        .filter(|m| **m != Mode::Direct)
+        .map(|m| m.name())
+        .collect();
+    clap::builder::PossibleValuesParser::new(names)
+        .try_map(|s| Mode::parse(&s).ok_or_else(|| format!("unknown mode {s:?}")))
 }
 
 fn main() -> ExitCode {
@@ -173,6 +189,7 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Cmd::Run(a) => run_realtime(a),
         Cmd::Ab(a) => ab(a),
+        Cmd::Tune(a) => tune::tune(a),
     }
 }
 
@@ -278,7 +295,7 @@ type Prepared = (
     Vec<(String, String)>,
 );
 
-fn prepare(c: &Common) -> Result<Prepared, String> {
+pub(crate) fn prepare(c: &Common) -> Result<Prepared, String> {
     let reqs = c.work.load()?;
     let fleet = c.fleet.fleet(c.work.block_size)?;
     let knobs = parse_pairs(&c.knobs)?;
@@ -361,7 +378,9 @@ fn ab(a: AbArgs) -> Result<(), String> {
         reports.push(rep);
     }
     if let Some(p) = &a.svg {
-        std::fs::write(p, svg_chart(&reports)).map_err(|e| format!("{}: {e}", p.display()))?;
+        let bound = hit_rate_bound(&reqs, a.c.work.block_size).ratio;
+        std::fs::write(p, svg_chart_with_bound(&reports, Some(bound)))
+            .map_err(|e| format!("{}: {e}", p.display()))?;
     }
     emit(&a.c, &reqs, &reports, &pacings)
 }
@@ -382,6 +401,7 @@ fn emit(
         bound.ratio * 100.0
     );
     print!("{}", table(reports));
+    print!("{}", device_table(reports));
     for (r, p) in reports.iter().zip(pacings) {
         println!(
             "{}: real time x{} in {:.1} s wall; pacing lag p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs",

@@ -8,6 +8,7 @@
 
 use clap::Args;
 use kvroute::config::RouterConfig;
+use kvroute::sim::azure::{generate_from_rows, read_azure_csv};
 use kvroute::sim::{
     generate, read_mooncake, FleetSpec, LenRange, SimRequest, SimWorkerSpec, SynthSpec,
     TimingModel, TraceOptions,
@@ -58,6 +59,11 @@ pub struct WorkloadArgs {
     /// Synthetic: output tokens per request, `MIN-MAX`.
     #[arg(long, default_value = "64-512", value_parser = parse_range)]
     pub synth_output_tokens: LenRange,
+    /// Synthetic: take arrival times and prompt / output lengths from this CSV request
+    /// log (columns `TIMESTAMP,ContextTokens,GeneratedTokens`, the Azure LLM inference
+    /// trace format); content from the --synth-groups / --synth-prefix-tokens prefixes.
+    #[arg(long, requires = "synthetic")]
+    pub synth_csv: Option<PathBuf>,
 }
 
 /// The simulated fleet.
@@ -99,6 +105,17 @@ impl WorkloadArgs {
     pub fn load(&self) -> Result<Vec<SimRequest>, String> {
         if !(self.speed.is_finite() && self.speed > 0.0) {
             return Err("--speed must be > 0".into());
+        }
+        if let (true, Some(csv)) = (self.synthetic, &self.synth_csv) {
+            let rows = read_azure_csv(csv, self.limit)?;
+            let spec = SynthSpec {
+                seed: self.seed,
+                block_size: self.block_size,
+                groups: self.synth_groups,
+                prefix_tokens: self.synth_prefix_tokens,
+                ..SynthSpec::default()
+            };
+            return generate_from_rows(&spec, &rows, self.speed);
         }
         if self.synthetic {
             let spec = SynthSpec {

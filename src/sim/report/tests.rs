@@ -84,6 +84,7 @@ fn imbalance_takes_the_worst_pool() {
         worker: w.into(),
         role,
         jobs,
+        ..Default::default()
     };
     let even = [c("a", Role::Aggregated, 5), c("b", Role::Aggregated, 5)];
     assert_eq!(imbalance(&even), 1.0);
@@ -96,6 +97,45 @@ fn imbalance_takes_the_worst_pool() {
     ];
     assert!((imbalance(&disagg) - 2.0).abs() < 1e-12);
     assert_eq!(imbalance(&[]), 0.0);
+}
+
+#[test]
+fn imbalance_per_device_class_on_mixed_fleets_only() {
+    let c = |w: &str, device, jobs| WorkerCount {
+        worker: w.into(),
+        role: Role::Aggregated,
+        jobs,
+        device,
+    };
+    let gpu_only = [c("g1", DeviceClass::Gpu, 9), c("g2", DeviceClass::Gpu, 1)];
+    assert!(imbalance_by_device(&gpu_only).is_empty());
+    let mixed = [
+        c("g1", DeviceClass::Gpu, 90),
+        c("g2", DeviceClass::Gpu, 110),
+        c("c1", DeviceClass::Cpu, 10),
+        c("c2", DeviceClass::Cpu, 30),
+    ];
+    let by = imbalance_by_device(&mixed);
+    assert_eq!(by.len(), 2);
+    assert_eq!(
+        (by[0].device, by[0].workers, by[0].jobs),
+        (DeviceClass::Gpu, 2, 200)
+    );
+    assert!((by[0].imbalance - 1.1).abs() < 1e-12);
+    assert_eq!((by[1].device, by[1].max_jobs), (DeviceClass::Cpu, 30));
+    assert!((by[1].mean_jobs - 20.0).abs() < 1e-12);
+    assert!((by[1].imbalance - 1.5).abs() < 1e-12);
+    let rep = Report {
+        label: "kv".into(),
+        imbalance_by_device: by,
+        ..Default::default()
+    };
+    let t = device_table(std::slice::from_ref(&rep));
+    assert!(
+        t.contains("per device class") && t.contains("cpu") && t.contains("1.50"),
+        "{t}"
+    );
+    assert!(device_table(&[Report::default()]).is_empty());
 }
 
 fn sample(label: &str, mode: Mode, ttft_ms: f64, hit: f64) -> Report {
@@ -154,8 +194,48 @@ fn chart_has_a_series_per_mode() {
 }
 
 #[test]
-fn nice_axis_maximum() {
-    assert_eq!(svg::nice_max(1350.0), 2000.0);
-    assert_eq!(svg::nice_max(0.0), 1.0);
-    assert_eq!(svg::nice_max(5.0), 5.0);
+fn log_axis_ticks_and_labels() {
+    let a = svg::LogAxis::around([0.0, 530.0, 11_398.0, f64::NAN].into_iter());
+    assert_eq!((a.lo, a.hi), (100.0, 100_000.0));
+    assert_eq!(a.ticks(), vec![100.0, 1000.0, 10_000.0, 100_000.0]);
+    assert_eq!(a.frac(100.0), 0.0);
+    assert!((a.frac(1000.0) - 1.0 / 3.0).abs() < 1e-12);
+    assert_eq!(a.frac(1e9), 1.0);
+    let narrow = svg::LogAxis::around([3.0, 40.0].into_iter());
+    assert_eq!(narrow.ticks(), vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]);
+    assert_eq!(svg::LogAxis::around(std::iter::empty()).hi, 10.0);
+    assert_eq!(svg::fmt_ms(530.8), "531 ms");
+    assert_eq!(svg::fmt_ms(11_398.7), "11.4 s");
+    assert_eq!(svg::fmt_ms(0.5), "0.50 ms");
+    assert_eq!(svg::fmt_tick_ms(10_000.0), "10 s");
+    assert_eq!(svg::fmt_tick_ms(100.0), "100 ms");
+    assert_eq!(svg::fmt_tick_ms(2_500.0), "2.5 s");
+    assert_eq!(svg::pct_axis(13.7 * 1.15), (20.0, 5.0));
+    assert_eq!(svg::pct_axis(43.0), (50.0, 10.0));
+    assert_eq!(svg::pct_axis(99.0), (100.0, 20.0));
+    assert_eq!(svg::pct_axis(0.0), (1.0, 1.0));
+}
+
+#[test]
+fn long_labels_wrap_at_commas() {
+    assert_eq!(svg::wrap("kv", 10), ["kv"]);
+    assert_eq!(
+        svg::wrap("kv[a=1,bb=2,c=3]", 8),
+        ["kv[a=1,", "bb=2,", "c=3]"]
+    );
+    assert_eq!(svg::wrap("abcdefghij", 4), ["abcd", "efgh", "ij"]);
+    let long = format!("kv[{}]", ["overlap_score_credit=0.5"; 12].join(","));
+    let svg = svg_chart_with_bound(&[sample(&long, Mode::Kv, 10.0, 0.2)], Some(0.37));
+    assert!(svg.contains("bound") && svg.contains("37.0%"));
+    // The drawing grew to hold the wrapped legend.
+    let h: f64 = svg
+        .split("height=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(h > 380.0, "{h}");
 }

@@ -1,4 +1,5 @@
-//! Text table of reports: one row per run (mode), fixed-width columns, times in ms.
+//! Text tables of reports: one row per run (mode), fixed-width columns, times in ms;
+//! and, for mixed CPU/GPU fleets, one row per run and device class.
 
 use super::Report;
 use std::fmt::Write;
@@ -63,6 +64,45 @@ pub fn table(reports: &[Report]) -> String {
     line(&mut header.iter().copied());
     for row in &rows {
         line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+/// Per device class jobs and imbalance of each report (mixed CPU/GPU fleets); empty
+/// when no report has per-class figures.
+pub fn device_table(reports: &[Report]) -> String {
+    if reports.iter().all(|r| r.imbalance_by_device.is_empty()) {
+        return String::new();
+    }
+    let name_w = reports
+        .iter()
+        .map(|r| r.name().chars().count())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let mut out = String::from("per device class (jobs per worker):\n");
+    let _ = writeln!(
+        out,
+        "{:<name_w$}  class  workers   jobs   mean    max  imbal",
+        "mode"
+    );
+    for r in reports {
+        for d in &r.imbalance_by_device {
+            let class = match d.device {
+                crate::types::DeviceClass::Gpu => "gpu",
+                crate::types::DeviceClass::Cpu => "cpu",
+            };
+            let _ = writeln!(
+                out,
+                "{:<name_w$}  {class:<5}  {:>7}  {:>5}  {:>5.1}  {:>5}  {:>5.2}",
+                r.name(),
+                d.workers,
+                d.jobs,
+                d.mean_jobs,
+                d.max_jobs,
+                d.imbalance
+            );
+        }
     }
     out
 }
