@@ -359,7 +359,7 @@ impl Search {
         let mut best: Option<(Point, f64)> = None;
         for p in &self.order {
             let s = self.score_of(p)?;
-            if best.as_ref().map_or(true, |(_, b)| s < *b) {
+            if best.as_ref().is_none_or(|(_, b)| s < *b) {
                 best = Some((p.clone(), s));
             }
         }
