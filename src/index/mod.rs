@@ -19,6 +19,7 @@
 
 mod holders;
 mod merge;
+pub mod pending;
 mod shard;
 mod sharded;
 mod table;
@@ -31,6 +32,7 @@ mod tests_prop;
 mod tests_shard;
 
 pub use merge::{merge, Match, MergeResult, ShardAnswer};
+pub use pending::{speculate, PendingShard, PendingStats, Speculated};
 pub use shard::{IndexShard, ShardStats, StoreOutcome, DEFAULT_WORKER_CAP};
 pub use sharded::{ShardedIndex, MAX_SHARD_BITS};
 
