@@ -14,7 +14,7 @@ pub use request::{BadRequest, CandidateOut, DpRankSpec, Prepared, RouteDecision,
 pub use views::{EventBatch, KvEvent, WorkerState, WorkerStatus};
 
 use crate::config::{Mode, PrefillLoadModel, RouterConfig};
-use crate::index::{shard_of, MergeResult, ShardedIndex};
+use crate::index::{shard_of, speculate, MergeResult, PendingShard, ShardedIndex, Speculated};
 use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker};
 use crate::registry::{Registry, RegistryError, Upsert};
 use crate::select::{
@@ -83,6 +83,12 @@ pub struct Engine {
     index: ShardedIndex,
     shard_bits: u32,
     active: Vec<ActiveBlocksShard>,
+    /// Pending-cached (speculative) blocks, one store per index shard like the
+    /// service's cores (`index::pending`).
+    pending: Vec<PendingShard>,
+    /// Buffers of the speculative overlaps of the request being routed.
+    spec_matches: Vec<(u32, WorkerSlot)>,
+    spec: Vec<Speculated>,
     tracker: LoadTracker,
     live: Vec<bool>,
     suspect: Vec<bool>,
@@ -120,6 +126,16 @@ impl Engine {
             active: (0..1usize << shard_bits)
                 .map(|_| ActiveBlocksShard::new())
                 .collect(),
+            pending: (0..1usize << shard_bits)
+                .map(|_| {
+                    PendingShard::new(
+                        cfg.speculative_ttl_ms.saturating_mul(1000),
+                        cfg.speculative_max_blocks,
+                    )
+                })
+                .collect(),
+            spec_matches: Vec::new(),
+            spec: Vec::new(),
             registry: Registry::new(limits.max_workers),
             live: Vec::new(),
             suspect: Vec::new(),
@@ -185,6 +201,9 @@ impl Engine {
         for a in &mut self.active {
             a.clear_worker(slot);
         }
+        for p in &mut self.pending {
+            p.clear_worker(slot);
+        }
     }
 
     /// Marks a worker in or out of routing (heartbeat window).
@@ -221,14 +240,23 @@ impl Engine {
                 tier, block_hashes, ..
             } => {
                 self.index.stored(slot, *tier, block_hashes);
+                self.each_pending(block_hashes, |p, h| p.confirm(slot, h));
             }
             KvEvent::Removed { tier, block_hashes } => {
                 self.index.removed(slot, *tier, block_hashes);
+                self.each_pending(block_hashes, |p, h| p.drop_hashes(slot, h));
             }
-            KvEvent::Cleared { tier: Some(t) } => self.index.clear_tier(slot, *t),
-            KvEvent::Cleared { tier: None } => {
-                for t in Tier::ALL {
-                    self.index.clear_tier(slot, t);
+            KvEvent::Cleared { tier } => {
+                match tier {
+                    Some(t) => self.index.clear_tier(slot, *t),
+                    None => {
+                        for t in Tier::ALL {
+                            self.index.clear_tier(slot, t);
+                        }
+                    }
+                }
+                for p in &mut self.pending {
+                    p.clear_worker(slot);
                 }
             }
         }
@@ -268,6 +296,7 @@ impl Engine {
         let shared = |s: WorkerSlot| reg.get(s).is_some_and(|e| e.spec.role == Role::Shared);
         self.index.query(&prepared.hashes, shared, &mut self.merge);
         let reuse = self.reuse_counts(&prepared.hashes);
+        self.speculate(&prepared.hashes, now_us);
         self.refresh_view(now_us);
         let Some((fleet, loads)) = &self.view else {
             return Err(RouteError::NoWorkers {
@@ -276,6 +305,7 @@ impl Engine {
             .into());
         };
         plan::write_hits(&mut self.hits, fleet, &self.merge, reuse);
+        plan::write_speculative(&mut self.hits, fleet, &self.spec);
         let input = ViewInput {
             cfg: &self.cfg,
             mode,
@@ -291,7 +321,8 @@ impl Engine {
             explain,
         };
         let d = decide_view(&input, &mut self.rng, &mut self.rr, &mut self.scratch)?;
-        let out = plan::to_output(&self.registry, id, &d, explain);
+        let out = plan::to_output(&self.registry, id, &d, explain, &self.spec);
+        let (sw, from) = plan::speculative_target(&d, &self.merge);
         self.tracker
             .on_route(plan::new_request(
                 id,
@@ -304,6 +335,15 @@ impl Engine {
             ))
             .map_err(|e| lifecycle_err(e, id))?;
         self.add_active(d.decode_worker, &prepared.hashes);
+        if let Some(rest) = prepared.hashes.get(from..) {
+            let bits = self.shard_bits;
+            let mut mine = Vec::new();
+            for (s, p) in self.pending.iter_mut().enumerate() {
+                mine.clear();
+                mine.extend(rest.iter().copied().filter(|&h| shard_of(h, bits) == s));
+                p.add(sw, &mine, now_us);
+            }
+        }
         if d.prefill_worker.is_some() {
             self.retained.insert(
                 id.to_string(),
@@ -370,6 +410,39 @@ impl Engine {
             *m.entry(w).or_insert(0) += c;
         }
         m
+    }
+
+    /// The pending matches of `hashes` at `now_us`, as speculative overlaps against
+    /// the index merge just computed.
+    fn speculate(&mut self, hashes: &[u64], now_us: u64) {
+        self.spec_matches.clear();
+        self.spec.clear();
+        if self.pending.iter().all(PendingShard::is_empty) {
+            return;
+        }
+        let bits = self.shard_bits;
+        let mut per_shard: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.pending.len()];
+        for (i, &h) in hashes.iter().enumerate().take(u32::MAX as usize) {
+            per_shard[shard_of(h, bits)].push((i as u32, h));
+        }
+        for (p, items) in self.pending.iter().zip(&per_shard) {
+            p.query(items, now_us, &mut self.spec_matches);
+        }
+        speculate(&self.merge, &mut self.spec_matches, &mut self.spec);
+    }
+
+    /// Runs `f` on each pending shard with the part of `hashes` it owns.
+    fn each_pending(&mut self, hashes: &[u64], mut f: impl FnMut(&mut PendingShard, &[u64])) {
+        let bits = self.shard_bits;
+        let mut mine = Vec::new();
+        for (s, p) in self.pending.iter_mut().enumerate() {
+            if p.is_empty() {
+                continue;
+            }
+            mine.clear();
+            mine.extend(hashes.iter().copied().filter(|&h| shard_of(h, bits) == s));
+            f(p, &mine);
+        }
     }
 
     fn add_active(&mut self, w: WorkerSlot, hashes: &[u64]) {

@@ -6,10 +6,10 @@
 //! full peer mailbox never blocks message handling (and two cores can never deadlock
 //! waiting on each other's queues).
 
-use super::msg::{IndexOp, LifeOp, LifeOutcome, Msg, Reply, Retained};
+use super::msg::{IndexOp, LifeOp, LifeOutcome, Msg, Reply, Retained, SpecAdd};
 use super::shared::Shared;
 use crate::engine::EngineError;
-use crate::index::{IndexShard, ShardAnswer};
+use crate::index::{IndexShard, PendingShard, ShardAnswer};
 use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker, NewRequest};
 use crate::sync::board::Published;
 use crate::types::{Tier, WorkerSlot};
@@ -24,9 +24,20 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+/// [`Core::local_query`]'s answer: index matches, active-block reuse, pending
+/// (position, worker) pairs, and whether the checked id is free here.
+pub type LocalAnswer = (
+    ShardAnswer,
+    Vec<(WorkerSlot, u32)>,
+    Vec<(u32, WorkerSlot)>,
+    Option<bool>,
+);
+
 pub struct CoreState {
     pub index: IndexShard,
     pub active: ActiveBlocksShard,
+    /// Pending-cached blocks of this shard (speculative indexing).
+    pub speculative: PendingShard,
     pub tracker: LoadTracker,
     pub pending: HashSet<String>,
     pub retained: HashMap<String, Retained>,
@@ -82,6 +93,10 @@ impl Core {
             st: RefCell::new(CoreState {
                 index,
                 active: ActiveBlocksShard::new(),
+                speculative: PendingShard::new(
+                    cfg.speculative_ttl_ms.saturating_mul(1000),
+                    cfg.speculative_max_blocks,
+                ),
                 tracker: LoadTracker::new(cfg.block_size, cfg),
                 pending: HashSet::new(),
                 retained: HashMap::new(),
@@ -165,20 +180,20 @@ impl Core {
 
     // ---- local operations ----------------------------------------------------------
 
-    /// Queries this core's shard (and checks a request id is unknown here, if asked:
+    /// Queries this core's shard: index matches, active-block reuse and pending
+    /// (speculative) blocks (and checks a request id is unknown here, if asked:
     /// `Some(true)` when free).
-    pub fn local_query(
-        &self,
-        items: &[(u32, u64)],
-        check_id: Option<&str>,
-    ) -> (ShardAnswer, Vec<(WorkerSlot, u32)>, Option<bool>) {
+    pub fn local_query(&self, items: &[(u32, u64)], check_id: Option<&str>) -> LocalAnswer {
         let st = self.st.borrow();
         let mut answer = ShardAnswer::default();
         st.index.query(items, &mut answer);
         let mut reuse = Vec::new();
         st.active.count_reuse(items, &mut reuse);
+        let mut spec = Vec::new();
+        st.speculative
+            .query(items, self.shared.now_us(), &mut spec);
         let free = check_id.map(|id| !st.knows(id));
-        (answer, reuse, free)
+        (answer, reuse, spec, free)
     }
 
     /// Claims request id `id` on this core for a routing in progress; `false` when
@@ -203,7 +218,7 @@ impl Core {
         st.tracker.active_requests() + st.pending.len()
     }
 
-    fn commit(&self, req: NewRequest, retained: Option<Box<Retained>>) {
+    fn commit(&self, req: NewRequest, retained: Option<Box<Retained>>, spec: Option<SpecAdd>) {
         let hashes: Arc<[u64]> = Arc::from(req.hashes.as_slice());
         let slot = req.decode_worker;
         let id = req.id.clone();
@@ -222,13 +237,19 @@ impl Core {
                 st.retained.insert(id, *r);
             }
         }
-        self.broadcast_active(slot, true, hashes);
+        self.broadcast_active(slot, true, hashes, spec);
     }
 
-    fn broadcast_active(&self, slot: WorkerSlot, add: bool, hashes: Arc<[u64]>) {
+    fn broadcast_active(
+        &self,
+        slot: WorkerSlot,
+        add: bool,
+        hashes: Arc<[u64]>,
+        spec: Option<SpecAdd>,
+    ) {
         for to in 0..self.shared.cores {
             if to == self.id {
-                self.apply_active(slot, add, &hashes);
+                self.apply_active(slot, add, &hashes, spec);
             } else {
                 self.post(
                     to,
@@ -236,13 +257,14 @@ impl Core {
                         slot,
                         add,
                         hashes: hashes.clone(),
+                        spec,
                     },
                 );
             }
         }
     }
 
-    fn apply_active(&self, slot: WorkerSlot, add: bool, hashes: &[u64]) {
+    fn apply_active(&self, slot: WorkerSlot, add: bool, hashes: &[u64], spec: Option<SpecAdd>) {
         let mut st = self.st.borrow_mut();
         let st = &mut *st;
         let bits = self.shared.shard_bits;
@@ -260,6 +282,17 @@ impl Core {
             st.active.remove(slot, &st.scratch);
         }
         st.mark(slot);
+        if let Some(sp) = spec {
+            st.scratch.clear();
+            if let Some(rest) = hashes.get(sp.from as usize..) {
+                st.scratch.extend(
+                    rest.iter()
+                        .copied()
+                        .filter(|h| crate::index::shard_of(*h, bits) == me),
+                );
+            }
+            st.speculative.add(sp.slot, &st.scratch, sp.now_us);
+        }
     }
 
     /// Runs a lifecycle call on this core; `UnknownRequest` (without side effects)
@@ -304,7 +337,12 @@ impl Core {
             }
         };
         let (f, kept) = finished;
-        self.broadcast_active(f.decode_worker, false, Arc::from(f.hashes.as_slice()));
+        self.broadcast_active(
+            f.decode_worker,
+            false,
+            Arc::from(f.hashes.as_slice()),
+            None,
+        );
         match (op, kept) {
             (LifeOp::PrefillFailed, Some(r)) => Ok(LifeOutcome::Reroute(Box::new(r))),
             (LifeOp::PrefillFailed, None) => Err(EngineError::BadRequest(format!(
@@ -330,16 +368,27 @@ impl Core {
                 IndexOp::Stored { tier, hashes } => {
                     hashes.select(self.id, bits, &mut st.scratch);
                     st.index.stored(slot, *tier, &st.scratch);
+                    if !st.speculative.is_empty() {
+                        st.speculative.confirm(slot, &st.scratch);
+                    }
                 }
                 IndexOp::Removed { tier, hashes } => {
                     hashes.select(self.id, bits, &mut st.scratch);
                     st.index.removed(slot, *tier, &st.scratch);
-                }
-                IndexOp::Cleared { tier: Some(t) } => st.index.clear_tier(slot, *t),
-                IndexOp::Cleared { tier: None } => {
-                    for t in Tier::ALL {
-                        st.index.clear_tier(slot, t);
+                    if !st.speculative.is_empty() {
+                        st.speculative.drop_hashes(slot, &st.scratch);
                     }
+                }
+                IndexOp::Cleared { tier } => {
+                    match tier {
+                        Some(t) => st.index.clear_tier(slot, *t),
+                        None => {
+                            for t in Tier::ALL {
+                                st.index.clear_tier(slot, t);
+                            }
+                        }
+                    }
+                    st.speculative.clear_worker(slot);
                 }
                 IndexOp::SetCap(cap) => st.index.set_worker_cap(slot, *cap),
             }
@@ -351,6 +400,7 @@ impl Core {
         let mut st = self.st.borrow_mut();
         st.index.clear_worker(slot);
         st.active.clear_worker(slot);
+        st.speculative.clear_worker(slot);
         for f in st.tracker.remove_worker(slot) {
             st.retained.remove(&f.id);
             // The decode worker's active blocks live in every shard: other shards drop
@@ -358,7 +408,12 @@ impl Core {
             // request that only prefilled on `slot` keeps its decode-side blocks.
             if f.decode_worker != slot {
                 drop(st);
-                self.broadcast_active(f.decode_worker, false, Arc::from(f.hashes.as_slice()));
+                self.broadcast_active(
+                    f.decode_worker,
+                    false,
+                    Arc::from(f.hashes.as_slice()),
+                    None,
+                );
                 st = self.st.borrow_mut();
             }
         }
@@ -376,13 +431,15 @@ impl Core {
                 items,
                 check_id,
             } => {
-                let (answer, reuse, id_free) = self.local_query(&items, check_id.as_deref());
+                let (answer, reuse, spec, id_free) =
+                    self.local_query(&items, check_id.as_deref());
                 self.post(
                     from,
                     Msg::Answer {
                         qid,
                         answer,
                         reuse,
+                        spec,
                         id_free,
                     },
                 );
@@ -391,16 +448,23 @@ impl Core {
                 qid,
                 answer,
                 reuse,
+                spec,
                 id_free,
             } => self.complete(
                 qid,
                 Reply::Answer {
                     answer,
                     reuse,
+                    spec,
                     id_free,
                 },
             ),
-            Msg::Active { slot, add, hashes } => self.apply_active(slot, add, &hashes),
+            Msg::Active {
+                slot,
+                add,
+                hashes,
+                spec,
+            } => self.apply_active(slot, add, &hashes, spec),
             Msg::Lifecycle { from, qid, op, id } => {
                 let result = self.lifecycle_local(op, &id);
                 self.post(from, Msg::LifecycleDone { qid, result });
@@ -414,8 +478,14 @@ impl Core {
 
     /// Commits a request routed on this core (its home) and sends the active-block
     /// updates to the other shards.
-    pub fn commit_here(&self, req: NewRequest, retained: Option<Retained>) {
-        self.commit(req, retained.map(Box::new));
+    /// `spec`: where its prompt blocks become pending (speculative indexing).
+    pub fn commit_here(
+        &self,
+        req: NewRequest,
+        retained: Option<Retained>,
+        spec: Option<SpecAdd>,
+    ) {
+        self.commit(req, retained.map(Box::new), spec);
         self.after_local();
     }
 

@@ -80,6 +80,15 @@ pub enum IndexOp {
     SetCap(u64),
 }
 
+/// A routed request's prompt blocks from position `from` on become pending on `slot`
+/// at `now_us` (speculative indexing, `index::pending`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpecAdd {
+    pub slot: WorkerSlot,
+    pub from: u32,
+    pub now_us: u64,
+}
+
 /// A lifecycle notification.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LifeOp {
@@ -126,6 +135,8 @@ pub enum Msg {
         qid: u64,
         answer: ShardAnswer,
         reuse: Vec<(WorkerSlot, u32)>,
+        /// Pending (speculative) blocks: (position, worker).
+        spec: Vec<(u32, WorkerSlot)>,
         /// Answer to `check_id`: `Some(true)` when the id is unknown here.
         id_free: Option<bool>,
     },
@@ -133,6 +144,8 @@ pub enum Msg {
         slot: WorkerSlot,
         add: bool,
         hashes: Arc<[u64]>,
+        /// With a routing commit: these hashes become pending there.
+        spec: Option<SpecAdd>,
     },
     Lifecycle {
         from: usize,
@@ -186,6 +199,7 @@ pub enum Reply {
     Answer {
         answer: ShardAnswer,
         reuse: Vec<(WorkerSlot, u32)>,
+        spec: Vec<(u32, WorkerSlot)>,
         id_free: Option<bool>,
     },
     Lifecycle(Result<LifeOutcome, EngineError>),

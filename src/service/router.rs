@@ -203,7 +203,7 @@ async fn route_prepared(
             qids.push(qid);
         }
     }
-    let (local, mut reuse, _) = core.local_query(&local_items, None);
+    let (local, mut reuse, mut spec_matches, _) = core.local_query(&local_items, None);
     let mut free = true;
     // Gather.
     let mut answers: Vec<ShardAnswer> = Vec::with_capacity(qids.len() + 1);
@@ -212,11 +212,13 @@ async fn route_prepared(
         if let Reply::Answer {
             answer,
             reuse: r,
+            spec: sp,
             id_free,
         } = core.wait(qid).await
         {
             answers.push(answer);
             reuse.extend(r);
+            spec_matches.extend(sp);
             free &= id_free.unwrap_or(true);
         }
     }
@@ -233,6 +235,8 @@ async fn route_prepared(
         |s: WorkerSlot| reg.get(s).is_some_and(|e| e.spec.role == Role::Shared),
         &mut merged,
     );
+    let mut spec = Vec::new();
+    crate::index::speculate(&merged, &mut spec_matches, &mut spec);
     let cfg = &sh.settings.router;
     let now_us = sh.now_us();
     // One round-robin cursor for the whole service (a per-core cursor would cycle
@@ -253,6 +257,7 @@ async fn route_prepared(
             });
         };
         plan::write_hits(&mut v.hits, &v.fleet, &merged, reuse.iter().copied());
+        plan::write_speculative(&mut v.hits, &v.fleet, &spec);
         let input = ViewInput {
             cfg,
             mode,
@@ -281,7 +286,13 @@ async fn route_prepared(
             return Err(EngineError::Route(e).into());
         }
     };
-    let out = plan::to_output(&reg, id, &d, explain);
+    let out = plan::to_output(&reg, id, &d, explain, &spec);
+    let (sw, from) = plan::speculative_target(&d, &merged);
+    let spec_add = (from < n).then_some(super::msg::SpecAdd {
+        slot: sw,
+        from: from as u32,
+        now_us,
+    });
     sh.metrics.request_blocks.inc_by(n as u64);
     sh.metrics.overlap_blocks.inc_by(d.overlap.own() as u64);
     let retained = d.prefill_worker.is_some().then(|| Retained {
@@ -291,7 +302,7 @@ async fn route_prepared(
     });
     let hashes = std::mem::take(&mut prepared.hashes);
     let req = plan::new_request(id, &d, &prepared, hashes, cfg.block_size, osl, now_us);
-    core.commit_here(req, retained);
+    core.commit_here(req, retained, spec_add);
     Ok(out)
 }
 
