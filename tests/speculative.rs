@@ -1,6 +1,7 @@
 //! Speculative indexing end to end (issue 15 item 5), against the real binary over
 //! HTTP: a request's prompt blocks count as cached on the worker it was routed to
-//! until that worker's events confirm them, a TTL expires, or the worker is removed.
+//! until that worker's events confirm or drop them, a TTL expires, the request ends,
+//! or the worker is removed.
 //! Each scenario runs with `--cores 1` and `--cores 2` (pending entries then live on
 //! the core owning each hash, like the index).
 
@@ -81,15 +82,19 @@ fn burst_then_ttl(cores: usize) {
     assert_eq!(credit(&b, &wa), (10, 10), "{b}");
     assert_eq!(credit(&b, other(&wa)), (0, 0), "{b}");
     assert_eq!(b["overlap"]["device"], 10, "{b}");
-    for id in ["a", "b"] {
-        post_ok(&s, &format!("/v1/requests/{id}/finish"));
-    }
-    // TTL passed with no event: the blocks are no longer credited anywhere.
+    // TTL passed with no event (both requests still running): the blocks are no
+    // longer credited anywhere.
     std::thread::sleep(Duration::from_millis(TTL_MS + 300));
     let c = route(&s, "c", &h);
     for w in ["w1", "w2"] {
         assert_eq!(credit(&c, w), (0, 0), "{c}");
     }
+    // The end of a request also ends its blocks' pending state.
+    let e = route(&s, "e", &h);
+    let we = e["decode_worker"].as_str().unwrap_or_default().to_string();
+    post_ok(&s, "/v1/requests/e/finish");
+    let f = route(&s, "f", &h);
+    assert_eq!(credit(&f, &we), (0, 0), "{f}");
 }
 
 #[test]
@@ -109,33 +114,30 @@ fn confirm_remove_and_worker_removal(cores: usize) {
     let h = hashes(8, 10);
     let a = route(&s, "a", &h);
     let wa = a["decode_worker"].as_str().unwrap_or_default().to_string();
-    post_ok(&s, "/v1/requests/a/finish");
+    post_ok(&s, "/v1/requests/a/first_token");
+    // JSON events are applied everywhere when the call returns.
     s.store(&wa, "device", &h[..4]);
-    s.wait_until("index", |s| s.cached(&wa) == 4);
     let b = route(&s, "b", &h);
     assert_eq!(b["decode_worker"], wa.as_str(), "{b}");
     assert_eq!(credit(&b, &wa), (10, 6), "{b}");
-    post_ok(&s, "/v1/requests/b/finish");
-    // Removed: blocks 6.. are no longer pending, so the run stops at 6.
+    // Removed 6 and 7 (not pending any more), stored 4 (confirmed): device run 5,
+    // then pending 5 only.
     let (code, body) = s.post(
         &format!("/v1/workers/{wa}/events"),
-        json!({"events": [{"type": "removed", "tier": "device", "block_hashes": &h[6..8]}]}),
+        json!({"events": [
+            {"type": "removed", "tier": "device", "block_hashes": &h[6..8]},
+            {"type": "stored", "tier": "device", "parent": null, "block_hashes": [h[4]]},
+        ]}),
     );
     assert_eq!(code, 200, "{body}");
-    s.wait_until("removal", |s| {
-        let d = route(s, "probe", &h);
-        post_ok(s, "/v1/requests/probe/finish");
-        credit(&d, &wa) == (6, 2)
-    });
-    // The worker leaves and comes back: nothing of it is pending any more.
+    let c = route(&s, "c", &h);
+    assert_eq!(credit(&c, &wa), (6, 1), "{c}");
+    // The worker leaves and comes back: nothing of it is pending (or cached) any more.
     let (code, body) = s.delete(&format!("/v1/workers/{wa}"));
     assert!(code == 200 || code == 204, "{code} {body}");
     s.register(worker(&wa));
-    s.wait_until("worker removal", |s| {
-        let d = route(s, "probe", &h);
-        post_ok(s, "/v1/requests/probe/finish");
-        credit(&d, &wa) == (0, 0)
-    });
+    let d = route(&s, "d", &h);
+    assert_eq!(credit(&d, &wa), (0, 0), "{d}");
 }
 
 #[test]

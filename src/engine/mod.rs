@@ -431,6 +431,12 @@ impl Engine {
         speculate(&self.merge, &mut self.spec_matches, &mut self.spec);
     }
 
+    /// A request on `w` ended: it was prefilled, so `w`'s events have confirmed its
+    /// blocks by now or never will; they stop being pending (as in the service).
+    fn end_pending(&mut self, w: WorkerSlot, hashes: &[u64]) {
+        self.each_pending(hashes, |p, h| p.drop_hashes(w, h));
+    }
+
     /// Runs `f` on each pending shard with the part of `hashes` it owns.
     fn each_pending(&mut self, hashes: &[u64], mut f: impl FnMut(&mut PendingShard, &[u64])) {
         let bits = self.shard_bits;
@@ -497,6 +503,7 @@ impl Engine {
             .map_err(|e| lifecycle_err(e, id))?;
         self.retained.remove(id);
         self.remove_active(f.decode_worker, &f.hashes);
+        self.end_pending(f.prefill_worker.unwrap_or(f.decode_worker), &f.hashes);
         Ok(())
     }
 
@@ -508,6 +515,7 @@ impl Engine {
             .on_prefill_failed(id, now_us)
             .map_err(|e| lifecycle_err(e, id))?;
         self.remove_active(f.decode_worker, &f.hashes);
+        self.end_pending(f.prefill_worker.unwrap_or(f.decode_worker), &f.hashes);
         let kept = kept.ok_or_else(|| {
             EngineError::BadRequest(format!("request {id:?} was not routed to a prefill worker"))
         })?;

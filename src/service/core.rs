@@ -291,7 +291,11 @@ impl Core {
                         .filter(|h| crate::index::shard_of(*h, bits) == me),
                 );
             }
-            st.speculative.add(sp.slot, &st.scratch, sp.now_us);
+            if add {
+                st.speculative.add(sp.slot, &st.scratch, sp.now_us);
+            } else if !st.speculative.is_empty() {
+                st.speculative.drop_hashes(sp.slot, &st.scratch);
+            }
         }
     }
 
@@ -337,11 +341,18 @@ impl Core {
             }
         };
         let (f, kept) = finished;
+        // A request that ended was prefilled: its worker's events have confirmed its
+        // blocks by now, or will never do so; either way they stop being pending.
+        let spec = SpecAdd {
+            slot: f.prefill_worker.unwrap_or(f.decode_worker),
+            from: 0,
+            now_us: now,
+        };
         self.broadcast_active(
             f.decode_worker,
             false,
             Arc::from(f.hashes.as_slice()),
-            None,
+            Some(spec),
         );
         match (op, kept) {
             (LifeOp::PrefillFailed, Some(r)) => Ok(LifeOutcome::Reroute(Box::new(r))),

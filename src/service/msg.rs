@@ -81,7 +81,8 @@ pub enum IndexOp {
 }
 
 /// A routed request's prompt blocks from position `from` on become pending on `slot`
-/// at `now_us` (speculative indexing, `index::pending`).
+/// at `now_us` (speculative indexing, `index::pending`), or stop being pending there
+/// when the request ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpecAdd {
     pub slot: WorkerSlot,
@@ -144,7 +145,8 @@ pub enum Msg {
         slot: WorkerSlot,
         add: bool,
         hashes: Arc<[u64]>,
-        /// With a routing commit: these hashes become pending there.
+        /// With a routing commit (`add`): these hashes become pending there; with the
+        /// end of a request: they are no longer pending there.
         spec: Option<SpecAdd>,
     },
     Lifecycle {
