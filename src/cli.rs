@@ -118,6 +118,13 @@ pub struct ServeArgs {
     pub topology_penalty: Option<f64>,
     #[arg(long, env = "KVROUTE_PREDICTOR_MIN_SAMPLES")]
     pub predictor_min_samples: Option<u32>,
+    /// Write the routed requests as a Mooncake-format trace to this file.
+    #[arg(long, env = "KVROUTE_RECORD")]
+    pub record: Option<String>,
+    #[arg(long, env = "KVROUTE_RECORD_MAX_BYTES")]
+    pub record_max_bytes: Option<u64>,
+    #[arg(long, env = "KVROUTE_RECORD_MAX_IDS")]
+    pub record_max_ids: Option<usize>,
     #[arg(long, env = "KVROUTE_SPECULATIVE_TTL_MS")]
     pub speculative_ttl_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_SPECULATIVE_MAX_BLOCKS")]
@@ -252,6 +259,10 @@ impl ServeArgs {
         if !self.engines.is_empty() {
             s.engines = self.engines.clone();
         }
+        if self.record.is_some() {
+            s.record = self.record.clone();
+        }
+        overlay!(s, self, record_max_bytes, record_max_ids);
     }
 }
 

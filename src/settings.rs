@@ -44,6 +44,14 @@ pub struct Settings {
     /// worker (README "Pointing kvroute at a vLLM fleet").
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
+    /// Write the routed requests as a Mooncake-format trace to this file (truncated at
+    /// start; `crate::record`). Default none.
+    pub record: Option<String>,
+    /// The trace stops growing at this many bytes. Default 256 MiB.
+    pub record_max_bytes: u64,
+    /// Most distinct hash ids the trace renumbers (its id map's size); the recording
+    /// stops when a request needs more. Default 4,194,304.
+    pub record_max_ids: usize,
 }
 
 /// Bounds that keep memory and latency finite under any input.
@@ -101,6 +109,9 @@ impl Default for Settings {
             limits: Limits::default(),
             router: RouterConfig::default(),
             engines: Vec::new(),
+            record: None,
+            record_max_bytes: 256 << 20,
+            record_max_ids: 1 << 22,
         }
     }
 }
@@ -162,6 +173,22 @@ impl Settings {
             }
         }
         crate::engines::config::validate_all(&self.engines)?;
+        if self.record.is_some() {
+            let bs = self.router.block_size;
+            if crate::record::TOKENS_PER_ID % bs != 0 {
+                return Err(format!(
+                    "record: block_size {bs} must divide {} (Mooncake hash ids cover {} tokens)",
+                    crate::record::TOKENS_PER_ID,
+                    crate::record::TOKENS_PER_ID
+                ));
+            }
+            if self.record.as_deref() == Some("") {
+                return Err("record must name a file".into());
+            }
+            if self.record_max_bytes == 0 || self.record_max_ids == 0 {
+                return Err("record_max_bytes and record_max_ids must be > 0".into());
+            }
+        }
         Ok(())
     }
 

@@ -348,18 +348,34 @@ impl Core {
             from: 0,
             now_us: now,
         };
-        self.broadcast_active(
-            f.decode_worker,
-            false,
-            Arc::from(f.hashes.as_slice()),
-            Some(spec),
-        );
+        let hashes: Arc<[u64]> = Arc::from(f.hashes.as_slice());
+        if op == LifeOp::Finish {
+            self.record(&f, &hashes);
+        }
+        self.broadcast_active(f.decode_worker, false, hashes, Some(spec));
         match (op, kept) {
             (LifeOp::PrefillFailed, Some(r)) => Ok(LifeOutcome::Reroute(Box::new(r))),
             (LifeOp::PrefillFailed, None) => Err(EngineError::BadRequest(format!(
                 "request {id:?} was not routed to a prefill worker"
             ))),
             _ => Ok(LifeOutcome::Done),
+        }
+    }
+
+    /// `--record`: offers the ended request to the trace writer (never blocks).
+    fn record(&self, f: &crate::load::Finished, hashes: &Arc<[u64]>) {
+        let Some(r) = self.shared.recorder.get() else {
+            return;
+        };
+        let e = crate::record::Ended {
+            routed_at_us: f.routed_at_us,
+            input_tokens: f.input_tokens,
+            output_tokens: f.output_tokens,
+            first_token: f.first_token_us.is_some(),
+            hashes: hashes.clone(),
+        };
+        if !r.offer(e) {
+            self.shared.metrics.record_dropped.inc();
         }
     }
 

@@ -73,6 +73,13 @@ pub struct Metrics {
     pub snapshot_last_success: Gauge,
     /// Size in bytes of the last snapshot written.
     pub snapshot_bytes: Gauge,
+    /// Blocks of routed requests credited as pending (speculative) on the chosen
+    /// worker.
+    pub speculative_blocks: Counter,
+    /// `--record`: lines written, records dropped (channel full), stopped by a limit.
+    pub record_lines: Counter,
+    pub record_dropped: Counter,
+    pub record_stopped: Gauge,
 }
 
 impl Default for Metrics {
@@ -111,6 +118,10 @@ impl Metrics {
             snapshot_consecutive_failures: Gauge::default(),
             snapshot_last_success: Gauge::default(),
             snapshot_bytes: Gauge::default(),
+            speculative_blocks: Counter::default(),
+            record_lines: Counter::default(),
+            record_dropped: Counter::default(),
+            record_stopped: Gauge::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -224,6 +235,26 @@ impl Metrics {
                 "snapshot_bytes",
                 "Size of the last snapshot written",
                 m.snapshot_bytes.clone(),
+            );
+            r.register(
+                "speculative_blocks",
+                "Blocks of routed requests credited as pending (speculative) on the chosen worker",
+                m.speculative_blocks.clone(),
+            );
+            r.register(
+                "record_lines",
+                "Lines written to the --record trace",
+                m.record_lines.clone(),
+            );
+            r.register(
+                "record_dropped",
+                "Ended requests not recorded because the writer's channel was full",
+                m.record_dropped.clone(),
+            );
+            r.register(
+                "record_stopped",
+                "1 once the --record trace stopped at a limit or a write error",
+                m.record_stopped.clone(),
             );
         }
         m

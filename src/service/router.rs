@@ -295,6 +295,10 @@ async fn route_prepared(
     });
     sh.metrics.request_blocks.inc_by(n as u64);
     sh.metrics.overlap_blocks.inc_by(d.overlap.own() as u64);
+    let credited = plan::speculative_of(&spec, d.prefill_worker.unwrap_or(d.decode_worker));
+    if credited > 0 {
+        sh.metrics.speculative_blocks.inc_by(credited as u64);
+    }
     let retained = d.prefill_worker.is_some().then(|| Retained {
         prepared: prepared.clone(),
         mode,

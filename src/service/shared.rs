@@ -62,6 +62,8 @@ pub struct Shared {
     /// Round-robin cursor shared by all cores.
     pub rr: AtomicU64,
     pub started: Instant,
+    /// `--record`: the trace writer (set once at start).
+    pub recorder: std::sync::OnceLock<super::recorder::Recorder>,
 }
 
 impl Shared {
@@ -102,6 +104,7 @@ impl Shared {
             inflight: AtomicUsize::new(0),
             rr: AtomicU64::new(0),
             started: Instant::now(),
+            recorder: std::sync::OnceLock::new(),
             settings,
         };
         Ok((Arc::new(shared), readers))
