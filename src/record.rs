@@ -197,7 +197,14 @@ mod tests {
         // The simulator reads it back: lengths, times, shared first chunk.
         let reqs = parse_mooncake(s.as_bytes(), &TraceOptions::default()).unwrap();
         assert_eq!(reqs.len(), 2);
-        assert_eq!((reqs[0].arrival_us, reqs[0].input_tokens, reqs[0].output_tokens), (5_000, 1285, 9));
+        assert_eq!(
+            (
+                reqs[0].arrival_us,
+                reqs[0].input_tokens,
+                reqs[0].output_tokens
+            ),
+            (5_000, 1285, 9)
+        );
         assert_eq!(reqs[0].hashes.len(), 10);
         assert_eq!(reqs[0].hashes[..4], reqs[1].hashes[..4]);
         assert_ne!(reqs[0].hashes[4], reqs[1].hashes[4]);
@@ -221,10 +228,15 @@ mod tests {
     fn the_id_map_is_bounded() {
         let mut e = Encoder::new(128, 1 << 20, 3);
         let mut s = String::new();
-        e.line(&ended(1, &(0..8).collect::<Vec<_>>(), 1), &mut s).unwrap();
+        e.line(&ended(1, &(0..8).collect::<Vec<_>>(), 1), &mut s)
+            .unwrap();
         // Known ids cost nothing.
-        e.line(&ended(1, &(0..8).collect::<Vec<_>>(), 1), &mut s).unwrap();
-        assert_eq!(e.line(&ended(2, &(10..18).collect::<Vec<_>>(), 1), &mut s), Err(Stop::MaxIds));
+        e.line(&ended(1, &(0..8).collect::<Vec<_>>(), 1), &mut s)
+            .unwrap();
+        assert_eq!(
+            e.line(&ended(2, &(10..18).collect::<Vec<_>>(), 1), &mut s),
+            Err(Stop::MaxIds)
+        );
         assert_eq!(s.lines().count(), 2);
         assert!(e.ids.len() <= 3);
     }

@@ -76,7 +76,10 @@ fn recorded_trace_reads_back_in_the_simulator() {
     let text = std::fs::read_to_string(&path).unwrap();
     let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
     assert_eq!(first["hash_ids"], json!([0, 1, 2]), "{text}");
-    assert!(!text.contains(&shared[0].to_string()), "no real hash is written");
+    assert!(
+        !text.contains(&shared[0].to_string()),
+        "no real hash is written"
+    );
     let reqs = read_mooncake(&path, &TraceOptions::default()).unwrap();
     assert_eq!(reqs.len(), 2);
     let (ra, rb) = (&reqs[0], &reqs[1]);

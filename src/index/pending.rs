@@ -162,7 +162,10 @@ impl PendingShard {
                 self.queue.pop_front();
                 continue;
             };
-            let Some(i) = v.iter().position(|e| e.worker == r.worker && e.seq == r.seq) else {
+            let Some(i) = v
+                .iter()
+                .position(|e| e.worker == r.worker && e.seq == r.seq)
+            else {
                 self.queue.pop_front();
                 continue;
             };

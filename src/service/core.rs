@@ -190,8 +190,7 @@ impl Core {
         let mut reuse = Vec::new();
         st.active.count_reuse(items, &mut reuse);
         let mut spec = Vec::new();
-        st.speculative
-            .query(items, self.shared.now_us(), &mut spec);
+        st.speculative.query(items, self.shared.now_us(), &mut spec);
         let free = check_id.map(|id| !st.knows(id));
         (answer, reuse, spec, free)
     }
@@ -435,12 +434,7 @@ impl Core {
             // request that only prefilled on `slot` keeps its decode-side blocks.
             if f.decode_worker != slot {
                 drop(st);
-                self.broadcast_active(
-                    f.decode_worker,
-                    false,
-                    Arc::from(f.hashes.as_slice()),
-                    None,
-                );
+                self.broadcast_active(f.decode_worker, false, Arc::from(f.hashes.as_slice()), None);
                 st = self.st.borrow_mut();
             }
         }
@@ -458,8 +452,7 @@ impl Core {
                 items,
                 check_id,
             } => {
-                let (answer, reuse, spec, id_free) =
-                    self.local_query(&items, check_id.as_deref());
+                let (answer, reuse, spec, id_free) = self.local_query(&items, check_id.as_deref());
                 self.post(
                     from,
                     Msg::Answer {
@@ -506,12 +499,7 @@ impl Core {
     /// Commits a request routed on this core (its home) and sends the active-block
     /// updates to the other shards.
     /// `spec`: where its prompt blocks become pending (speculative indexing).
-    pub fn commit_here(
-        &self,
-        req: NewRequest,
-        retained: Option<Retained>,
-        spec: Option<SpecAdd>,
-    ) {
+    pub fn commit_here(&self, req: NewRequest, retained: Option<Retained>, spec: Option<SpecAdd>) {
         self.commit(req, retained.map(Box::new), spec);
         self.after_local();
     }

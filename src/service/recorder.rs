@@ -53,8 +53,8 @@ impl Recorder {
         lines: Counter,
         stopped_gauge: Gauge,
     ) -> Result<Recorder, String> {
-        let file = std::fs::File::create(&cfg.path)
-            .map_err(|e| format!("--record {}: {e}", cfg.path))?;
+        let file =
+            std::fs::File::create(&cfg.path).map_err(|e| format!("--record {}: {e}", cfg.path))?;
         let (tx, rx) = bounded(CHANNEL_RECORDS);
         let stopped = Arc::new(AtomicBool::new(false));
         let flag = stopped.clone();

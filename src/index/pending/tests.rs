@@ -6,7 +6,11 @@ use crate::index::{merge, Match, ShardAnswer};
 use crate::types::Tier;
 
 fn hits(p: &PendingShard, hashes: &[u64], now: u64) -> Vec<(u32, WorkerSlot)> {
-    let items: Vec<(u32, u64)> = hashes.iter().enumerate().map(|(i, &h)| (i as u32, h)).collect();
+    let items: Vec<(u32, u64)> = hashes
+        .iter()
+        .enumerate()
+        .map(|(i, &h)| (i as u32, h))
+        .collect();
     let mut out = Vec::new();
     p.query(&items, now, &mut out);
     out.sort_unstable();
@@ -48,7 +52,10 @@ fn confirm_drop_and_clear() {
     p.add(1, &[10, 11, 12], 0);
     p.add(2, &[10, 11], 0);
     p.confirm(1, &[10, 99]);
-    assert_eq!(hits(&p, &[10, 11, 12], 1), vec![(0, 2), (1, 1), (1, 2), (2, 1)]);
+    assert_eq!(
+        hits(&p, &[10, 11, 12], 1),
+        vec![(0, 2), (1, 1), (1, 2), (2, 1)]
+    );
     p.drop_hashes(2, &[11]);
     assert_eq!(hits(&p, &[10, 11, 12], 1), vec![(0, 2), (1, 1), (2, 1)]);
     p.clear_worker(1);
@@ -68,7 +75,10 @@ fn cap_evicts_oldest_first() {
     p.add(2, &[4, 5, 6], 10);
     assert_eq!(p.len(), 4);
     // 1 and 2 (the oldest) went; 3 stays.
-    assert_eq!(hits(&p, &[1, 2, 3, 4, 5, 6], 20), vec![(2, 1), (3, 2), (4, 2), (5, 2)]);
+    assert_eq!(
+        hits(&p, &[1, 2, 3, 4, 5, 6], 20),
+        vec![(2, 1), (3, 2), (4, 2), (5, 2)]
+    );
     assert_eq!(p.stats().evicted, 2);
     // Memory stays bounded under churn: the queue is compacted.
     for i in 0..100_000u64 {

@@ -73,10 +73,12 @@ mod tests {
         assert_eq!(a.len(), 400);
         assert!(a.windows(2).all(|w| w[0].arrival_us <= w[1].arrival_us));
         assert_eq!(a[5].id, "syn-5");
-        let mut by_burst: std::collections::HashMap<u64, Vec<&SimRequest>> =
-            Default::default();
+        let mut by_burst: std::collections::HashMap<u64, Vec<&SimRequest>> = Default::default();
         for r in &a {
-            by_burst.entry(r.session.unwrap_or(u64::MAX)).or_default().push(r);
+            by_burst
+                .entry(r.session.unwrap_or(u64::MAX))
+                .or_default()
+                .push(r);
         }
         assert_eq!(by_burst.len(), 50);
         let mut first_blocks = std::collections::HashSet::new();
