@@ -10,6 +10,9 @@ pub mod plan;
 pub mod request;
 pub mod views;
 
+#[cfg(test)]
+mod tests_speculative;
+
 pub use request::{BadRequest, CandidateOut, DpRankSpec, Prepared, RouteDecision, RouteRequest};
 pub use views::{EventBatch, KvEvent, WorkerState, WorkerStatus};
 
