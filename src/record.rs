@@ -6,9 +6,10 @@
 //! format `kvroute-sim --trace` reads (`sim::trace`):
 //! - `timestamp`: milliseconds from service start to the request's routing;
 //! - `input_length`: the prompt's tokens as routed;
-//! - `output_length`: the last output count the frontend reported (progress); a
-//!   request that reported none is written with 1 if its first token was reported,
-//!   else 0;
+//! - `output_length`: the last output count the frontend reported (progress); for a
+//!   request that reported none, its OSL hint (`expected_output_tokens`) if it had
+//!   one, else 1 if its first token was reported, else 0. (A frontend that reports
+//!   progress every N tokens under-reports by less than N.)
 //! - `hash_ids`: one id per 512 prompt tokens (the Mooncake unit): chunk `j` of
 //!   `512 / block_size` router blocks is named by the sequence hash of its last block
 //!   (a last, partial chunk by its last block), so equal ids at equal positions mean
@@ -35,6 +36,8 @@ pub struct Ended {
     pub input_tokens: u32,
     /// Output tokens last reported (0 if none).
     pub output_tokens: u32,
+    /// The request's OSL hint, if it had one.
+    pub expected_output_tokens: Option<u32>,
     /// The first token was reported.
     pub first_token: bool,
     /// The prompt's router sequence hashes.
@@ -127,10 +130,10 @@ impl Encoder {
             self.stopped = Some(Stop::MaxIds);
             return Err(Stop::MaxIds);
         }
-        let output = if r.output_tokens == 0 && r.first_token {
-            1
-        } else {
-            r.output_tokens
+        let output = match (r.output_tokens, r.expected_output_tokens) {
+            (0, Some(hint)) => hint,
+            (0, None) if r.first_token => 1,
+            (n, _) => n,
         };
         let start = out.len();
         let _ = write!(
@@ -172,6 +175,7 @@ mod tests {
             routed_at_us: at_ms * 1000 + 7,
             input_tokens: hashes.len() as u32 * 128 + 5,
             output_tokens: out,
+            expected_output_tokens: None,
             first_token: true,
             hashes: hashes.into(),
         }

@@ -65,14 +65,21 @@ fn recorded_trace_reads_back_in_the_simulator() {
     b.extend(hashes(5, 2)); // + half a chunk
     serve_one(&s, "a", &a, Some(37));
     serve_one(&s, "b", &b, None);
+    // No progress but an OSL hint: the hint is written.
+    post_ok(
+        &s,
+        "/v1/route",
+        json!({"request_id": "c", "model": "m", "block_hashes": &b, "expected_output_tokens": 77}),
+    );
+    post_ok(&s, "/v1/requests/c/finish", json!({}));
     // Routed but never ended: not recorded.
     post_ok(
         &s,
         "/v1/route",
         json!({"request_id": "open", "model": "m", "block_hashes": &a}),
     );
-    s.wait_until("two lines", |_| lines(&path) == 2);
-    assert_eq!(s.metric("kvroute_record_lines_total"), 2.0);
+    s.wait_until("three lines", |_| lines(&path) == 3);
+    assert_eq!(s.metric("kvroute_record_lines_total"), 3.0);
     let text = std::fs::read_to_string(&path).unwrap();
     let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
     assert_eq!(first["hash_ids"], json!([0, 1, 2]), "{text}");
@@ -81,8 +88,13 @@ fn recorded_trace_reads_back_in_the_simulator() {
         "no real hash is written"
     );
     let reqs = read_mooncake(&path, &TraceOptions::default()).unwrap();
-    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs.len(), 3);
     let (ra, rb) = (&reqs[0], &reqs[1]);
+    assert_eq!(
+        (reqs[2].input_tokens, reqs[2].output_tokens),
+        (10 * 128, 77)
+    );
+    assert_eq!(reqs[2].hashes, rb.hashes);
     assert_eq!((ra.input_tokens, ra.output_tokens), (12 * 128, 37));
     // No progress reported: the first token counts as one output token.
     assert_eq!((rb.input_tokens, rb.output_tokens), (10 * 128, 1));

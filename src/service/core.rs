@@ -309,9 +309,11 @@ impl Core {
                 EngineError::BadRequest(format!("invalid request id {id:?}"))
             }
         };
+        let mut osl = None;
         let finished = {
             let mut st = self.st.borrow_mut();
             if let Some(info) = st.tracker.get(id) {
+                osl = info.expected_output_tokens;
                 let (d, p) = (info.decode_worker, info.prefill_worker);
                 st.mark(d);
                 if let Some(p) = p {
@@ -349,7 +351,7 @@ impl Core {
         };
         let hashes: Arc<[u64]> = Arc::from(f.hashes.as_slice());
         if op == LifeOp::Finish {
-            self.record(&f, &hashes);
+            self.record(&f, osl, &hashes);
         }
         self.broadcast_active(f.decode_worker, false, hashes, Some(spec));
         match (op, kept) {
@@ -362,7 +364,7 @@ impl Core {
     }
 
     /// `--record`: offers the ended request to the trace writer (never blocks).
-    fn record(&self, f: &crate::load::Finished, hashes: &Arc<[u64]>) {
+    fn record(&self, f: &crate::load::Finished, osl: Option<u32>, hashes: &Arc<[u64]>) {
         let Some(r) = self.shared.recorder.get() else {
             return;
         };
@@ -370,6 +372,7 @@ impl Core {
             routed_at_us: f.routed_at_us,
             input_tokens: f.input_tokens,
             output_tokens: f.output_tokens,
+            expected_output_tokens: osl,
             first_token: f.first_token_us.is_some(),
             hashes: hashes.clone(),
         };
