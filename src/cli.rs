@@ -125,6 +125,17 @@ pub struct ServeArgs {
     pub topology_penalty: Option<f64>,
     #[arg(long, env = "KVROUTE_PREDICTOR_MIN_SAMPLES")]
     pub predictor_min_samples: Option<u32>,
+    /// Write the routed requests as a Mooncake-format trace to this file.
+    #[arg(long, env = "KVROUTE_RECORD")]
+    pub record: Option<String>,
+    #[arg(long, env = "KVROUTE_RECORD_MAX_BYTES")]
+    pub record_max_bytes: Option<u64>,
+    #[arg(long, env = "KVROUTE_RECORD_MAX_IDS")]
+    pub record_max_ids: Option<usize>,
+    #[arg(long, env = "KVROUTE_SPECULATIVE_TTL_MS")]
+    pub speculative_ttl_ms: Option<u64>,
+    #[arg(long, env = "KVROUTE_SPECULATIVE_MAX_BLOCKS")]
+    pub speculative_max_blocks: Option<usize>,
     /// A vLLM / SGLang engine to subscribe to over ZMQ, repeatable; replaces the file's
     /// `[[engines]]` when given. Compact form:
     /// `worker_id=w1,endpoint=tcp://127.0.0.1:5557[,replay_endpoint=...,role=...,device=...,
@@ -264,6 +275,8 @@ impl ServeArgs {
             topology_policy,
             topology_penalty,
             predictor_min_samples,
+            speculative_ttl_ms,
+            speculative_max_blocks,
         );
         if self.busy_threshold.is_some() {
             s.router.busy_threshold = self.busy_threshold;
@@ -281,6 +294,10 @@ impl ServeArgs {
             http_body_timeout_ms,
         );
         overlay!(s.limits, self, max_preauth_connections, max_hello_bytes);
+        if self.record.is_some() {
+            s.record = self.record.clone();
+        }
+        overlay!(s, self, record_max_bytes, record_max_ids);
     }
 }
 

@@ -292,6 +292,8 @@ fn from_wire_decision(d: codec::Decision) -> RouteDecision {
                 adjusted_prefill: c.adjusted_prefill,
                 decode_blocks: c.decode_blocks,
                 cost: c.cost,
+                // The binary protocol does not carry it (JSON explain only).
+                speculative: 0,
             })
             .collect()
     });

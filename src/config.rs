@@ -84,6 +84,9 @@ pub enum TopologyPolicy {
     Prefer,
 }
 
+/// Largest `speculative_max_blocks` (about 100 bytes per entry: 1.6 GB per shard).
+pub const MAX_SPECULATIVE_BLOCKS: usize = 1 << 24;
+
 /// Every routing knob. Field docs state the default and meaning; README repeats them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -133,6 +136,13 @@ pub struct RouterConfig {
     pub prefill_fallback_us: [f64; 3],
     /// Samples the online predictor needs before it is trusted. Default 32.
     pub predictor_min_samples: u32,
+    /// Speculative indexing: a routed request's prompt blocks count as cached on its
+    /// (prefill) worker for this long, or until the worker's events confirm or drop
+    /// them. 0 = off. Default 2000 ms.
+    pub speculative_ttl_ms: u64,
+    /// Most pending (block, worker) entries per index shard (per core in the service);
+    /// the oldest go first. 0 = off. Default 65,536.
+    pub speculative_max_blocks: usize,
 }
 
 impl Default for RouterConfig {
@@ -158,6 +168,8 @@ impl Default for RouterConfig {
             topology_penalty: 32.0,
             prefill_fallback_us: [2_000.0, 50.0, 2.0],
             predictor_min_samples: 32,
+            speculative_ttl_ms: 2_000,
+            speculative_max_blocks: 65_536,
         }
     }
 }
@@ -194,6 +206,11 @@ impl RouterConfig {
         }
         if !(self.cuda_to_cpu_ratio.is_finite() && self.cuda_to_cpu_ratio > 0.0) {
             return Err("cuda_to_cpu_ratio must be > 0".into());
+        }
+        if self.speculative_max_blocks > MAX_SPECULATIVE_BLOCKS {
+            return Err(format!(
+                "speculative_max_blocks must be at most {MAX_SPECULATIVE_BLOCKS}"
+            ));
         }
         for v in self.prefill_fallback_us {
             finite_nonneg("prefill_fallback_us", v)?;

@@ -64,6 +64,14 @@ pub struct Settings {
     /// this long closes the connection; slow but steady transfers are not cut.
     /// Default 30,000 ms.
     pub http_body_timeout_ms: u64,
+    /// Write the routed requests as a Mooncake-format trace to this file (truncated at
+    /// start; `crate::record`). Default none.
+    pub record: Option<String>,
+    /// The trace stops growing at this many bytes. Default 256 MiB.
+    pub record_max_bytes: u64,
+    /// Most distinct hash ids the trace renumbers (its id map's size); the recording
+    /// stops when a request needs more. Default 4,194,304.
+    pub record_max_ids: usize,
 }
 
 /// Bounds that keep memory and latency finite under any input.
@@ -145,6 +153,9 @@ impl Default for Settings {
             http_header_timeout_ms: 10_000,
             http_idle_timeout_ms: 60_000,
             http_body_timeout_ms: 30_000,
+            record: None,
+            record_max_bytes: 256 << 20,
+            record_max_ids: 1 << 22,
         }
     }
 }
@@ -234,6 +245,22 @@ impl Settings {
             );
         }
         crate::engines::config::validate_all(&self.engines)?;
+        if self.record.is_some() {
+            let bs = self.router.block_size;
+            if !crate::record::TOKENS_PER_ID.is_multiple_of(bs) {
+                return Err(format!(
+                    "record: block_size {bs} must divide {} (Mooncake hash ids cover {} tokens)",
+                    crate::record::TOKENS_PER_ID,
+                    crate::record::TOKENS_PER_ID
+                ));
+            }
+            if self.record.as_deref() == Some("") {
+                return Err("record must name a file".into());
+            }
+            if self.record_max_bytes == 0 || self.record_max_ids == 0 {
+                return Err("record_max_bytes and record_max_ids must be > 0".into());
+            }
+        }
         Ok(())
     }
 

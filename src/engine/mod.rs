@@ -10,11 +10,14 @@ pub mod plan;
 pub mod request;
 pub mod views;
 
+#[cfg(test)]
+mod tests_speculative;
+
 pub use request::{BadRequest, CandidateOut, DpRankSpec, Prepared, RouteDecision, RouteRequest};
 pub use views::{EventBatch, KvEvent, WorkerState, WorkerStatus};
 
 use crate::config::{Mode, PrefillLoadModel, RouterConfig};
-use crate::index::{shard_of, MergeResult, ShardedIndex};
+use crate::index::{shard_of, speculate, MergeResult, PendingShard, ShardedIndex, Speculated};
 use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker};
 use crate::registry::{Registry, RegistryError, Upsert};
 use crate::select::{
@@ -83,6 +86,12 @@ pub struct Engine {
     index: ShardedIndex,
     shard_bits: u32,
     active: Vec<ActiveBlocksShard>,
+    /// Pending-cached (speculative) blocks, one store per index shard like the
+    /// service's cores (`index::pending`).
+    pending: Vec<PendingShard>,
+    /// Buffers of the speculative overlaps of the request being routed.
+    spec_matches: Vec<(u32, WorkerSlot)>,
+    spec: Vec<Speculated>,
     tracker: LoadTracker,
     live: Vec<bool>,
     suspect: Vec<bool>,
@@ -120,6 +129,16 @@ impl Engine {
             active: (0..1usize << shard_bits)
                 .map(|_| ActiveBlocksShard::new())
                 .collect(),
+            pending: (0..1usize << shard_bits)
+                .map(|_| {
+                    PendingShard::new(
+                        cfg.speculative_ttl_ms.saturating_mul(1000),
+                        cfg.speculative_max_blocks,
+                    )
+                })
+                .collect(),
+            spec_matches: Vec::new(),
+            spec: Vec::new(),
             registry: Registry::new(limits.max_workers),
             live: Vec::new(),
             suspect: Vec::new(),
@@ -185,6 +204,9 @@ impl Engine {
         for a in &mut self.active {
             a.clear_worker(slot);
         }
+        for p in &mut self.pending {
+            p.clear_worker(slot);
+        }
     }
 
     /// Marks a worker in or out of routing (heartbeat window).
@@ -221,14 +243,23 @@ impl Engine {
                 tier, block_hashes, ..
             } => {
                 self.index.stored(slot, *tier, block_hashes);
+                self.each_pending(block_hashes, |p, h| p.confirm(slot, h));
             }
             KvEvent::Removed { tier, block_hashes } => {
                 self.index.removed(slot, *tier, block_hashes);
+                self.each_pending(block_hashes, |p, h| p.drop_hashes(slot, h));
             }
-            KvEvent::Cleared { tier: Some(t) } => self.index.clear_tier(slot, *t),
-            KvEvent::Cleared { tier: None } => {
-                for t in Tier::ALL {
-                    self.index.clear_tier(slot, t);
+            KvEvent::Cleared { tier } => {
+                match tier {
+                    Some(t) => self.index.clear_tier(slot, *t),
+                    None => {
+                        for t in Tier::ALL {
+                            self.index.clear_tier(slot, t);
+                        }
+                    }
+                }
+                for p in &mut self.pending {
+                    p.clear_worker(slot);
                 }
             }
         }
@@ -268,6 +299,7 @@ impl Engine {
         let shared = |s: WorkerSlot| reg.get(s).is_some_and(|e| e.spec.role == Role::Shared);
         self.index.query(&prepared.hashes, shared, &mut self.merge);
         let reuse = self.reuse_counts(&prepared.hashes);
+        self.speculate(&prepared.hashes, now_us);
         self.refresh_view(now_us);
         let Some((fleet, loads)) = &self.view else {
             return Err(RouteError::NoWorkers {
@@ -276,6 +308,7 @@ impl Engine {
             .into());
         };
         plan::write_hits(&mut self.hits, fleet, &self.merge, reuse);
+        plan::write_speculative(&mut self.hits, fleet, &self.spec);
         let input = ViewInput {
             cfg: &self.cfg,
             mode,
@@ -291,7 +324,8 @@ impl Engine {
             explain,
         };
         let d = decide_view(&input, &mut self.rng, &mut self.rr, &mut self.scratch)?;
-        let out = plan::to_output(&self.registry, id, &d, explain);
+        let out = plan::to_output(&self.registry, id, &d, explain, &self.spec);
+        let (sw, from) = plan::speculative_target(&d, &self.merge);
         self.tracker
             .on_route(plan::new_request(
                 id,
@@ -304,6 +338,15 @@ impl Engine {
             ))
             .map_err(|e| lifecycle_err(e, id))?;
         self.add_active(d.decode_worker, &prepared.hashes);
+        if let Some(rest) = prepared.hashes.get(from..) {
+            let bits = self.shard_bits;
+            let mut mine = Vec::new();
+            for (s, p) in self.pending.iter_mut().enumerate() {
+                mine.clear();
+                mine.extend(rest.iter().copied().filter(|&h| shard_of(h, bits) == s));
+                p.add(sw, &mine, now_us);
+            }
+        }
         if d.prefill_worker.is_some() {
             self.retained.insert(
                 id.to_string(),
@@ -372,6 +415,45 @@ impl Engine {
         m
     }
 
+    /// The pending matches of `hashes` at `now_us`, as speculative overlaps against
+    /// the index merge just computed.
+    fn speculate(&mut self, hashes: &[u64], now_us: u64) {
+        self.spec_matches.clear();
+        self.spec.clear();
+        if self.pending.iter().all(PendingShard::is_empty) {
+            return;
+        }
+        let bits = self.shard_bits;
+        let mut per_shard: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.pending.len()];
+        for (i, &h) in hashes.iter().enumerate().take(u32::MAX as usize) {
+            per_shard[shard_of(h, bits)].push((i as u32, h));
+        }
+        for (p, items) in self.pending.iter().zip(&per_shard) {
+            p.query(items, now_us, &mut self.spec_matches);
+        }
+        speculate(&self.merge, &mut self.spec_matches, &mut self.spec);
+    }
+
+    /// A request on `w` ended: it was prefilled, so `w`'s events have confirmed its
+    /// blocks by now or never will; they stop being pending (as in the service).
+    fn end_pending(&mut self, w: WorkerSlot, hashes: &[u64]) {
+        self.each_pending(hashes, |p, h| p.drop_hashes(w, h));
+    }
+
+    /// Runs `f` on each pending shard with the part of `hashes` it owns.
+    fn each_pending(&mut self, hashes: &[u64], mut f: impl FnMut(&mut PendingShard, &[u64])) {
+        let bits = self.shard_bits;
+        let mut mine = Vec::new();
+        for (s, p) in self.pending.iter_mut().enumerate() {
+            if p.is_empty() {
+                continue;
+            }
+            mine.clear();
+            mine.extend(hashes.iter().copied().filter(|&h| shard_of(h, bits) == s));
+            f(p, &mine);
+        }
+    }
+
     fn add_active(&mut self, w: WorkerSlot, hashes: &[u64]) {
         self.update_active(w, hashes, true);
     }
@@ -424,6 +506,7 @@ impl Engine {
             .map_err(|e| lifecycle_err(e, id))?;
         self.retained.remove(id);
         self.remove_active(f.decode_worker, &f.hashes);
+        self.end_pending(f.prefill_worker.unwrap_or(f.decode_worker), &f.hashes);
         Ok(())
     }
 
@@ -435,6 +518,7 @@ impl Engine {
             .on_prefill_failed(id, now_us)
             .map_err(|e| lifecycle_err(e, id))?;
         self.remove_active(f.decode_worker, &f.hashes);
+        self.end_pending(f.prefill_worker.unwrap_or(f.decode_worker), &f.hashes);
         let kept = kept.ok_or_else(|| {
             EngineError::BadRequest(format!("request {id:?} was not routed to a prefill worker"))
         })?;

@@ -3,7 +3,7 @@
 //! [`RouteDecision`] the API returns. Pure functions, no state.
 
 use super::request::{CandidateOut, RouteDecision};
-use crate::index::MergeResult;
+use crate::index::{MergeResult, Speculated};
 use crate::registry::Registry;
 use crate::select::{Decision, Fallback, Fleet, Hits, Stage};
 use crate::types::{Overlap, WorkerSlot};
@@ -32,6 +32,29 @@ pub fn write_hits(
     }
 }
 
+/// Overwrites the overlap of every worker with pending blocks by its speculative
+/// overlap (`index::speculate`).
+pub fn write_speculative(hits: &mut Hits, fleet: &Fleet, spec: &[Speculated]) {
+    for s in spec {
+        hits.set_overlap(fleet, s.worker, &s.overlap);
+    }
+}
+
+/// Where a routed request's prompt blocks become pending, and from which position:
+/// the worker doing the prefill (the prefill worker when disaggregated), from the end
+/// of its confirmed device run (blocks already on device need no entry).
+pub fn speculative_target(d: &Decision, merged: &MergeResult) -> (WorkerSlot, usize) {
+    let w = d.prefill_worker.unwrap_or(d.decode_worker);
+    (w, merged.get(w).device as usize)
+}
+
+/// Speculative blocks of worker `w` in `spec` (0 when it has none).
+pub fn speculative_of(spec: &[Speculated], w: WorkerSlot) -> u32 {
+    spec.iter()
+        .find(|s| s.worker == w)
+        .map_or(0, |s| s.speculative)
+}
+
 /// Wire name of a fallback.
 pub fn fallback_name(f: Fallback) -> &'static str {
     match f {
@@ -58,7 +81,13 @@ fn worker_id(reg: &Registry, slot: crate::types::WorkerSlot) -> String {
 }
 
 /// Converts a decision into the API answer.
-pub fn to_output(reg: &Registry, request_id: &str, d: &Decision, explain: bool) -> RouteDecision {
+pub fn to_output(
+    reg: &Registry,
+    request_id: &str,
+    d: &Decision,
+    explain: bool,
+    spec: &[Speculated],
+) -> RouteDecision {
     RouteDecision {
         request_id: request_id.to_string(),
         decode_worker: worker_id(reg, d.decode_worker),
@@ -78,6 +107,7 @@ pub fn to_output(reg: &Registry, request_id: &str, d: &Decision, explain: bool) 
                     adjusted_prefill: c.adjusted_prefill,
                     decode_blocks: c.decode_blocks,
                     cost: c.cost,
+                    speculative: speculative_of(spec, c.worker),
                 })
                 .collect()
         }),

@@ -98,6 +98,10 @@ pub struct CandidateOut {
     pub adjusted_prefill: f64,
     pub decode_blocks: f64,
     pub cost: f64,
+    /// Blocks of `overlap.device` that are only pending on the worker (speculative
+    /// indexing: routed there recently, not yet confirmed by its events).
+    #[serde(default)]
+    pub speculative: u32,
 }
 
 /// `POST /v1/route` answer.

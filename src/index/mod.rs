@@ -21,6 +21,7 @@
 mod budget;
 mod holders;
 mod merge;
+pub mod pending;
 mod shard;
 mod sharded;
 mod table;
@@ -34,6 +35,7 @@ mod tests_shard;
 
 pub use budget::{Budget, Grant};
 pub use merge::{merge, Match, MergeResult, ShardAnswer};
+pub use pending::{speculate, PendingShard, PendingStats, Speculated};
 pub use shard::{IndexShard, ShardStats, StoreOutcome, DEFAULT_WORKER_CAP};
 pub use sharded::{ShardedIndex, MAX_SHARD_BITS};
 

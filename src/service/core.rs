@@ -6,10 +6,10 @@
 //! full peer mailbox never blocks message handling (and two cores can never deadlock
 //! waiting on each other's queues).
 
-use super::msg::{IndexOp, LifeOp, LifeOutcome, Msg, Reply, Retained};
+use super::msg::{IndexOp, LifeOp, LifeOutcome, Msg, Reply, Retained, SpecAdd};
 use super::shared::Shared;
 use crate::engine::EngineError;
-use crate::index::{IndexShard, ShardAnswer};
+use crate::index::{IndexShard, PendingShard, ShardAnswer};
 use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker, NewRequest};
 use crate::sync::board::Published;
 use crate::types::{Tier, WorkerSlot};
@@ -24,9 +24,20 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+/// [`Core::local_query`]'s answer: index matches, active-block reuse, pending
+/// (position, worker) pairs, and whether the checked id is free here.
+pub type LocalAnswer = (
+    ShardAnswer,
+    Vec<(WorkerSlot, u32)>,
+    Vec<(u32, WorkerSlot)>,
+    Option<bool>,
+);
+
 pub struct CoreState {
     pub index: IndexShard,
     pub active: ActiveBlocksShard,
+    /// Pending-cached blocks of this shard (speculative indexing).
+    pub speculative: PendingShard,
     pub tracker: LoadTracker,
     pub pending: HashSet<String>,
     pub retained: HashMap<String, Retained>,
@@ -82,6 +93,10 @@ impl Core {
             st: RefCell::new(CoreState {
                 index,
                 active: ActiveBlocksShard::new(),
+                speculative: PendingShard::new(
+                    cfg.speculative_ttl_ms.saturating_mul(1000),
+                    cfg.speculative_max_blocks,
+                ),
                 tracker: LoadTracker::new(cfg.block_size, cfg),
                 pending: HashSet::new(),
                 retained: HashMap::new(),
@@ -165,20 +180,19 @@ impl Core {
 
     // ---- local operations ----------------------------------------------------------
 
-    /// Queries this core's shard (and checks a request id is unknown here, if asked:
+    /// Queries this core's shard: index matches, active-block reuse and pending
+    /// (speculative) blocks (and checks a request id is unknown here, if asked:
     /// `Some(true)` when free).
-    pub fn local_query(
-        &self,
-        items: &[(u32, u64)],
-        check_id: Option<&str>,
-    ) -> (ShardAnswer, Vec<(WorkerSlot, u32)>, Option<bool>) {
+    pub fn local_query(&self, items: &[(u32, u64)], check_id: Option<&str>) -> LocalAnswer {
         let st = self.st.borrow();
         let mut answer = ShardAnswer::default();
         st.index.query(items, &mut answer);
         let mut reuse = Vec::new();
         st.active.count_reuse(items, &mut reuse);
+        let mut spec = Vec::new();
+        st.speculative.query(items, self.shared.now_us(), &mut spec);
         let free = check_id.map(|id| !st.knows(id));
-        (answer, reuse, free)
+        (answer, reuse, spec, free)
     }
 
     /// Claims request id `id` on this core for a routing in progress; `false` when
@@ -203,7 +217,7 @@ impl Core {
         st.tracker.active_requests() + st.pending.len()
     }
 
-    fn commit(&self, req: NewRequest, retained: Option<Box<Retained>>) {
+    fn commit(&self, req: NewRequest, retained: Option<Box<Retained>>, spec: Option<SpecAdd>) {
         let hashes: Arc<[u64]> = Arc::from(req.hashes.as_slice());
         let slot = req.decode_worker;
         let id = req.id.clone();
@@ -222,13 +236,19 @@ impl Core {
                 st.retained.insert(id, *r);
             }
         }
-        self.broadcast_active(slot, true, hashes);
+        self.broadcast_active(slot, true, hashes, spec);
     }
 
-    fn broadcast_active(&self, slot: WorkerSlot, add: bool, hashes: Arc<[u64]>) {
+    fn broadcast_active(
+        &self,
+        slot: WorkerSlot,
+        add: bool,
+        hashes: Arc<[u64]>,
+        spec: Option<SpecAdd>,
+    ) {
         for to in 0..self.shared.cores {
             if to == self.id {
-                self.apply_active(slot, add, &hashes);
+                self.apply_active(slot, add, &hashes, spec);
             } else {
                 self.post(
                     to,
@@ -236,13 +256,14 @@ impl Core {
                         slot,
                         add,
                         hashes: hashes.clone(),
+                        spec,
                     },
                 );
             }
         }
     }
 
-    fn apply_active(&self, slot: WorkerSlot, add: bool, hashes: &[u64]) {
+    fn apply_active(&self, slot: WorkerSlot, add: bool, hashes: &[u64], spec: Option<SpecAdd>) {
         let mut st = self.st.borrow_mut();
         let st = &mut *st;
         let bits = self.shared.shard_bits;
@@ -260,6 +281,21 @@ impl Core {
             st.active.remove(slot, &st.scratch);
         }
         st.mark(slot);
+        if let Some(sp) = spec {
+            st.scratch.clear();
+            if let Some(rest) = hashes.get(sp.from as usize..) {
+                st.scratch.extend(
+                    rest.iter()
+                        .copied()
+                        .filter(|h| crate::index::shard_of(*h, bits) == me),
+                );
+            }
+            if add {
+                st.speculative.add(sp.slot, &st.scratch, sp.now_us);
+            } else if !st.speculative.is_empty() {
+                st.speculative.drop_hashes(sp.slot, &st.scratch);
+            }
+        }
     }
 
     /// Runs a lifecycle call on this core; `UnknownRequest` (without side effects)
@@ -273,9 +309,11 @@ impl Core {
                 EngineError::BadRequest(format!("invalid request id {id:?}"))
             }
         };
+        let mut osl = None;
         let finished = {
             let mut st = self.st.borrow_mut();
             if let Some(info) = st.tracker.get(id) {
+                osl = info.expected_output_tokens;
                 let (d, p) = (info.decode_worker, info.prefill_worker);
                 st.mark(d);
                 if let Some(p) = p {
@@ -304,13 +342,42 @@ impl Core {
             }
         };
         let (f, kept) = finished;
-        self.broadcast_active(f.decode_worker, false, Arc::from(f.hashes.as_slice()));
+        // A request that ended was prefilled: its worker's events have confirmed its
+        // blocks by now, or will never do so; either way they stop being pending.
+        let spec = SpecAdd {
+            slot: f.prefill_worker.unwrap_or(f.decode_worker),
+            from: 0,
+            now_us: now,
+        };
+        let hashes: Arc<[u64]> = Arc::from(f.hashes.as_slice());
+        if op == LifeOp::Finish {
+            self.record(&f, osl, &hashes);
+        }
+        self.broadcast_active(f.decode_worker, false, hashes, Some(spec));
         match (op, kept) {
             (LifeOp::PrefillFailed, Some(r)) => Ok(LifeOutcome::Reroute(Box::new(r))),
             (LifeOp::PrefillFailed, None) => Err(EngineError::BadRequest(format!(
                 "request {id:?} was not routed to a prefill worker"
             ))),
             _ => Ok(LifeOutcome::Done),
+        }
+    }
+
+    /// `--record`: offers the ended request to the trace writer (never blocks).
+    fn record(&self, f: &crate::load::Finished, osl: Option<u32>, hashes: &Arc<[u64]>) {
+        let Some(r) = self.shared.recorder.get() else {
+            return;
+        };
+        let e = crate::record::Ended {
+            routed_at_us: f.routed_at_us,
+            input_tokens: f.input_tokens,
+            output_tokens: f.output_tokens,
+            expected_output_tokens: osl,
+            first_token: f.first_token_us.is_some(),
+            hashes: hashes.clone(),
+        };
+        if !r.offer(e) {
+            self.shared.metrics.record_dropped.inc();
         }
     }
 
@@ -333,16 +400,27 @@ impl Core {
                     if o.rejected > 0 {
                         self.shared.metrics.index_refused(o.rejected, o.over_budget);
                     }
+                    if !st.speculative.is_empty() {
+                        st.speculative.confirm(slot, &st.scratch);
+                    }
                 }
                 IndexOp::Removed { tier, hashes } => {
                     hashes.select(self.id, bits, &mut st.scratch);
                     st.index.removed(slot, *tier, &st.scratch);
-                }
-                IndexOp::Cleared { tier: Some(t) } => st.index.clear_tier(slot, *t),
-                IndexOp::Cleared { tier: None } => {
-                    for t in Tier::ALL {
-                        st.index.clear_tier(slot, t);
+                    if !st.speculative.is_empty() {
+                        st.speculative.drop_hashes(slot, &st.scratch);
                     }
+                }
+                IndexOp::Cleared { tier } => {
+                    match tier {
+                        Some(t) => st.index.clear_tier(slot, *t),
+                        None => {
+                            for t in Tier::ALL {
+                                st.index.clear_tier(slot, t);
+                            }
+                        }
+                    }
+                    st.speculative.clear_worker(slot);
                 }
                 IndexOp::SetCap(cap) => st.index.set_worker_cap(slot, *cap),
             }
@@ -354,6 +432,7 @@ impl Core {
         let mut st = self.st.borrow_mut();
         st.index.clear_worker(slot);
         st.active.clear_worker(slot);
+        st.speculative.clear_worker(slot);
         for f in st.tracker.remove_worker(slot) {
             st.retained.remove(&f.id);
             // The decode worker's active blocks live in every shard: other shards drop
@@ -361,7 +440,7 @@ impl Core {
             // request that only prefilled on `slot` keeps its decode-side blocks.
             if f.decode_worker != slot {
                 drop(st);
-                self.broadcast_active(f.decode_worker, false, Arc::from(f.hashes.as_slice()));
+                self.broadcast_active(f.decode_worker, false, Arc::from(f.hashes.as_slice()), None);
                 st = self.st.borrow_mut();
             }
         }
@@ -386,13 +465,14 @@ impl Core {
                 items,
                 check_id,
             } => {
-                let (answer, reuse, id_free) = self.local_query(&items, check_id.as_deref());
+                let (answer, reuse, spec, id_free) = self.local_query(&items, check_id.as_deref());
                 self.post(
                     from,
                     Msg::Answer {
                         qid,
                         answer,
                         reuse,
+                        spec,
                         id_free,
                     },
                 );
@@ -401,16 +481,23 @@ impl Core {
                 qid,
                 answer,
                 reuse,
+                spec,
                 id_free,
             } => self.complete(
                 qid,
                 Reply::Answer {
                     answer,
                     reuse,
+                    spec,
                     id_free,
                 },
             ),
-            Msg::Active { slot, add, hashes } => self.apply_active(slot, add, &hashes),
+            Msg::Active {
+                slot,
+                add,
+                hashes,
+                spec,
+            } => self.apply_active(slot, add, &hashes, spec),
             Msg::Lifecycle { from, qid, op, id } => {
                 let result = self.lifecycle_local(op, &id);
                 self.post(from, Msg::LifecycleDone { qid, result });
@@ -424,8 +511,9 @@ impl Core {
 
     /// Commits a request routed on this core (its home) and sends the active-block
     /// updates to the other shards.
-    pub fn commit_here(&self, req: NewRequest, retained: Option<Retained>) {
-        self.commit(req, retained.map(Box::new));
+    /// `spec`: where its prompt blocks become pending (speculative indexing).
+    pub fn commit_here(&self, req: NewRequest, retained: Option<Retained>, spec: Option<SpecAdd>) {
+        self.commit(req, retained.map(Box::new), spec);
         self.after_local();
     }
 

@@ -94,6 +94,13 @@ pub struct Metrics {
     /// Sums over kinds of `events` and `protocol_errors`, for the status page.
     pub events_total: AtomicU64,
     pub protocol_errors_total: AtomicU64,
+    /// Blocks of routed requests credited as pending (speculative) on the chosen
+    /// worker.
+    pub speculative_blocks: Counter,
+    /// `--record`: lines written, records dropped (channel full), stopped by a limit.
+    pub record_lines: Counter,
+    pub record_dropped: Counter,
+    pub record_stopped: Gauge,
 }
 
 impl Default for Metrics {
@@ -143,6 +150,10 @@ impl Metrics {
             index_budget_used: Gauge::default(),
             events_total: AtomicU64::new(0),
             protocol_errors_total: AtomicU64::new(0),
+            speculative_blocks: Counter::default(),
+            record_lines: Counter::default(),
+            record_dropped: Counter::default(),
+            record_stopped: Gauge::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -301,6 +312,26 @@ impl Metrics {
                 "index_budget_used",
                 "Index entries counted against max_index_entries",
                 m.index_budget_used.clone(),
+            );
+            r.register(
+                "speculative_blocks",
+                "Blocks of routed requests credited as pending (speculative) on the chosen worker",
+                m.speculative_blocks.clone(),
+            );
+            r.register(
+                "record_lines",
+                "Lines written to the --record trace",
+                m.record_lines.clone(),
+            );
+            r.register(
+                "record_dropped",
+                "Ended requests not recorded because the writer's channel was full",
+                m.record_dropped.clone(),
+            );
+            r.register(
+                "record_stopped",
+                "1 once the --record trace stopped at a limit or a write error",
+                m.record_stopped.clone(),
             );
         }
         m

@@ -30,6 +30,7 @@ pub mod listeners;
 pub mod metrics;
 pub mod msg;
 pub mod persist;
+pub mod recorder;
 pub mod router;
 pub mod run_loop;
 pub mod scrape;
@@ -125,6 +126,9 @@ impl Running {
                 }
             }
         }
+        if let Some(r) = self.shared.recorder.get() {
+            r.shutdown();
+        }
         self.shared.shutdown.store(true, Ordering::SeqCst);
         for c in 0..self.shared.cores {
             self.shared.wake(c);
@@ -192,6 +196,17 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         Shared::new(settings, cores, registry, creds).map_err(|e| format!("doorbells: {e}"))?;
     for s in &mut shards {
         s.attach_budget(shared.budget.clone());
+    }
+    if let Some(path) = shared.settings.record.clone() {
+        let cfg = recorder::RecordConfig {
+            path,
+            block_size: shared.settings.router.block_size,
+            max_bytes: shared.settings.record_max_bytes,
+            max_ids: shared.settings.record_max_ids,
+        };
+        let m = &shared.metrics;
+        let r = recorder::Recorder::start(cfg, m.record_lines.clone(), m.record_stopped.clone())?;
+        let _ = shared.recorder.set(r);
     }
     for (slot, w) in &saved {
         if let Some(c) = shared.cells(*slot) {

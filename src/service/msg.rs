@@ -80,6 +80,16 @@ pub enum IndexOp {
     SetCap(u64),
 }
 
+/// A routed request's prompt blocks from position `from` on become pending on `slot`
+/// at `now_us` (speculative indexing, `index::pending`), or stop being pending there
+/// when the request ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpecAdd {
+    pub slot: WorkerSlot,
+    pub from: u32,
+    pub now_us: u64,
+}
+
 /// A lifecycle notification.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LifeOp {
@@ -126,6 +136,8 @@ pub enum Msg {
         qid: u64,
         answer: ShardAnswer,
         reuse: Vec<(WorkerSlot, u32)>,
+        /// Pending (speculative) blocks: (position, worker).
+        spec: Vec<(u32, WorkerSlot)>,
         /// Answer to `check_id`: `Some(true)` when the id is unknown here.
         id_free: Option<bool>,
     },
@@ -133,6 +145,9 @@ pub enum Msg {
         slot: WorkerSlot,
         add: bool,
         hashes: Arc<[u64]>,
+        /// With a routing commit (`add`): these hashes become pending there; with the
+        /// end of a request: they are no longer pending there.
+        spec: Option<SpecAdd>,
     },
     Lifecycle {
         from: usize,
@@ -186,6 +201,7 @@ pub enum Reply {
     Answer {
         answer: ShardAnswer,
         reuse: Vec<(WorkerSlot, u32)>,
+        spec: Vec<(u32, WorkerSlot)>,
         id_free: Option<bool>,
     },
     Lifecycle(Result<LifeOutcome, EngineError>),

@@ -208,7 +208,7 @@ async fn route_prepared(
             qids.push(qid);
         }
     }
-    let (local, mut reuse, _) = core.local_query(&local_items, None);
+    let (local, mut reuse, mut spec_matches, _) = core.local_query(&local_items, None);
     let mut free = true;
     // Gather.
     let mut answers: Vec<ShardAnswer> = Vec::with_capacity(qids.len() + 1);
@@ -217,11 +217,13 @@ async fn route_prepared(
         if let Reply::Answer {
             answer,
             reuse: r,
+            spec: sp,
             id_free,
         } = core.wait(qid).await
         {
             answers.push(answer);
             reuse.extend(r);
+            spec_matches.extend(sp);
             free &= id_free.unwrap_or(true);
         }
     }
@@ -238,6 +240,8 @@ async fn route_prepared(
         |s: WorkerSlot| reg.get(s).is_some_and(|e| e.spec.role == Role::Shared),
         &mut merged,
     );
+    let mut spec = Vec::new();
+    crate::index::speculate(&merged, &mut spec_matches, &mut spec);
     let cfg = &sh.settings.router;
     let now_us = sh.now_us();
     // The status page's recent decisions carry explain records: a sampled decision
@@ -261,6 +265,7 @@ async fn route_prepared(
             });
         };
         plan::write_hits(&mut v.hits, &v.fleet, &merged, reuse.iter().copied());
+        plan::write_speculative(&mut v.hits, &v.fleet, &spec);
         let input = ViewInput {
             cfg,
             mode,
@@ -289,9 +294,19 @@ async fn route_prepared(
             return Err(EngineError::Route(e).into());
         }
     };
-    let mut out = plan::to_output(&reg, id, &d, explain || sampled);
+    let mut out = plan::to_output(&reg, id, &d, explain || sampled, &spec);
+    let (sw, from) = plan::speculative_target(&d, &merged);
+    let spec_add = (from < n).then_some(super::msg::SpecAdd {
+        slot: sw,
+        from: from as u32,
+        now_us,
+    });
     sh.metrics.request_blocks.inc_by(n as u64);
     sh.metrics.overlap_blocks.inc_by(d.overlap.own() as u64);
+    let credited = plan::speculative_of(&spec, d.prefill_worker.unwrap_or(d.decode_worker));
+    if credited > 0 {
+        sh.metrics.speculative_blocks.inc_by(credited as u64);
+    }
     record_for_status(core, &d, &mut out, &prepared, mode, sampled, explain);
     let retained = d.prefill_worker.is_some().then(|| Retained {
         prepared: prepared.clone(),
@@ -300,7 +315,7 @@ async fn route_prepared(
     });
     let hashes = std::mem::take(&mut prepared.hashes);
     let req = plan::new_request(id, &d, &prepared, hashes, cfg.block_size, osl, now_us);
-    core.commit_here(req, retained);
+    core.commit_here(req, retained, spec_add);
     Ok(out)
 }
 

@@ -74,6 +74,8 @@ pub struct Shared {
     pub started: Instant,
     /// Status page counters, history and cached document (`status`).
     pub status: super::status::StatusState,
+    /// `--record`: the trace writer (set once at start).
+    pub recorder: std::sync::OnceLock<super::recorder::Recorder>,
 }
 
 impl Shared {
@@ -116,6 +118,7 @@ impl Shared {
             rr: AtomicU64::new(0),
             started: Instant::now(),
             status: super::status::StatusState::new(cores, max_workers),
+            recorder: std::sync::OnceLock::new(),
             settings,
         };
         Ok((Arc::new(shared), readers))

@@ -15,6 +15,12 @@
 //!
 //! Lengths are drawn uniformly from inclusive [`LenRange`]s. The same spec and seed
 //! always give the same workload.
+//!
+//! With `burst_size > 1` the load is bursty instead (see [`burst`]): bursts of
+//! `burst_size` requests sharing a *fresh* prefix arrive together, within
+//! `burst_window_ms` — the load that speculative indexing is for.
+
+mod burst;
 
 use super::SimRequest;
 use crate::hash::sequence_hashes;
@@ -76,6 +82,10 @@ pub struct SynthSpec {
     pub max_input_tokens: u32,
     /// Most sessions open at once. Default 64.
     pub max_open_sessions: usize,
+    /// Requests per burst of a fresh shared prefix (1 = no bursts). Default 1.
+    pub burst_size: u32,
+    /// A burst's requests arrive within this many ms of its start. Default 100.
+    pub burst_window_ms: u32,
 }
 
 impl Default for SynthSpec {
@@ -96,6 +106,8 @@ impl Default for SynthSpec {
             user_tokens: LenRange { min: 64, max: 512 },
             max_input_tokens: 32_768,
             max_open_sessions: 64,
+            burst_size: 1,
+            burst_window_ms: 100,
         }
     }
 }
@@ -152,6 +164,9 @@ fn random_tokens(rng: &mut SmallRng, n: u32, out: &mut Vec<u32>) {
 /// Generates the workload described by `spec`, in arrival order.
 pub fn generate(spec: &SynthSpec) -> Result<Vec<SimRequest>, String> {
     spec.validate()?;
+    if spec.burst_size > 1 {
+        return Ok(burst::generate(spec));
+    }
     let mut rng = SmallRng::seed_from_u64(spec.seed);
     let prefixes: Vec<Vec<u32>> = (0..spec.groups)
         .map(|_| {

@@ -64,6 +64,13 @@ pub struct WorkloadArgs {
     /// trace format); content from the --synth-groups / --synth-prefix-tokens prefixes.
     #[arg(long, requires = "synthetic")]
     pub synth_csv: Option<PathBuf>,
+    /// Synthetic: bursts of this many requests sharing a fresh prefix, arriving
+    /// together (1 = no bursts; sessions and groups then do not apply).
+    #[arg(long, default_value_t = 1)]
+    pub synth_burst_size: u32,
+    /// Synthetic: a burst's requests arrive within this many ms.
+    #[arg(long, default_value_t = 100)]
+    pub synth_burst_window_ms: u32,
 }
 
 /// The simulated fleet.
@@ -128,6 +135,8 @@ impl WorkloadArgs {
                 suffix_tokens: self.synth_suffix_tokens,
                 output_tokens: self.synth_output_tokens,
                 turns: self.synth_turns,
+                burst_size: self.synth_burst_size,
+                burst_window_ms: self.synth_burst_window_ms,
                 ..SynthSpec::default()
             };
             return generate(&spec);

@@ -437,6 +437,7 @@ mod tests {
             stage: "aggregated".into(),
             prefill_blocks: 0.0,
             overlap: crate::types::Overlap::default(),
+            speculative: 0,
             adjusted_prefill: 0.0,
             decode_blocks: 0.0,
             cost,
