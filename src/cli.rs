@@ -118,6 +118,10 @@ pub struct ServeArgs {
     pub topology_penalty: Option<f64>,
     #[arg(long, env = "KVROUTE_PREDICTOR_MIN_SAMPLES")]
     pub predictor_min_samples: Option<u32>,
+    #[arg(long, env = "KVROUTE_ASSUME_DEVICE_REUSE")]
+    pub assume_device_reuse: Option<bool>,
+    #[arg(long, env = "KVROUTE_WEIGH_BY_THROUGHPUT")]
+    pub weigh_by_throughput: Option<bool>,
     /// A vLLM / SGLang engine to subscribe to over ZMQ, repeatable; replaces the file's
     /// `[[engines]]` when given. Compact form:
     /// `worker_id=w1,endpoint=tcp://127.0.0.1:5557[,replay_endpoint=...,role=...,device=...,
@@ -239,6 +243,8 @@ impl ServeArgs {
             topology_policy,
             topology_penalty,
             predictor_min_samples,
+            assume_device_reuse,
+            weigh_by_throughput,
         );
         if self.busy_threshold.is_some() {
             s.router.busy_threshold = self.busy_threshold;

@@ -133,6 +133,17 @@ pub struct RouterConfig {
     pub prefill_fallback_us: [f64; 3],
     /// Samples the online predictor needs before it is trusted. Default 32.
     pub predictor_min_samples: u32,
+    /// With `assume_kv_reuse`, also count the worker's device-cached prefix as blocks it
+    /// already holds in the decode term (the form before issue 15, which credits a
+    /// cached prefix twice: in the prefill term and again here). Default false: DESIGN
+    /// §1 deduplicates only the blocks of the worker's active requests, since a cached
+    /// block that a new request pins is real decode load.
+    pub assume_device_reuse: bool,
+    /// Weigh a worker's `kv` cost by its speed: the cost (blocks of work) is multiplied
+    /// by how many times slower than a GPU worker it is, i.e. `cuda_to_cpu_ratio` for a
+    /// CPU worker, `1 / throughput_weight` for a worker that declares one, 1 otherwise.
+    /// Default true (an all-GPU fleet is unaffected).
+    pub weigh_by_throughput: bool,
 }
 
 impl Default for RouterConfig {
@@ -158,6 +169,8 @@ impl Default for RouterConfig {
             topology_penalty: 32.0,
             prefill_fallback_us: [2_000.0, 50.0, 2.0],
             predictor_min_samples: 32,
+            assume_device_reuse: false,
+            weigh_by_throughput: true,
         }
     }
 }

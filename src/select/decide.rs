@@ -128,6 +128,8 @@ impl Rows for ViewRows<'_> {
             reuse_blocks,
             load: self.loads.load_at(p),
             blocks_unique: self.loads.blocks_unique.get(p).copied().unwrap_or(0.0),
+            cpu: self.fleet.cpu_pos.get(p).copied().unwrap_or(false),
+            throughput: self.fleet.throughput_pos.get(p).copied().unwrap_or(0.0),
         }
     }
 }

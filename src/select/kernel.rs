@@ -62,6 +62,8 @@ pub(crate) struct KvStage {
 pub(crate) struct KernelScratch {
     cost: Vec<f64>,
     chunks: Vec<f64>,
+    /// Per-worker cost factors of a fleet with workers of different speeds.
+    slow: Vec<f64>,
 }
 
 /// Chooses a worker of `st`'s pool; returns its position, `None` if none is eligible.
@@ -87,7 +89,8 @@ pub(crate) fn kv_select(
     }
     let buf = &mut scratch.cost[..n];
     let sums = &mut scratch.chunks[..chunks];
-    let a = arrays(st, fleet, loads, req, r.clone());
+    let slow = slowness(&st.model, fleet, r.clone(), &mut scratch.slow);
+    let a = arrays(st, fleet, loads, req, r.clone(), slow);
     let mut m = fill(st, &a, buf);
 
     // Step 2: the suspect workers, whose overlap counts as zero, with the same
@@ -107,7 +110,8 @@ pub(crate) fn kv_select(
         } else {
             0.0
         };
-        let c = cm.scale * adj + decode + penalty(st.topo, a.topo[j]);
+        let s = a.slow.get(j).copied().unwrap_or(1.0);
+        let c = (cm.scale * adj + decode) * s + penalty(st.topo, a.topo[j]);
         let c = if c.is_finite() { c } else { f64::MAX };
         raised |= c > buf[j];
         buf[j] = c;
@@ -191,6 +195,27 @@ fn penalty(t: Topo, topo: u32) -> f64 {
     }
 }
 
+/// The cost factors of the workers of pool `r`: the fleet's ones when every worker
+/// runs at GPU speed (or speeds are not weighed), else `buf` filled with
+/// [`CostModel::slowness`] (grown to the pool once, then reused).
+fn slowness<'a>(
+    cm: &CostModel,
+    fleet: &'a Fleet,
+    r: Range<usize>,
+    buf: &'a mut Vec<f64>,
+) -> &'a [f64] {
+    if fleet.uniform_speed || !cm.weigh {
+        return fleet.ones.get(r).unwrap_or_default();
+    }
+    let (Some(cpu), Some(tput)) = (fleet.cpu_pos.get(r.clone()), fleet.throughput_pos.get(r))
+    else {
+        return &[];
+    };
+    buf.clear();
+    buf.extend(cpu.iter().zip(tput).map(|(&c, &t)| cm.slowness(c, t)));
+    buf
+}
+
 /// The per-worker inputs of the pool `r` under the configuration of `st`.
 fn arrays<'a>(
     st: &KvStage,
@@ -198,6 +223,7 @@ fn arrays<'a>(
     loads: &'a Loads,
     req: &'a Hits,
     r: Range<usize>,
+    slow: &'a [f64],
 ) -> Arrays<'a> {
     let cm = &st.model;
     let z = &loads.zeros[r.clone()];
@@ -223,6 +249,7 @@ fn arrays<'a>(
         gate: &loads.gate[r.clone()],
         cap: &fleet.cap_pos[r.clone()],
         topo: &fleet.topology_pos[r.clone()],
+        slow,
         cols: req.columns().slice(r),
     }
 }

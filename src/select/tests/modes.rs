@@ -192,7 +192,7 @@ fn mode_direct_needs_a_pin_and_takes_the_pinned_worker() {
         .decide(&ws)
         .unwrap();
     assert_eq!(d.decode_worker, 0);
-    assert_eq!(d.cost, 18.0, "kv cost still reported");
+    assert_eq!(d.cost, 28.0, "kv cost still reported");
     let err = direct
         .filters(|f| f.pin = Some("nope".into()))
         .decide(&ws)

@@ -42,6 +42,14 @@ fn random_fleet(n: usize, disagg: bool, seed: u64) -> Vec<W> {
             if disagg {
                 w = w.role([Role::Prefill, Role::Decode, Role::Aggregated][i % 3]);
             }
+            // Two seeds in three mix worker speeds (CPU workers, declared throughputs);
+            // the rest keep an all-GPU fleet (the kernel's uniform-speed path).
+            if seed % 3 != 0 && i % 5 == 1 {
+                w = w.cpu();
+            }
+            if seed % 3 == 2 && i % 7 == 3 {
+                w.spec.throughput_weight = Some([0.25, 1.5, 4.0][i % 3]);
+            }
             w
         })
         .collect()
@@ -128,6 +136,8 @@ fn view_decides_like_rows() {
                 TopologyPolicy::Prefer,
             ][seed as usize % 3];
             c.topology_penalty = 3.0;
+            c.assume_device_reuse = seed % 4 == 1;
+            c.weigh_by_throughput = seed % 7 != 6;
         });
         if seed % 5 == 0 {
             case = case.explain();
