@@ -72,6 +72,9 @@ pub struct WorkerStatus {
     pub active_requests: u32,
     pub prefill_tokens: f64,
     pub decode_blocks: f64,
+    /// The declared `throughput_weight` (absent when none was declared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throughput_weight: Option<f64>,
 }
 
 impl WorkerStatus {
@@ -98,6 +101,7 @@ impl WorkerStatus {
             active_requests: load.active_requests,
             prefill_tokens: load.prefill_tokens,
             decode_blocks,
+            throughput_weight: spec.throughput_weight,
         }
     }
 }
