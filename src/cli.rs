@@ -122,6 +122,8 @@ pub struct ServeArgs {
     pub assume_device_reuse: Option<bool>,
     #[arg(long, env = "KVROUTE_WEIGH_BY_THROUGHPUT")]
     pub weigh_by_throughput: Option<bool>,
+    #[arg(long, env = "KVROUTE_BALANCE_SLACK")]
+    pub balance_slack: Option<f64>,
     /// A vLLM / SGLang engine to subscribe to over ZMQ, repeatable; replaces the file's
     /// `[[engines]]` when given. Compact form:
     /// `worker_id=w1,endpoint=tcp://127.0.0.1:5557[,replay_endpoint=...,role=...,device=...,
@@ -245,6 +247,7 @@ impl ServeArgs {
             predictor_min_samples,
             assume_device_reuse,
             weigh_by_throughput,
+            balance_slack,
         );
         if self.busy_threshold.is_some() {
             s.router.busy_threshold = self.busy_threshold;

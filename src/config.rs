@@ -144,6 +144,12 @@ pub struct RouterConfig {
     /// CPU worker, `1 / throughput_weight` for a worker that declares one, 1 otherwise.
     /// Default true (an all-GPU fleet is unaffected).
     pub weigh_by_throughput: bool,
+    /// `kv` at temperature 0: workers whose cost is within this fraction of the lowest
+    /// cost count as tied with it (and are taken in turn), so a small cache credit
+    /// (e.g. a prompt prefix every request shares) does not keep a large fleet's
+    /// traffic on the few workers that happened to cache it first. In [0, 1]; 0 gives
+    /// exact ties broken uniformly at random. Default 0.05.
+    pub balance_slack: f64,
 }
 
 impl Default for RouterConfig {
@@ -171,6 +177,7 @@ impl Default for RouterConfig {
             predictor_min_samples: 32,
             assume_device_reuse: false,
             weigh_by_throughput: true,
+            balance_slack: 0.05,
         }
     }
 }
@@ -200,6 +207,9 @@ impl RouterConfig {
         finite_nonneg("prefill_load_scale", self.prefill_load_scale)?;
         finite_nonneg("router_temperature", self.router_temperature)?;
         finite_nonneg("topology_penalty", self.topology_penalty)?;
+        if !(0.0..=1.0).contains(&self.balance_slack) {
+            return Err("balance_slack must be in [0, 1]".into());
+        }
         if let Some(b) = self.busy_threshold {
             if !(b.is_finite() && b > 0.0) {
                 return Err("busy_threshold must be > 0".into());

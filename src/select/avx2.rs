@@ -366,6 +366,8 @@ mod tests {
                     _ => Topo::Prefer(1, 3.5),
                 },
                 temperature: 0.0,
+                slack: 0.0,
+                turn: 0,
             };
             let f = &figs[..n];
             let col = |g: fn(&Row) -> f64| -> Vec<f64> {

@@ -55,6 +55,10 @@ pub(crate) struct KvStage {
     pub busy: Option<f64>,
     pub topo: Topo,
     pub temperature: f64,
+    /// `balance_slack`, and the decision's turn among the tied workers
+    /// ([`super::RrState::ties`]).
+    pub slack: f64,
+    pub turn: u64,
 }
 
 /// Reusable buffers of the kernel.
@@ -127,7 +131,7 @@ pub(crate) fn kv_select(
     if m == INF {
         return None;
     }
-    let j = choose(buf, sums, m, st.temperature, rng);
+    let j = choose(buf, sums, m, (st.temperature, st.slack, st.turn), rng);
     j.map(|j| r.start + j)
 }
 
@@ -136,15 +140,15 @@ fn choose(
     buf: &mut [f64],
     sums: &mut [f64],
     m: f64,
-    temperature: f64,
+    how: (f64, f64, u64),
     rng: &mut impl Rng,
 ) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     if super::avx2::available() {
         // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { choose_avx2(buf, sums, m, temperature, rng) };
+        return unsafe { choose_avx2(buf, sums, m, how, rng) };
     }
-    choose_portable(buf, sums, m, temperature, rng)
+    choose_portable(buf, sums, m, how, rng)
 }
 
 /// [`choose_portable`] compiled for AVX2: its loops (minimum and maximum, counting,
@@ -158,10 +162,10 @@ unsafe fn choose_avx2(
     buf: &mut [f64],
     sums: &mut [f64],
     m: f64,
-    temperature: f64,
+    how: (f64, f64, u64),
     rng: &mut impl Rng,
 ) -> Option<usize> {
-    choose_portable(buf, sums, m, temperature, rng)
+    choose_portable(buf, sums, m, how, rng)
 }
 
 #[inline(always)]
@@ -169,15 +173,17 @@ fn choose_portable(
     buf: &mut [f64],
     sums: &mut [f64],
     m: f64,
-    temperature: f64,
+    (temperature, slack, turn): (f64, f64, u64),
     rng: &mut impl Rng,
 ) -> Option<usize> {
     if temperature > 0.0 {
         softmax(buf, sums, temperature, rng)
     } else {
-        let thr = m + TIE_EPS;
+        let thr = super::pick::tie_bound(m, slack);
         let count = count_chunks(buf, sums, |c| c <= thr);
-        let k = if count > 1 {
+        let k = if slack > 0.0 && count > 0 {
+            (turn % u64::from(count)) as u32
+        } else if count > 1 {
             rng.random_range(0..count)
         } else {
             0
