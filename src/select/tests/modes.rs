@@ -12,8 +12,26 @@ fn with_costs(costs: &[f64]) -> Vec<W> {
         .collect()
 }
 
+/// Exact ties (`balance_slack` 0): the tie-break tests below are about `TIE_EPS`.
 fn empty_prompt() -> Case {
-    Case::new().req(0)
+    Case::new().req(0).cfg(|c| c.balance_slack = 0.0)
+}
+
+#[test]
+fn balance_slack_takes_near_ties_in_turn() {
+    // Slack 0.05 of the minimum 100: 100 and 104 are tied, 106 and 110 are not.
+    let ws = with_costs(&[104.0, 110.0, 100.0, 106.0]);
+    let case = Case::new().req(0).cfg(|c| c.balance_slack = 0.05);
+    let f = case.frequencies(&ws, 200, 1);
+    assert_eq!(f, vec![100, 0, 100, 0], "in turn, not by chance");
+    // The same through the row-by-row path (an allow-list keeps the kernel out).
+    let rows = case
+        .clone()
+        .filters(|f| f.allow = Some(vec!["w0".into(), "w1".into(), "w2".into(), "w3".into()]));
+    assert_eq!(rows.frequencies(&ws, 200, 1), vec![100, 0, 100, 0]);
+    // Slack 0: only the minimum.
+    let exact = Case::new().req(0).cfg(|c| c.balance_slack = 0.0);
+    assert_eq!(exact.frequencies(&ws, 50, 1), vec![0, 0, 50, 0]);
 }
 
 #[test]

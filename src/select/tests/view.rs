@@ -156,7 +156,8 @@ fn view_decides_like_rows() {
 fn kernel_picks_a_minimum_cost_worker() {
     for seed in 0..30u64 {
         let ws = random_fleet(1 + seed as usize * 37, false, seed);
-        let case = Case::new().req(2_048);
+        let slack = [0.0, 0.05][seed as usize % 2];
+        let case = Case::new().req(2_048).cfg(|c| c.balance_slack = slack);
         let Ok(d) = case.decide_with(
             &ws,
             &mut SmallRng::seed_from_u64(seed),
@@ -171,7 +172,10 @@ fn kernel_picks_a_minimum_cost_worker() {
             .map(|w| terms(&case.cfg, case.req, w).cost)
             .fold(f64::INFINITY, f64::min);
         let chosen = terms(&case.cfg, case.req, &ws[d.decode_worker as usize]).cost;
-        assert!(chosen <= best + 1e-9, "seed {seed}: {chosen} vs {best}");
+        assert!(
+            chosen <= best + (1e-9f64).max(slack * best),
+            "seed {seed}: {chosen} vs {best}"
+        );
         assert_eq!(d.cost, chosen);
     }
 }
