@@ -194,7 +194,8 @@ impl Fleet {
         self.cpu_pos = order.iter().map(|&i| self.cpu[i as usize]).collect();
         self.throughput_pos = order.iter().map(|&i| self.throughput[i as usize]).collect();
         self.ones = vec![1.0; n];
-        self.uniform_speed = !self.cpu.iter().any(|&c| c) && self.throughput.iter().all(|&t| t == 0.0);
+        self.uniform_speed =
+            !self.cpu.iter().any(|&c| c) && self.throughput.iter().all(|&t| t == 0.0);
         self.order = order;
         self.pos = pos;
     }

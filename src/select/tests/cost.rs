@@ -41,10 +41,16 @@ fn cached_prefix_is_credited_once_not_twice() {
     // them). Blocks of an *active* request are not counted twice.
     let w = W::new("a").dev(6);
     let t = terms(&RouterConfig::default(), req10(), &w);
-    assert_eq!((t.adjusted_prefill, t.decode_blocks, t.cost), (4.0, 10.0, 14.0));
+    assert_eq!(
+        (t.adjusted_prefill, t.decode_blocks, t.cost),
+        (4.0, 10.0, 14.0)
+    );
     let w = W::new("a").dev(6).unique(6.0).reuse(6);
     let t = terms(&RouterConfig::default(), req10(), &w);
-    assert_eq!((t.adjusted_prefill, t.decode_blocks, t.cost), (4.0, 10.0, 14.0));
+    assert_eq!(
+        (t.adjusted_prefill, t.decode_blocks, t.cost),
+        (4.0, 10.0, 14.0)
+    );
 }
 
 #[test]
@@ -55,7 +61,10 @@ fn knob_assume_device_reuse_keeps_the_earlier_form() {
     };
     let w = W::new("a").dev(6);
     let t = terms(&cfg, req10(), &w);
-    assert_eq!((t.adjusted_prefill, t.decode_blocks, t.cost), (4.0, 4.0, 8.0));
+    assert_eq!(
+        (t.adjusted_prefill, t.decode_blocks, t.cost),
+        (4.0, 4.0, 8.0)
+    );
     let got: Vec<f64> = worked_example_device_reuse()
         .iter()
         .map(|w| terms(&cfg, req10(), w).cost)
@@ -71,7 +80,10 @@ fn knob_assume_device_reuse_keeps_the_earlier_form() {
         assume_kv_reuse: false,
         ..cfg
     };
-    assert_eq!(terms(&off, req10(), &W::new("a").dev(6)).decode_blocks, 10.0);
+    assert_eq!(
+        terms(&off, req10(), &W::new("a").dev(6)).decode_blocks,
+        10.0
+    );
 }
 
 #[test]
@@ -148,7 +160,10 @@ fn knob_overlap_score_credit() {
     assert_eq!(terms(&half, req10(), &w).adjusted_prefill, 8.0);
     // Credit 0 turns the choice from the cached worker to the lighter one.
     // cached: 2 + (8 + 10) = 20 < light 10 + 10 + 1; with credit 0: 10 + 18 = 28 > 21.
-    let ws = vec![W::new("cached").dev(8).unique(8.0), W::new("light").unique(1.0)];
+    let ws = vec![
+        W::new("cached").dev(8).unique(8.0),
+        W::new("light").unique(1.0),
+    ];
     assert_eq!(Case::new().decide(&ws).unwrap().decode_worker, 0);
     let d = Case::new()
         .cfg(|c| c.overlap_score_credit = 0.0)

@@ -225,7 +225,10 @@ fn request_mode_drives_both_stages() {
     // Round-robin: both stages use the same cursor value, which advances once.
     let case = Case::new().mode(Mode::RoundRobin);
     let mut rng = SmallRng::seed_from_u64(1);
-    let mut rr = RrState { counter: 1, ..Default::default() };
+    let mut rr = RrState {
+        counter: 1,
+        ..Default::default()
+    };
     let dec = case.decide_with(&ws, &mut rng, &mut rr).unwrap();
     assert_eq!((dec.prefill_worker, dec.decode_worker), (Some(1), 3));
     assert_eq!(rr.counter, 2);

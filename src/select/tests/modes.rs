@@ -181,7 +181,10 @@ fn mode_round_robin_cycles_over_eligible_workers() {
         .collect();
     assert_eq!(seq, vec![0, 1, 3, 0, 1, 3]);
     assert_eq!(rr.counter, 6);
-    let mut rr = RrState { counter: 4, ..Default::default() };
+    let mut rr = RrState {
+        counter: 4,
+        ..Default::default()
+    };
     let d = case.decide_with(&ws, &mut rng, &mut rr).unwrap();
     assert_eq!(d.decode_worker, 1);
     assert_eq!(rr.counter, 5);
@@ -191,7 +194,10 @@ fn mode_round_robin_cycles_over_eligible_workers() {
 fn round_robin_cursor_untouched_by_other_modes_and_errors() {
     let ws = vec![W::new("a").dead()];
     let mut rng = SmallRng::seed_from_u64(1);
-    let mut rr = RrState { counter: 3, ..Default::default() };
+    let mut rr = RrState {
+        counter: 3,
+        ..Default::default()
+    };
     let rrcase = Case::new().mode(Mode::RoundRobin);
     assert!(rrcase.decide_with(&ws, &mut rng, &mut rr).is_err());
     let ws = vec![W::new("a")];
