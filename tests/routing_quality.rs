@@ -140,3 +140,45 @@ fn mixed_fleet_cost_weighs_by_speed_cores_1_and_2_agree() {
     let two = mixed_fleet(2);
     assert_eq!(one, two);
 }
+
+fn disagg_prefill_choice(cores: usize, extra: &[&str]) -> Value {
+    let mut flags = vec![
+        "--prefill-load-scale",
+        "8",
+        "--track-prefill-tokens",
+        "false",
+    ];
+    flags.extend_from_slice(extra);
+    let s = Server::start(cores, &flags);
+    let role =
+        |id: &str, r: &str| json!({"id": id, "role": r, "model": "m", "capacity_blocks": 100000});
+    s.register(role("p0", "prefill"));
+    s.register(role("d0", "decode"));
+    // A 40-block prompt in flight on p0 (no first token yet).
+    let q = route(
+        &s,
+        json!({"request_id": "q", "model": "m", "block_hashes": hashes(31, 40)}),
+    );
+    assert_eq!(q["prefill_worker"], "p0", "{q}");
+    s.register(role("p1", "prefill"));
+    let h = hashes(4, 10);
+    s.store("p0", "device", &h[..8]);
+    s.wait_until("index", |s| s.cached("p0") == 8);
+    let d = route(
+        &s,
+        json!({"request_id": "x", "model": "m", "block_hashes": h, "explain": true}),
+    );
+    d["prefill_worker"].clone()
+}
+
+/// Issue 15 item 4: the aggregated tuning (`track_prefill_tokens = false`) no longer
+/// makes the prefill stage blind to queued prompts; the old behaviour is per stage.
+#[test]
+fn prefill_stage_counts_queued_prompts_under_aggregated_tuning() {
+    for cores in [1, 2] {
+        // p0: 8 * (50 - 8) = 336 > p1: 8 * 10 = 80.
+        assert_eq!(disagg_prefill_choice(cores, &[]), "p1");
+        let blind = ["--prefill-stage-track-prefill-tokens", "false"];
+        assert_eq!(disagg_prefill_choice(cores, &blind), "p0");
+    }
+}
