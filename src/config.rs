@@ -163,9 +163,9 @@ pub struct RouterConfig {
     pub prefill_stage_load_scale: Option<f64>,
     /// Decode stage: `track_output_blocks` of that stage. None (default): the base one.
     pub decode_stage_track_output_blocks: Option<bool>,
-    /// Prefill stage: `balance_slack` of that stage. None (default): the base one (on
-    /// the conversation trace it gives the better TTFT p99; 0 balances a prefill pool's
-    /// request counts better on the synthetic load, docs/ROUTING.md).
+    /// Prefill stage: `balance_slack` of that stage. None (default): 0, exact ties. (The
+    /// slack spreads first turns over a large aggregated fleet; in a prefill pool,
+    /// whose cost is prompt work only, it skewed request counts, docs/ROUTING.md.)
     pub prefill_stage_balance_slack: Option<f64>,
 }
 
@@ -269,9 +269,7 @@ impl RouterConfig {
             prefill_load_scale: self
                 .prefill_stage_load_scale
                 .unwrap_or(self.prefill_load_scale),
-            balance_slack: self
-                .prefill_stage_balance_slack
-                .unwrap_or(self.balance_slack),
+            balance_slack: self.prefill_stage_balance_slack.unwrap_or(0.0),
             ..self.clone()
         }
     }
@@ -382,7 +380,7 @@ mod tests {
         assert!(!p.track_prefill_tokens);
         assert_eq!((p.overlap_score_credit, p.prefill_load_scale), (0.5, 2.0));
         assert_eq!(p.balance_slack, 0.1);
-        assert_eq!(RouterConfig::default().prefill_stage().balance_slack, 0.03);
+        assert_eq!(RouterConfig::default().prefill_stage().balance_slack, 0.0);
         let d = apart.decode_stage();
         assert!(d.track_output_blocks);
         assert!(!apart.track_output_blocks, "the base config is unchanged");
