@@ -4,13 +4,16 @@
 //!
 //! A pool is a contiguous range of fleet positions ([`Fleet::pool_range`]). Its costs
 //! go into a buffer in three steps:
-//! 1. every worker's cost from the [`Loads`] arrays and the request's overlap and
-//!    reuse columns ([`super::fill`], four workers per instruction where the CPU has
-//!    AVX2); a worker that is not live, busy or (`topology_policy = restrict`) outside
+//! 1. every worker's cost from the [`Loads`] arrays, the request's overlap and
+//!    reuse columns and the per-worker speed factors (`weigh_by_throughput`: the
+//!    fleet's all-ones column on an all-GPU fleet, else filled per stage)
+//!    ([`super::fill`], four workers per instruction where the CPU has AVX2); a worker that is not live, busy or (`topology_policy = restrict`) outside
 //!    the domain gets +∞;
 //! 2. the suspect workers are recomputed with their overlap counted as zero;
 //! 3. selection over the buffer: temperature 0 counts the workers within
-//!    [`TIE_EPS`] of the minimum per chunk of 64 and takes the uniformly drawn k-th;
+//!    [`TIE_EPS`] of the minimum (or within `balance_slack` × minimum, when that is
+//!    larger) per chunk of 64 and takes the uniformly drawn k-th (with a slack: the
+//!    `(turn mod count)`-th, so near ties are taken in turn);
 //!    temperature T > 0 replaces each cost by its weight `exp(-(c - min) / ((max - min)
 //!    * T))`, sums per chunk, and takes the worker where the running sum crosses a
 //!    uniform draw times the total (p ∝ weight); all costs within `TIE_EPS` → uniform.

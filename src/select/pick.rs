@@ -8,7 +8,9 @@
 //! second pass instead of collecting candidates), so selection allocates nothing:
 //! - `kv`, temperature 0: argmin of cost; ties (|Δ| < [`TIE_EPS`]) are broken
 //!   uniformly at random by reservoir sampling (the k-th tied worker replaces the
-//!   current pick with probability 1/k).
+//!   current pick with probability 1/k). With `balance_slack` s > 0: pass 1 finds the
+//!   minimum m, pass 2 counts the workers with cost ≤ m + max(TIE_EPS, s·m), pass 3
+//!   takes the `(RrState::ties mod count)`-th of them, as the kernel does.
 //! - `kv`, temperature T > 0: pass 1 finds min and max cost; pass 2 samples with
 //!   p ∝ exp(-x / T), x = (cost - min) / (max - min), by weighted reservoir sampling
 //!   (keep worker i with probability w_i / Σ_{j≤i} w_j). All costs equal → uniform.
