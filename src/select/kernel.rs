@@ -7,8 +7,9 @@
 //! 1. every worker's cost from the [`Loads`] arrays, the request's overlap and
 //!    reuse columns and the per-worker speed factors (`weigh_by_throughput`: the
 //!    fleet's all-ones column on an all-GPU fleet, else filled per stage)
-//!    ([`super::fill`], four workers per instruction where the CPU has AVX2); a worker that is not live, busy or (`topology_policy = restrict`) outside
-//!    the domain gets +∞;
+//!    ([`super::fill`], four workers per instruction where the CPU has AVX2); a
+//!    worker that is not live, busy or (`topology_policy = restrict`) outside the
+//!    domain gets +∞;
 //! 2. the suspect workers are recomputed with their overlap counted as zero;
 //! 3. selection over the buffer: temperature 0 counts the workers within
 //!    [`TIE_EPS`] of the minimum (or within `balance_slack` × minimum, when that is
