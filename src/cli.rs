@@ -136,6 +136,22 @@ pub struct ServeArgs {
     pub speculative_ttl_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_SPECULATIVE_MAX_BLOCKS")]
     pub speculative_max_blocks: Option<usize>,
+    #[arg(long, env = "KVROUTE_ASSUME_DEVICE_REUSE")]
+    pub assume_device_reuse: Option<bool>,
+    #[arg(long, env = "KVROUTE_WEIGH_BY_THROUGHPUT")]
+    pub weigh_by_throughput: Option<bool>,
+    #[arg(long, env = "KVROUTE_BALANCE_SLACK")]
+    pub balance_slack: Option<f64>,
+    #[arg(long, env = "KVROUTE_PREFILL_STAGE_TRACK_PREFILL_TOKENS")]
+    pub prefill_stage_track_prefill_tokens: Option<bool>,
+    #[arg(long, env = "KVROUTE_PREFILL_STAGE_OVERLAP_SCORE_CREDIT")]
+    pub prefill_stage_overlap_score_credit: Option<f64>,
+    #[arg(long, env = "KVROUTE_PREFILL_STAGE_LOAD_SCALE")]
+    pub prefill_stage_load_scale: Option<f64>,
+    #[arg(long, env = "KVROUTE_DECODE_STAGE_TRACK_OUTPUT_BLOCKS")]
+    pub decode_stage_track_output_blocks: Option<bool>,
+    #[arg(long, env = "KVROUTE_PREFILL_STAGE_BALANCE_SLACK")]
+    pub prefill_stage_balance_slack: Option<f64>,
     /// A vLLM / SGLang engine to subscribe to over ZMQ, repeatable; replaces the file's
     /// `[[engines]]` when given. Compact form:
     /// `worker_id=w1,endpoint=tcp://127.0.0.1:5557[,replay_endpoint=...,role=...,device=...,
@@ -277,7 +293,43 @@ impl ServeArgs {
             predictor_min_samples,
             speculative_ttl_ms,
             speculative_max_blocks,
+            assume_device_reuse,
+            weigh_by_throughput,
+            balance_slack,
         );
+        // Optional per-stage knobs: a given flag sets Some(value).
+        for (dst, src) in [
+            (
+                &mut s.router.prefill_stage_track_prefill_tokens,
+                self.prefill_stage_track_prefill_tokens,
+            ),
+            (
+                &mut s.router.decode_stage_track_output_blocks,
+                self.decode_stage_track_output_blocks,
+            ),
+        ] {
+            if src.is_some() {
+                *dst = src;
+            }
+        }
+        for (dst, src) in [
+            (
+                &mut s.router.prefill_stage_overlap_score_credit,
+                self.prefill_stage_overlap_score_credit,
+            ),
+            (
+                &mut s.router.prefill_stage_load_scale,
+                self.prefill_stage_load_scale,
+            ),
+            (
+                &mut s.router.prefill_stage_balance_slack,
+                self.prefill_stage_balance_slack,
+            ),
+        ] {
+            if src.is_some() {
+                *dst = src;
+            }
+        }
         if self.busy_threshold.is_some() {
             s.router.busy_threshold = self.busy_threshold;
         }

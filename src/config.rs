@@ -143,6 +143,40 @@ pub struct RouterConfig {
     /// Most pending (block, worker) entries per index shard (per core in the service);
     /// the oldest go first. 0 = off. Default 65,536.
     pub speculative_max_blocks: usize,
+    /// With `assume_kv_reuse`, also count the worker's device-cached prefix as blocks it
+    /// already holds in the decode term (the form before issue 15, which credits a
+    /// cached prefix twice: in the prefill term and again here). Default false: DESIGN
+    /// §1 deduplicates only the blocks of the worker's active requests, since a cached
+    /// block that a new request pins is real decode load.
+    pub assume_device_reuse: bool,
+    /// Weigh a worker's `kv` cost by its speed: the cost (blocks of work) is multiplied
+    /// by how many times slower than a GPU worker it is, i.e. `cuda_to_cpu_ratio` for a
+    /// CPU worker, `1 / throughput_weight` for a worker that declares one, 1 otherwise.
+    /// Default true (an all-GPU fleet is unaffected).
+    pub weigh_by_throughput: bool,
+    /// `kv` at temperature 0: workers whose cost is within this fraction of the lowest
+    /// cost count as tied with it (and are taken in turn), so a small cache credit
+    /// (e.g. a prompt prefix every request shares) does not keep a large fleet's
+    /// traffic on the few workers that happened to cache it first. In [0, 1]; 0 gives
+    /// exact ties broken uniformly at random. Default 0.03 (below 0.05, the gap of
+    /// 21 vs 20 in the DESIGN worked example).
+    pub balance_slack: f64,
+    /// Prefill stage of disaggregated routing: count in-flight prompt tokens. None
+    /// (default): true whatever `track_prefill_tokens` says, since queued prompts are
+    /// the only load a prefill worker has; the aggregated tuning
+    /// `track_prefill_tokens = false` otherwise piles prompts on the best-cached
+    /// prefill worker (docs/ROUTING.md).
+    pub prefill_stage_track_prefill_tokens: Option<bool>,
+    /// Prefill stage: `overlap_score_credit` of that stage. None (default): the base one.
+    pub prefill_stage_overlap_score_credit: Option<f64>,
+    /// Prefill stage: `prefill_load_scale` of that stage. None (default): the base one.
+    pub prefill_stage_load_scale: Option<f64>,
+    /// Decode stage: `track_output_blocks` of that stage. None (default): the base one.
+    pub decode_stage_track_output_blocks: Option<bool>,
+    /// Prefill stage: `balance_slack` of that stage. None (default): 0, exact ties. (The
+    /// slack spreads first turns over a large aggregated fleet; in a prefill pool,
+    /// whose cost is prompt work only, it skewed request counts, docs/ROUTING.md.)
+    pub prefill_stage_balance_slack: Option<f64>,
 }
 
 impl Default for RouterConfig {
@@ -170,6 +204,14 @@ impl Default for RouterConfig {
             predictor_min_samples: 32,
             speculative_ttl_ms: 2_000,
             speculative_max_blocks: 65_536,
+            assume_device_reuse: false,
+            weigh_by_throughput: true,
+            balance_slack: 0.03,
+            prefill_stage_track_prefill_tokens: None,
+            prefill_stage_overlap_score_credit: None,
+            prefill_stage_load_scale: None,
+            decode_stage_track_output_blocks: None,
+            prefill_stage_balance_slack: None,
         }
     }
 }
@@ -199,6 +241,20 @@ impl RouterConfig {
         finite_nonneg("prefill_load_scale", self.prefill_load_scale)?;
         finite_nonneg("router_temperature", self.router_temperature)?;
         finite_nonneg("topology_penalty", self.topology_penalty)?;
+        if let Some(c) = self.prefill_stage_overlap_score_credit {
+            if !(0.0..=1.0).contains(&c) {
+                return Err("prefill_stage_overlap_score_credit must be in [0, 1]".into());
+            }
+        }
+        if let Some(s) = self.prefill_stage_load_scale {
+            finite_nonneg("prefill_stage_load_scale", s)?;
+        }
+        if !(0.0..=1.0).contains(&self.prefill_stage_balance_slack.unwrap_or(0.0)) {
+            return Err("prefill_stage_balance_slack must be in [0, 1]".into());
+        }
+        if !(0.0..=1.0).contains(&self.balance_slack) {
+            return Err("balance_slack must be in [0, 1]".into());
+        }
         if let Some(b) = self.busy_threshold {
             if !(b.is_finite() && b > 0.0) {
                 return Err("busy_threshold must be > 0".into());
@@ -218,10 +274,19 @@ impl RouterConfig {
         Ok(())
     }
 
-    /// Prefill stage of disaggregated routing: prefill workers do no decode.
+    /// Prefill stage of disaggregated routing: prefill workers do no decode; the
+    /// `prefill_stage_*` knobs apply.
     pub fn prefill_stage(&self) -> RouterConfig {
         RouterConfig {
             track_active_blocks: false,
+            track_prefill_tokens: self.prefill_stage_track_prefill_tokens.unwrap_or(true),
+            overlap_score_credit: self
+                .prefill_stage_overlap_score_credit
+                .unwrap_or(self.overlap_score_credit),
+            prefill_load_scale: self
+                .prefill_stage_load_scale
+                .unwrap_or(self.prefill_load_scale),
+            balance_slack: self.prefill_stage_balance_slack.unwrap_or(0.0),
             ..self.clone()
         }
     }
@@ -235,6 +300,9 @@ impl RouterConfig {
             shared_cache_multiplier: 0.0,
             assume_kv_reuse: self.disagg_decode_assume_kv_reuse,
             track_prefill_tokens: false,
+            track_output_blocks: self
+                .decode_stage_track_output_blocks
+                .unwrap_or(self.track_output_blocks),
             ..self.clone()
         }
     }
@@ -298,9 +366,47 @@ mod tests {
         assert!(!d.track_prefill_tokens);
         let d2 = RouterConfig {
             disagg_decode_assume_kv_reuse: true,
-            ..c
+            ..c.clone()
         }
         .decode_stage();
         assert!(d2.assume_kv_reuse);
+    }
+
+    #[test]
+    fn per_stage_knobs() {
+        // The aggregated tuning does not reach the prefill stage unless asked.
+        let tuned = RouterConfig {
+            track_prefill_tokens: false,
+            prefill_load_scale: 8.0,
+            ..Default::default()
+        };
+        let p = tuned.prefill_stage();
+        assert!(p.track_prefill_tokens);
+        assert_eq!(p.prefill_load_scale, 8.0);
+        assert!(!tuned.decode_stage().track_prefill_tokens);
+        let apart = RouterConfig {
+            prefill_stage_track_prefill_tokens: Some(false),
+            prefill_stage_overlap_score_credit: Some(0.5),
+            prefill_stage_load_scale: Some(2.0),
+            decode_stage_track_output_blocks: Some(true),
+            prefill_stage_balance_slack: Some(0.1),
+            ..tuned
+        };
+        apart.validate().unwrap();
+        let p = apart.prefill_stage();
+        assert!(!p.track_prefill_tokens);
+        assert_eq!((p.overlap_score_credit, p.prefill_load_scale), (0.5, 2.0));
+        assert_eq!(p.balance_slack, 0.1);
+        assert_eq!(RouterConfig::default().prefill_stage().balance_slack, 0.0);
+        let d = apart.decode_stage();
+        assert!(d.track_output_blocks);
+        assert!(!apart.track_output_blocks, "the base config is unchanged");
+        let s = toml::to_string(&apart).unwrap();
+        assert_eq!(toml::from_str::<RouterConfig>(&s).unwrap(), apart);
+        let bad = RouterConfig {
+            prefill_stage_overlap_score_credit: Some(2.0),
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
     }
 }

@@ -146,7 +146,7 @@ impl DpRanks {
 
 /// Everything a worker declares about itself when it registers (HTTP `POST /v1/workers`
 /// or the binary handshake).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerSpec {
     /// External id, unique in the fleet (the id rule of `crate::ids`: 1..=128 bytes of `[A-Za-z0-9._:@+=-]`).
@@ -172,7 +172,16 @@ pub struct WorkerSpec {
     /// Instance epoch: a new epoch on re-registration clears the worker's blocks.
     #[serde(default)]
     pub epoch: u64,
+    /// Throughput of this worker relative to one GPU worker (1.0), when it declares
+    /// one: the `kv` cost of a worker is multiplied by `1 / throughput_weight` (with
+    /// `weigh_by_throughput`). None: 1.0 for a GPU worker, `1 / cuda_to_cpu_ratio` for
+    /// a CPU worker. HTTP and TOML only (the binary handshake does not carry it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throughput_weight: Option<f64>,
 }
+
+/// `validate` rejects a non-finite `throughput_weight`, so equality is reflexive.
+impl Eq for WorkerSpec {}
 
 /// Capacity assumed when a worker does not declare one.
 pub fn default_capacity_blocks() -> u64 {
@@ -192,6 +201,7 @@ impl WorkerSpec {
             topology: String::new(),
             capacity_blocks: default_capacity_blocks(),
             epoch: 0,
+            throughput_weight: None,
         }
     }
 
@@ -209,6 +219,11 @@ impl WorkerSpec {
         }
         if self.capacity_blocks == 0 {
             return Err("capacity_blocks must be > 0".into());
+        }
+        if let Some(t) = self.throughput_weight {
+            if !(t.is_finite() && (1e-6..=1e6).contains(&t)) {
+                return Err("throughput_weight must be in [1e-6, 1e6]".into());
+            }
         }
         Ok(())
     }

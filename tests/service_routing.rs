@@ -22,7 +22,9 @@ fn finish(s: &Server, id: &str) {
 }
 
 fn worked_example(cores: usize) -> Value {
-    let s = Server::start(cores, &[]);
+    // The pre-issue-15 decode term (device overlap counted as held), reached through
+    // its opt-in flag; the default form is tests/routing_quality.rs.
+    let s = Server::start(cores, &["--assume-device-reuse", "true"]);
     for w in ["w1", "w2", "w3"] {
         s.register(worker(w));
     }

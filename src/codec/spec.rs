@@ -25,6 +25,8 @@ pub(crate) fn read_spec(r: &mut Reader<'_>) -> Result<WorkerSpec, CodecError> {
         topology: r.string("spec.topology")?,
         capacity_blocks: r.u64("spec.capacity_blocks")?,
         epoch: r.u64("spec.epoch")?,
+        // Not on the wire (docs/PROTOCOL.md §WorkerSpec): HTTP and TOML only.
+        throughput_weight: None,
     })
 }
 

@@ -76,6 +76,9 @@ pub struct WorkerStatus {
     /// `block_size_mismatch: engine 16, router 4`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_issue: Option<String>,
+    /// The declared `throughput_weight` (absent when none was declared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throughput_weight: Option<f64>,
 }
 
 impl WorkerStatus {
@@ -103,6 +106,7 @@ impl WorkerStatus {
             prefill_tokens: load.prefill_tokens,
             decode_blocks,
             engine_issue: None,
+            throughput_weight: spec.throughput_weight,
         }
     }
 }

@@ -169,13 +169,15 @@ unsafe fn fill<
         let mut cost = _mm256_mul_pd(scale, adj);
         if T {
             let added = if R {
-                let h = to_f64(_mm_max_epu32(d32, unsafe { ld32(c.reuse, i) }));
+                let d = _mm_and_si128(d32, _mm_set1_epi32(k.dev_mask as i32));
+                let h = to_f64(_mm_max_epu32(d, unsafe { ld32(c.reuse, i) }));
                 _mm256_sub_pd(pb, _mm256_min_pd(h, pb))
             } else {
                 pb
             };
             cost = _mm256_add_pd(cost, _mm256_add_pd(active, added));
         }
+        cost = _mm256_mul_pd(cost, unsafe { ld(x.slow, i) });
         // Topology: lanes whose domain differs.
         let other = if TP == TP_PREFER || TP == TP_RESTRICT {
             let eq = _mm_cmpeq_epi32(unsafe { ld32(x.topo, i) }, _mm_set1_epi32(k.domain as i32));
@@ -334,14 +336,16 @@ mod tests {
         fn avx2_fill_equals_portable(
             n in 0usize..23,
             figs in prop::collection::vec((fig(), fig(), fig(), prop_oneof![Just(0.0), Just(f64::INFINITY)], fig(), 0u32..3, overlap(), 0u32..50), 23),
-            flags in (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), 0u8..3),
+            flags in (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), 0u8..3, any::<bool>()),
+            slow in prop::collection::vec(prop_oneof![4 => Just(1.0f64), 2 => 0.5..16.0f64, 1 => Just(8.0)], 23),
             weights in (0.0..2.0f64, -1.0..1.0f64, odd_weight(), odd_weight(), 0.0..4.0f64),
             input in 0u32..9000,
             plain in any::<bool>(),
         ) {
             prop_assume!(available());
-            let (track_active, reuse, output, busy, topo) = flags;
+            let (track_active, reuse, output, busy, topo, device_reuse) = flags;
             let cfg = RouterConfig {
+                assume_device_reuse: device_reuse,
                 track_active_blocks: track_active,
                 assume_kv_reuse: reuse,
                 track_output_blocks: output,
@@ -362,6 +366,8 @@ mod tests {
                     _ => Topo::Prefer(1, 3.5),
                 },
                 temperature: 0.0,
+                slack: 0.0,
+                turn: 0,
             };
             let f = &figs[..n];
             let col = |g: fn(&Row) -> f64| -> Vec<f64> {
@@ -384,6 +390,7 @@ mod tests {
                 gate: &gate,
                 cap: &cap,
                 topo: &topo,
+                slow: &slow[..n],
                 cols: Columns { ov: &ov, reuse: &reuse_col, extra },
             };
             let (mut x, mut y) = (vec![0.0; n], vec![0.0; n]);

@@ -4,19 +4,28 @@
 //! prefill_blocks = ((track_prefill_tokens ? load.prefill_tokens : 0) + input_tokens) / block_size
 //! adjusted       = max(prefill_blocks - credit*device - host_w*host - disk_w*disk
 //!                      - shared_mult*shared, 0)
+//! held           = assume_device_reuse ? max(reuse, device) : reuse
 //! decode_blocks  = track_active_blocks ?
-//!                    (assume_kv_reuse ? blocks_unique + (prompt_blocks - min(max(reuse, device), prompt_blocks))
+//!                    (assume_kv_reuse ? blocks_unique + (prompt_blocks - min(held, prompt_blocks))
 //!                                     : blocks_total + prompt_blocks)
 //!                    + (track_output_blocks ? output_blocks : 0)
 //!                  : 0
-//! cost           = prefill_load_scale * adjusted + decode_blocks
+//! slowness       = weigh_by_throughput ? (throughput_weight declared ? 1 / throughput_weight
+//!                                         : cpu ? cuda_to_cpu_ratio : 1)
+//!                                      : 1
+//! cost           = (prefill_load_scale * adjusted + decode_blocks) * slowness
 //! ```
 //!
-//! With `assume_kv_reuse` the request adds only the blocks the worker does not already
-//! hold: neither in its active requests (`reuse`) nor in its device cache (`device`
-//! overlap, which the engine's prefix cache reuses in place). This is what makes the
-//! DESIGN §1 worked example reachable through the API: a worker with overlap 5 and no
-//! active requests has decode 5 for a 10-block prompt.
+//! With `assume_kv_reuse` the request adds only the blocks that the worker's *active
+//! requests* do not already hold (`reuse`), as DESIGN §1 and Dynamo's active-sequence
+//! accounting do: a block of the device cache that a new request pins becomes real
+//! decode load, and its cache value is already credited once, in the prefill term.
+//! `assume_device_reuse` restores the earlier form that also subtracted the device
+//! overlap here (crediting a cached prefix twice); docs/ROUTING.md has the A/B.
+//!
+//! `slowness` turns blocks of work into GPU-time: the same prompt costs a CPU worker
+//! `cuda_to_cpu_ratio` times more, so `kv` sends a CPU worker work only when the GPU
+//! workers are that much busier. An all-GPU fleet multiplies by exactly 1.
 //!
 //! A suspect worker (its index state has a gap) gets no cache credit: its overlap is
 //! treated as all zero, since the router cannot trust what it believes is cached there.
@@ -40,7 +49,8 @@ pub struct CostTerms {
     pub adjusted_prefill: f64,
     /// Active KV blocks of the worker plus the blocks this request would add.
     pub decode_blocks: f64,
-    /// `prefill_load_scale * adjusted_prefill + decode_blocks`.
+    /// `(prefill_load_scale * adjusted_prefill + decode_blocks) * slowness` (plus the
+    /// topology penalty in a decode stage).
     pub cost: f64,
 }
 
@@ -79,6 +89,11 @@ pub(crate) struct CostModel {
     pub track_active_blocks: bool,
     pub assume_kv_reuse: bool,
     pub track_output_blocks: bool,
+    /// `assume_device_reuse`.
+    pub device_reuse: bool,
+    /// `weigh_by_throughput`, and the slowness of a CPU worker.
+    pub weigh: bool,
+    pub cpu_slowness: f64,
 }
 
 impl CostModel {
@@ -96,6 +111,25 @@ impl CostModel {
             track_active_blocks: cfg.track_active_blocks,
             assume_kv_reuse: cfg.assume_kv_reuse,
             track_output_blocks: cfg.track_output_blocks,
+            device_reuse: cfg.assume_device_reuse,
+            weigh: cfg.weigh_by_throughput,
+            cpu_slowness: cfg.cuda_to_cpu_ratio,
+        }
+    }
+
+    /// How many times slower than a GPU worker a worker is (`cpu`, declared
+    /// `throughput` or 0), i.e. the factor of its cost; exactly 1.0 for a GPU worker
+    /// without a declared throughput or without `weigh_by_throughput`.
+    #[inline(always)]
+    pub fn slowness(&self, cpu: bool, throughput: f64) -> f64 {
+        if !self.weigh {
+            1.0
+        } else if throughput > 0.0 {
+            1.0 / throughput
+        } else if cpu {
+            self.cpu_slowness
+        } else {
+            1.0
         }
     }
 
@@ -133,10 +167,12 @@ impl CostModel {
     }
 
     /// Blocks the request adds on a worker with `reuse` blocks in active requests and
-    /// `device` overlap (before `track_active_blocks`).
+    /// `device` overlap (before `track_active_blocks`); the device overlap counts only
+    /// with `assume_device_reuse`.
     #[inline(always)]
     pub fn added(&self, reuse: u32, device: u32) -> u32 {
         if self.assume_kv_reuse {
+            let device = if self.device_reuse { device } else { 0 };
             let held = reuse.max(device);
             self.prompt_blocks - held.min(self.prompt_blocks)
         } else {
@@ -167,7 +203,8 @@ impl CostModel {
             overlap,
             adjusted_prefill,
             decode_blocks,
-            cost: self.scale * adjusted_prefill + decode_blocks,
+            cost: (self.scale * adjusted_prefill + decode_blocks)
+                * self.slowness(row.cpu, row.throughput),
         }
     }
 }

@@ -128,6 +128,8 @@ impl Rows for ViewRows<'_> {
             reuse_blocks,
             load: self.loads.load_at(p),
             blocks_unique: self.loads.blocks_unique.get(p).copied().unwrap_or(0.0),
+            cpu: self.fleet.cpu_pos.get(p).copied().unwrap_or(false),
+            throughput: self.fleet.throughput_pos.get(p).copied().unwrap_or(0.0),
         }
     }
 }
@@ -225,6 +227,10 @@ pub enum RouteError {
 pub struct RrState {
     /// Decisions made in round-robin mode so far.
     pub counter: u64,
+    /// Decisions made so far (any mode): with `balance_slack`, the `kv` argmin takes
+    /// the `(ties mod count)`-th of the workers tied with the minimum, so the traffic
+    /// the slack frees spreads evenly over them instead of by chance.
+    pub ties: u64,
 }
 
 const POOL_AGG: u8 = role_bit(Role::Aggregated);
@@ -270,6 +276,7 @@ fn stage<'x>(
             m => m,
         },
         temperature: cfg.router_temperature,
+        slack: cfg.balance_slack,
         cuda_to_cpu_ratio: cfg.cuda_to_cpu_ratio,
     }
 }
@@ -482,7 +489,7 @@ fn run<R: Rows + ?Sized>(
         true,
     );
     let mut stats = ScanStats::default();
-    let decision = match run_stage(&probe, rows, dense, rng, rr.counter, &mut stats) {
+    let decision = match run_stage(&probe, rows, dense, rng, *rr, &mut stats) {
         Outcome::Picked(p) => {
             let mut records = Records::default();
             if input.explain {
@@ -491,11 +498,12 @@ fn run<R: Rows + ?Sized>(
             single(rows, &probe, p, Fallback::None, records)
         }
         Outcome::Empty => return Err(stage_error(input, &probe, &stats)),
-        Outcome::Split => disaggregated(input, fleet, rows, dense, rng, rr.counter)?,
+        Outcome::Split => disaggregated(input, fleet, rows, dense, rng, *rr)?,
     };
     if input.mode == Mode::RoundRobin {
         rr.counter = rr.counter.wrapping_add(1);
     }
+    rr.ties = rr.ties.wrapping_add(1);
     Ok(decision)
 }
 
@@ -506,7 +514,7 @@ fn disaggregated<R: Rows + ?Sized>(
     rows: &R,
     dense: &mut Dense,
     rng: &mut impl Rng,
-    counter: u64,
+    counter: RrState,
 ) -> Result<Decision, RouteError> {
     let pcfg = input.cfg.prefill_stage();
     let dcfg = input.cfg.decode_stage();

@@ -45,6 +45,8 @@ pub(crate) struct Consts {
     /// be left out. (Adding such a ±0 could only change the sign of a zero credit,
     /// and `max(prefill - credit, 0)` maps every zero to +0, so costs are unchanged.)
     pub extra: bool,
+    /// All ones with `assume_device_reuse` (the device overlap counts as held), else 0.
+    pub dev_mask: u32,
 }
 
 /// The per-worker inputs of step 1, all the length of the pool.
@@ -56,6 +58,8 @@ pub(crate) struct Arrays<'a> {
     pub gate: &'a [f64],
     pub cap: &'a [f64],
     pub topo: &'a [u32],
+    /// Each worker's cost factor (`CostModel::slowness`; all ones on a uniform fleet).
+    pub slow: &'a [f64],
     pub cols: Columns<'a>,
 }
 
@@ -74,6 +78,7 @@ impl<'a> Arrays<'a> {
             gate: self.gate.get(..n)?,
             cap: self.cap.get(..n)?,
             topo: self.topo.get(..n)?,
+            slow: self.slow.get(..n)?,
             cols: Columns {
                 ov: c.ov.get(..n)?,
                 reuse: c.reuse.get(..n)?,
@@ -122,6 +127,7 @@ pub(crate) fn fill_with<L: Lanes>(st: &KvStage, a: &Arrays, out: &mut [f64]) -> 
         domain,
         penalty,
         extra: a.cols.extra || !cm.weights()[2..].iter().all(|w| w.is_finite()),
+        dev_mask: if cm.device_reuse { u32::MAX } else { 0 },
     };
     let Some(a) = a.exact(out.len()) else {
         out.fill(INF);
@@ -186,14 +192,16 @@ pub(crate) fn one<const T: bool, const R: bool, const O: bool, const B: bool, co
     let mut cost = k.scale * adj;
     if T {
         let added = if R {
-            // pb - min(max(reuse, device), pb), exact on these integers.
-            let h = f64::from(o.device.max(c.reuse.get(i).copied().unwrap_or(0)));
+            // pb - min(max(reuse, device & mask), pb), exact on these integers.
+            let d = o.device & k.dev_mask;
+            let h = f64::from(d.max(c.reuse.get(i).copied().unwrap_or(0)));
             pb - if h < pb { h } else { pb }
         } else {
             pb
         };
         cost += active + added;
     }
+    cost *= g(a.slow, 1.0);
     let other = a.topo.get(i).is_some_and(|&d| d != k.domain);
     if TP == TP_PREFER && other {
         cost += k.penalty;

@@ -82,6 +82,16 @@ pub struct Fleet {
     /// Capacity and topology id by position.
     pub(crate) cap_pos: Vec<f64>,
     pub(crate) topology_pos: Vec<u32>,
+    /// Declared `throughput_weight` by row (0: none declared).
+    pub(crate) throughput: Vec<f64>,
+    /// CPU flag and declared throughput by position, and all ones (the slowness of a
+    /// fleet whose workers all run at GPU speed).
+    pub(crate) cpu_pos: Vec<bool>,
+    pub(crate) throughput_pos: Vec<f64>,
+    pub(crate) ones: Vec<f64>,
+    /// Every worker is a GPU worker without a declared throughput: the cost needs no
+    /// per-worker speed (`weigh_by_throughput` changes nothing).
+    pub(crate) uniform_speed: bool,
     models: Interner,
     ids: Interner,
     taint_ids: Interner,
@@ -131,6 +141,7 @@ impl Fleet {
             }
             f.topology.push(t);
             f.capacity.push(s.capacity_blocks as f64);
+            f.throughput.push(s.throughput_weight.unwrap_or(0.0));
             let id = f.ids.intern(&s.id);
             f.id.push(id);
             f.names.push(s.id.clone());
@@ -180,6 +191,11 @@ impl Fleet {
         }
         self.cap_pos = order.iter().map(|&i| self.capacity[i as usize]).collect();
         self.topology_pos = order.iter().map(|&i| self.topology[i as usize]).collect();
+        self.cpu_pos = order.iter().map(|&i| self.cpu[i as usize]).collect();
+        self.throughput_pos = order.iter().map(|&i| self.throughput[i as usize]).collect();
+        self.ones = vec![1.0; n];
+        self.uniform_speed =
+            !self.cpu.iter().any(|&c| c) && self.throughput.iter().all(|&t| t == 0.0);
         self.order = order;
         self.pos = pos;
     }

@@ -4,13 +4,17 @@
 //!
 //! A pool is a contiguous range of fleet positions ([`Fleet::pool_range`]). Its costs
 //! go into a buffer in three steps:
-//! 1. every worker's cost from the [`Loads`] arrays and the request's overlap and
-//!    reuse columns ([`super::fill`], four workers per instruction where the CPU has
-//!    AVX2); a worker that is not live, busy or (`topology_policy = restrict`) outside
-//!    the domain gets +∞;
+//! 1. every worker's cost from the [`Loads`] arrays, the request's overlap and
+//!    reuse columns and the per-worker speed factors (`weigh_by_throughput`: the
+//!    fleet's all-ones column on an all-GPU fleet, else filled per stage)
+//!    ([`super::fill`], four workers per instruction where the CPU has AVX2); a
+//!    worker that is not live, busy or (`topology_policy = restrict`) outside the
+//!    domain gets +∞;
 //! 2. the suspect workers are recomputed with their overlap counted as zero;
 //! 3. selection over the buffer: temperature 0 counts the workers within
-//!    [`TIE_EPS`] of the minimum per chunk of 64 and takes the uniformly drawn k-th;
+//!    [`TIE_EPS`] of the minimum (or within `balance_slack` × minimum, when that is
+//!    larger) per chunk of 64 and takes the uniformly drawn k-th (with a slack: the
+//!    `(turn mod count)`-th, so near ties are taken in turn);
 //!    temperature T > 0 replaces each cost by its weight `exp(-(c - min) / ((max - min)
 //!    * T))`, sums per chunk, and takes the worker where the running sum crosses a
 //!    uniform draw times the total (p ∝ weight); all costs within `TIE_EPS` → uniform.
@@ -55,6 +59,10 @@ pub(crate) struct KvStage {
     pub busy: Option<f64>,
     pub topo: Topo,
     pub temperature: f64,
+    /// `balance_slack`, and the decision's turn among the tied workers
+    /// ([`super::RrState::ties`]).
+    pub slack: f64,
+    pub turn: u64,
 }
 
 /// Reusable buffers of the kernel.
@@ -62,6 +70,8 @@ pub(crate) struct KvStage {
 pub(crate) struct KernelScratch {
     cost: Vec<f64>,
     chunks: Vec<f64>,
+    /// Per-worker cost factors of a fleet with workers of different speeds.
+    slow: Vec<f64>,
 }
 
 /// Chooses a worker of `st`'s pool; returns its position, `None` if none is eligible.
@@ -87,7 +97,8 @@ pub(crate) fn kv_select(
     }
     let buf = &mut scratch.cost[..n];
     let sums = &mut scratch.chunks[..chunks];
-    let a = arrays(st, fleet, loads, req, r.clone());
+    let slow = slowness(&st.model, fleet, r.clone(), &mut scratch.slow);
+    let a = arrays(st, fleet, loads, req, r.clone(), slow);
     let mut m = fill(st, &a, buf);
 
     // Step 2: the suspect workers, whose overlap counts as zero, with the same
@@ -107,7 +118,8 @@ pub(crate) fn kv_select(
         } else {
             0.0
         };
-        let c = cm.scale * adj + decode + penalty(st.topo, a.topo[j]);
+        let s = a.slow.get(j).copied().unwrap_or(1.0);
+        let c = (cm.scale * adj + decode) * s + penalty(st.topo, a.topo[j]);
         let c = if c.is_finite() { c } else { f64::MAX };
         raised |= c > buf[j];
         buf[j] = c;
@@ -123,7 +135,7 @@ pub(crate) fn kv_select(
     if m == INF {
         return None;
     }
-    let j = choose(buf, sums, m, st.temperature, rng);
+    let j = choose(buf, sums, m, (st.temperature, st.slack, st.turn), rng);
     j.map(|j| r.start + j)
 }
 
@@ -132,15 +144,15 @@ fn choose(
     buf: &mut [f64],
     sums: &mut [f64],
     m: f64,
-    temperature: f64,
+    how: (f64, f64, u64),
     rng: &mut impl Rng,
 ) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     if super::avx2::available() {
         // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { choose_avx2(buf, sums, m, temperature, rng) };
+        return unsafe { choose_avx2(buf, sums, m, how, rng) };
     }
-    choose_portable(buf, sums, m, temperature, rng)
+    choose_portable(buf, sums, m, how, rng)
 }
 
 /// [`choose_portable`] compiled for AVX2: its loops (minimum and maximum, counting,
@@ -154,10 +166,10 @@ unsafe fn choose_avx2(
     buf: &mut [f64],
     sums: &mut [f64],
     m: f64,
-    temperature: f64,
+    how: (f64, f64, u64),
     rng: &mut impl Rng,
 ) -> Option<usize> {
-    choose_portable(buf, sums, m, temperature, rng)
+    choose_portable(buf, sums, m, how, rng)
 }
 
 #[inline(always)]
@@ -165,15 +177,17 @@ fn choose_portable(
     buf: &mut [f64],
     sums: &mut [f64],
     m: f64,
-    temperature: f64,
+    (temperature, slack, turn): (f64, f64, u64),
     rng: &mut impl Rng,
 ) -> Option<usize> {
     if temperature > 0.0 {
         softmax(buf, sums, temperature, rng)
     } else {
-        let thr = m + TIE_EPS;
+        let thr = super::pick::tie_bound(m, slack);
         let count = count_chunks(buf, sums, |c| c <= thr);
-        let k = if count > 1 {
+        let k = if slack > 0.0 && count > 0 {
+            (turn % u64::from(count)) as u32
+        } else if count > 1 {
             rng.random_range(0..count)
         } else {
             0
@@ -191,6 +205,27 @@ fn penalty(t: Topo, topo: u32) -> f64 {
     }
 }
 
+/// The cost factors of the workers of pool `r`: the fleet's ones when every worker
+/// runs at GPU speed (or speeds are not weighed), else `buf` filled with
+/// [`CostModel::slowness`] (grown to the pool once, then reused).
+fn slowness<'a>(
+    cm: &CostModel,
+    fleet: &'a Fleet,
+    r: Range<usize>,
+    buf: &'a mut Vec<f64>,
+) -> &'a [f64] {
+    if fleet.uniform_speed || !cm.weigh {
+        return fleet.ones.get(r).unwrap_or_default();
+    }
+    let (Some(cpu), Some(tput)) = (fleet.cpu_pos.get(r.clone()), fleet.throughput_pos.get(r))
+    else {
+        return &[];
+    };
+    buf.clear();
+    buf.extend(cpu.iter().zip(tput).map(|(&c, &t)| cm.slowness(c, t)));
+    buf
+}
+
 /// The per-worker inputs of the pool `r` under the configuration of `st`.
 fn arrays<'a>(
     st: &KvStage,
@@ -198,6 +233,7 @@ fn arrays<'a>(
     loads: &'a Loads,
     req: &'a Hits,
     r: Range<usize>,
+    slow: &'a [f64],
 ) -> Arrays<'a> {
     let cm = &st.model;
     let z = &loads.zeros[r.clone()];
@@ -223,6 +259,7 @@ fn arrays<'a>(
         gate: &loads.gate[r.clone()],
         cap: &fleet.cap_pos[r.clone()],
         topo: &fleet.topology_pos[r.clone()],
+        slow,
         cols: req.columns().slice(r),
     }
 }

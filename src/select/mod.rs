@@ -138,6 +138,8 @@ impl WorkerRow<'_> {
             reuse_blocks: self.reuse_blocks,
             load: self.load,
             blocks_unique: self.blocks_unique,
+            cpu: self.spec.device == crate::types::DeviceClass::Cpu,
+            throughput: self.spec.throughput_weight.unwrap_or(0.0),
         }
     }
 }
@@ -152,6 +154,10 @@ pub(crate) struct Fig {
     pub reuse_blocks: u32,
     pub load: LoadFigures,
     pub blocks_unique: f64,
+    /// The worker is a CPU worker (its speed for `weigh_by_throughput`).
+    pub cpu: bool,
+    /// Its declared `throughput_weight`, 0 when it declares none.
+    pub throughput: f64,
 }
 
 /// The workers of a decision, row by row (the row-by-row path of `pick`, `explain`).

@@ -8,7 +8,9 @@
 //! second pass instead of collecting candidates), so selection allocates nothing:
 //! - `kv`, temperature 0: argmin of cost; ties (|Δ| < [`TIE_EPS`]) are broken
 //!   uniformly at random by reservoir sampling (the k-th tied worker replaces the
-//!   current pick with probability 1/k).
+//!   current pick with probability 1/k). With `balance_slack` s > 0: pass 1 finds the
+//!   minimum m, pass 2 counts the workers with cost ≤ m + max(TIE_EPS, s·m), pass 3
+//!   takes the `(RrState::ties mod count)`-th of them, as the kernel does.
 //! - `kv`, temperature T > 0: pass 1 finds min and max cost; pass 2 samples with
 //!   p ∝ exp(-x / T), x = (cost - min) / (max - min), by weighted reservoir sampling
 //!   (keep worker i with probability w_i / Σ_{j≤i} w_j). All costs equal → uniform.
@@ -31,6 +33,12 @@ use rand::Rng;
 
 /// Costs closer than this are a tie.
 pub(crate) const TIE_EPS: f64 = 1e-9;
+
+/// Highest cost tied with the minimum `m` under `balance_slack` `slack`.
+#[inline]
+pub(crate) fn tie_bound(m: f64, slack: f64) -> f64 {
+    m + TIE_EPS.max(slack * m)
+}
 
 /// The worker chosen by one stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +66,8 @@ pub(crate) struct StageRun<'a> {
     pub mode: Mode,
     /// Softmax temperature (0 = argmin).
     pub temperature: f64,
+    /// `balance_slack`: relative tie tolerance of the argmin.
+    pub slack: f64,
     /// Throughput of a non-CPU worker relative to a CPU one (`device-aware-weighted`).
     pub cuda_to_cpu_ratio: f64,
 }
@@ -222,6 +232,8 @@ fn kv_stage(run: &StageRun) -> Option<KvStage> {
         busy: f.busy.map(|(t, _)| t),
         topo,
         temperature: run.temperature,
+        slack: run.slack,
+        turn: 0,
     })
 }
 
@@ -232,11 +244,13 @@ pub(crate) fn run_stage<R: Rows + ?Sized>(
     rows: &R,
     dense: &mut Dense,
     rng: &mut impl Rng,
-    rr_counter: u64,
+    rr: super::RrState,
     stats: &mut ScanStats,
 ) -> Outcome {
+    let rr_counter = rr.counter;
     let filter = &run.filter;
-    if let Some(st) = kv_stage(run) {
+    if let Some(mut st) = kv_stage(run) {
+        st.turn = rr.ties;
         let fleet = filter.fleet;
         if filter.split != 0 && fleet.is_split(filter.model) {
             return Outcome::Split;
@@ -255,6 +269,39 @@ pub(crate) fn run_stage<R: Rows + ?Sized>(
     let picked = match run.mode {
         Mode::Kv if run.temperature > 0.0 => {
             return softmax(run, rows, rng, stats);
+        }
+        Mode::Kv if run.slack > 0.0 => {
+            // Pass 1: the minimum; pass 2: a uniform pick among the costs tied with it.
+            let mut lo = f64::INFINITY;
+            let ok = survey(filter, rows, stats, |index, row, _| {
+                lo = lo.min(run.scorer.cost(index, row));
+            });
+            if !ok {
+                return Outcome::Split;
+            }
+            // Pass 2 counts the workers tied with it, pass 3 takes the `ties`-th in
+            // turn (as the kernel does).
+            let thr = tie_bound(lo, run.slack);
+            let mut count = 0u64;
+            each_eligible(filter, rows, |index, row, _| {
+                count += u64::from(run.scorer.cost(index, row) <= thr);
+                false
+            });
+            let k = if count > 0 { rr.ties % count } else { 0 };
+            let mut seen = 0u64;
+            let mut out = None;
+            each_eligible(filter, rows, |index, row, dp_rank| {
+                if run.scorer.cost(index, row) > thr {
+                    return false;
+                }
+                if seen == k {
+                    out = Some(Pick { index, dp_rank });
+                    return true;
+                }
+                seen += 1;
+                false
+            });
+            out
         }
         Mode::Kv => {
             let mut m = MinTies::new();

@@ -255,6 +255,12 @@ async fn route_prepared(
         } else {
             0
         },
+        // The `balance_slack` turn among tied workers, service-wide like the cursor.
+        ties: if cfg.balance_slack > 0.0 && mode != Mode::RoundRobin {
+            sh.rr.fetch_add(1, Ordering::Relaxed)
+        } else {
+            0
+        },
     };
     let decided: Result<Decision, RouteError> = VIEW.with(|c| {
         let mut c = c.borrow_mut();

@@ -32,6 +32,7 @@ pub(super) fn example_hello() -> EventMsg {
             topology: String::new(),
             capacity_blocks: 1024,
             epoch: 1,
+            throughput_weight: None,
         },
     })
 }

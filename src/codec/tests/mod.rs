@@ -76,6 +76,7 @@ pub(super) fn full_spec() -> WorkerSpec {
         topology: "rack-3".into(),
         capacity_blocks: 123_456,
         epoch: 9,
+        throughput_weight: None,
     }
 }
 

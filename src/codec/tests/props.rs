@@ -43,6 +43,7 @@ fn spec() -> impl Strategy<Value = WorkerSpec> {
                 topology: topo,
                 capacity_blocks: cap,
                 epoch,
+                throughput_weight: None,
             },
         )
 }

@@ -27,7 +27,7 @@ fn worked_example_costs_exactly() {
         .collect();
     assert_eq!(
         got,
-        vec![(8.0, 10.0, 18.0), (5.0, 5.0, 10.0), (2.0, 9.0, 11.0)]
+        vec![(8.0, 20.0, 28.0), (5.0, 15.0, 20.0), (2.0, 19.0, 21.0)]
     );
     for w in &ws {
         assert_eq!(terms(&cfg, req10(), w).prefill_blocks, 10.0);
@@ -35,15 +35,116 @@ fn worked_example_costs_exactly() {
 }
 
 #[test]
+fn cached_prefix_is_credited_once_not_twice() {
+    // A worker holding 6 of the 10 blocks on device, nothing active: the prefill term
+    // credits the 6 blocks; the decode term still counts all 10 (the request pins
+    // them). Blocks of an *active* request are not counted twice.
+    let w = W::new("a").dev(6);
+    let t = terms(&RouterConfig::default(), req10(), &w);
+    assert_eq!(
+        (t.adjusted_prefill, t.decode_blocks, t.cost),
+        (4.0, 10.0, 14.0)
+    );
+    let w = W::new("a").dev(6).unique(6.0).reuse(6);
+    let t = terms(&RouterConfig::default(), req10(), &w);
+    assert_eq!(
+        (t.adjusted_prefill, t.decode_blocks, t.cost),
+        (4.0, 10.0, 14.0)
+    );
+}
+
+#[test]
+fn knob_assume_device_reuse_keeps_the_earlier_form() {
+    let cfg = RouterConfig {
+        assume_device_reuse: true,
+        ..Default::default()
+    };
+    let w = W::new("a").dev(6);
+    let t = terms(&cfg, req10(), &w);
+    assert_eq!(
+        (t.adjusted_prefill, t.decode_blocks, t.cost),
+        (4.0, 4.0, 8.0)
+    );
+    let got: Vec<f64> = worked_example_device_reuse()
+        .iter()
+        .map(|w| terms(&cfg, req10(), w).cost)
+        .collect();
+    assert_eq!(got, vec![18.0, 10.0, 11.0]);
+    let d = Case::new()
+        .cfg(|c| c.assume_device_reuse = true)
+        .decide(&worked_example_device_reuse())
+        .unwrap();
+    assert_eq!((d.decode_worker, d.cost), (1, 10.0));
+    // Without assume_kv_reuse the knob changes nothing.
+    let off = RouterConfig {
+        assume_kv_reuse: false,
+        ..cfg
+    };
+    assert_eq!(
+        terms(&off, req10(), &W::new("a").dev(6)).decode_blocks,
+        10.0
+    );
+}
+
+#[test]
+fn cost_weighs_by_device_throughput() {
+    let cfg = RouterConfig::default();
+    // A CPU worker: the same work costs cuda_to_cpu_ratio (8) times more.
+    let gpu = terms(&cfg, req10(), &W::new("g").unique(4.0));
+    let cpu = terms(&cfg, req10(), &W::new("c").cpu().unique(4.0));
+    assert_eq!(gpu.cost, 24.0);
+    assert_eq!(cpu.cost, 8.0 * 24.0);
+    assert_eq!(cpu.decode_blocks, gpu.decode_blocks, "terms stay in blocks");
+    let ratio = RouterConfig {
+        cuda_to_cpu_ratio: 2.0,
+        ..cfg.clone()
+    };
+    assert_eq!(terms(&ratio, req10(), &W::new("c").cpu()).cost, 40.0);
+    // A declared throughput wins over the device class.
+    let mut w = W::new("half").cpu();
+    w.spec.throughput_weight = Some(0.5);
+    assert_eq!(terms(&cfg, req10(), &w).cost, 40.0);
+    let mut w = W::new("fast");
+    w.spec.throughput_weight = Some(2.0);
+    assert_eq!(terms(&cfg, req10(), &w).cost, 10.0);
+    // Off: blocks only, as before.
+    let off = RouterConfig {
+        weigh_by_throughput: false,
+        ..cfg
+    };
+    assert_eq!(terms(&off, req10(), &W::new("c").cpu()).cost, 20.0);
+}
+
+#[test]
+fn kv_prefers_a_busier_gpu_over_an_idle_cpu_worker_until_8x() {
+    // GPU with 100 active blocks: 10 + 110 = 120; idle CPU: 8 * 20 = 160 → GPU.
+    let ws = vec![W::new("g").unique(100.0), W::new("c").cpu()];
+    let d = Case::new().explain().decide(&ws).unwrap();
+    assert_eq!(d.decode_worker, 0);
+    let costs: Vec<f64> = d.candidates.iter().map(|e| e.cost).collect();
+    assert_eq!(costs, vec![120.0, 160.0]);
+    // GPU with 200 active blocks: 220 > 160 → CPU.
+    let ws = vec![W::new("g").unique(200.0), W::new("c").cpu()];
+    assert_eq!(Case::new().decide(&ws).unwrap().decode_worker, 1);
+    // Without the weighing the idle CPU worker wins at once.
+    let ws = vec![W::new("g").unique(100.0), W::new("c").cpu()];
+    let d = Case::new()
+        .cfg(|c| c.weigh_by_throughput = false)
+        .decide(&ws)
+        .unwrap();
+    assert_eq!(d.decode_worker, 1);
+}
+
+#[test]
 fn worked_example_chooses_w2() {
     let d = Case::new().explain().decide(&worked_example()).unwrap();
     assert_eq!(d.decode_worker, 1);
-    assert_eq!(d.cost, 10.0);
+    assert_eq!(d.cost, 20.0);
     assert_eq!(d.overlap.device, 5);
     assert_eq!(d.fallback, Fallback::None);
     assert_eq!(d.prefill_worker, None);
     let costs: Vec<f64> = d.candidates.iter().map(|e| e.cost).collect();
-    assert_eq!(costs, vec![18.0, 10.0, 11.0]);
+    assert_eq!(costs, vec![28.0, 20.0, 21.0]);
     assert!(d.candidates.iter().all(|e| e.stage == Stage::Aggregated));
 }
 
@@ -58,8 +159,11 @@ fn knob_overlap_score_credit() {
     assert_eq!(terms(&full, req10(), &w).adjusted_prefill, 6.0);
     assert_eq!(terms(&half, req10(), &w).adjusted_prefill, 8.0);
     // Credit 0 turns the choice from the cached worker to the lighter one.
-    // cached: 2 + (12 + 2) = 16 < light 10 + 10; with credit 0: 10 + 14 = 24 > 20.
-    let ws = vec![W::new("cached").dev(8).unique(12.0), W::new("light")];
+    // cached: 2 + (8 + 10) = 20 < light 10 + 10 + 1; with credit 0: 10 + 18 = 28 > 21.
+    let ws = vec![
+        W::new("cached").dev(8).unique(8.0),
+        W::new("light").unique(1.0),
+    ];
     assert_eq!(Case::new().decide(&ws).unwrap().decode_worker, 0);
     let d = Case::new()
         .cfg(|c| c.overlap_score_credit = 0.0)
@@ -103,8 +207,8 @@ fn adjusted_prefill_floors_at_zero() {
     let w = W::new("a").dev(30).unique(4.0);
     let t = terms(&RouterConfig::default(), req10(), &w);
     assert_eq!(t.adjusted_prefill, 0.0);
-    // Decode blocks only: the whole prompt is already on device, nothing is added.
-    assert_eq!(t.cost, 4.0);
+    // Decode blocks only: active 4 plus the 10 blocks the request pins.
+    assert_eq!(t.cost, 14.0);
 }
 
 #[test]
@@ -114,8 +218,8 @@ fn knob_prefill_load_scale() {
         prefill_load_scale: 2.0,
         ..Default::default()
     };
-    // 2 * 8 + (3 + 10 - 2): the 2 cached blocks are not added again.
-    assert_eq!(terms(&cfg, req10(), &w).cost, 27.0);
+    // 2 * 8 + (3 + 10): cached blocks the request pins are decode load.
+    assert_eq!(terms(&cfg, req10(), &w).cost, 29.0);
 }
 
 #[test]

@@ -225,7 +225,10 @@ fn request_mode_drives_both_stages() {
     // Round-robin: both stages use the same cursor value, which advances once.
     let case = Case::new().mode(Mode::RoundRobin);
     let mut rng = SmallRng::seed_from_u64(1);
-    let mut rr = RrState { counter: 1 };
+    let mut rr = RrState {
+        counter: 1,
+        ..Default::default()
+    };
     let dec = case.decide_with(&ws, &mut rng, &mut rr).unwrap();
     assert_eq!((dec.prefill_worker, dec.decode_worker), (Some(1), 3));
     assert_eq!(rr.counter, 2);
@@ -316,4 +319,19 @@ fn explain_records_both_stages() {
         (dec.rejected[0].worker, dec.rejected[0].stage),
         (4, Stage::Decode)
     );
+}
+
+#[test]
+fn prefill_stage_counts_queued_prompts_despite_aggregated_tuning() {
+    // p0 caches 8 of 10 blocks but has 40 blocks of prompts queued; p1 is idle.
+    let ws = vec![p("p0").dev(8).queued(5_120.0), p("p1"), d("d")];
+    let tuned = Case::new().cfg(|c| {
+        c.prefill_load_scale = 8.0;
+        c.track_prefill_tokens = false;
+    });
+    // p0: 8 * (50 - 8) = 336 > p1: 8 * 10 = 80.
+    assert_eq!(tuned.decide(&ws).unwrap().prefill_worker, Some(1));
+    // The pre-issue-15 behaviour, per stage: queue-blind prefill piles onto p0.
+    let blind = tuned.cfg(|c| c.prefill_stage_track_prefill_tokens = Some(false));
+    assert_eq!(blind.decide(&ws).unwrap().prefill_worker, Some(0));
 }

@@ -12,8 +12,26 @@ fn with_costs(costs: &[f64]) -> Vec<W> {
         .collect()
 }
 
+/// Exact ties (`balance_slack` 0): the tie-break tests below are about `TIE_EPS`.
 fn empty_prompt() -> Case {
-    Case::new().req(0)
+    Case::new().req(0).cfg(|c| c.balance_slack = 0.0)
+}
+
+#[test]
+fn balance_slack_takes_near_ties_in_turn() {
+    // Slack 0.05 of the minimum 100: 100 and 104 are tied, 106 and 110 are not.
+    let ws = with_costs(&[104.0, 110.0, 100.0, 106.0]);
+    let case = Case::new().req(0).cfg(|c| c.balance_slack = 0.05);
+    let f = case.frequencies(&ws, 200, 1);
+    assert_eq!(f, vec![100, 0, 100, 0], "in turn, not by chance");
+    // The same through the row-by-row path (an allow-list keeps the kernel out).
+    let rows = case
+        .clone()
+        .filters(|f| f.allow = Some(vec!["w0".into(), "w1".into(), "w2".into(), "w3".into()]));
+    assert_eq!(rows.frequencies(&ws, 200, 1), vec![100, 0, 100, 0]);
+    // Slack 0: only the minimum.
+    let exact = Case::new().req(0).cfg(|c| c.balance_slack = 0.0);
+    assert_eq!(exact.frequencies(&ws, 50, 1), vec![0, 0, 50, 0]);
 }
 
 #[test]
@@ -163,7 +181,10 @@ fn mode_round_robin_cycles_over_eligible_workers() {
         .collect();
     assert_eq!(seq, vec![0, 1, 3, 0, 1, 3]);
     assert_eq!(rr.counter, 6);
-    let mut rr = RrState { counter: 4 };
+    let mut rr = RrState {
+        counter: 4,
+        ..Default::default()
+    };
     let d = case.decide_with(&ws, &mut rng, &mut rr).unwrap();
     assert_eq!(d.decode_worker, 1);
     assert_eq!(rr.counter, 5);
@@ -173,7 +194,10 @@ fn mode_round_robin_cycles_over_eligible_workers() {
 fn round_robin_cursor_untouched_by_other_modes_and_errors() {
     let ws = vec![W::new("a").dead()];
     let mut rng = SmallRng::seed_from_u64(1);
-    let mut rr = RrState { counter: 3 };
+    let mut rr = RrState {
+        counter: 3,
+        ..Default::default()
+    };
     let rrcase = Case::new().mode(Mode::RoundRobin);
     assert!(rrcase.decide_with(&ws, &mut rng, &mut rr).is_err());
     let ws = vec![W::new("a")];
@@ -192,7 +216,7 @@ fn mode_direct_needs_a_pin_and_takes_the_pinned_worker() {
         .decide(&ws)
         .unwrap();
     assert_eq!(d.decode_worker, 0);
-    assert_eq!(d.cost, 18.0, "kv cost still reported");
+    assert_eq!(d.cost, 28.0, "kv cost still reported");
     let err = direct
         .filters(|f| f.pin = Some("nope".into()))
         .decide(&ws)
