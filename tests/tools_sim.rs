@@ -9,32 +9,14 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Command;
 
-const SLICE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/data/mooncake_slice.jsonl"
-);
+use common::sim::SLICE;
 
 fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("kvroute-tools-{}-{name}", std::process::id()))
+    common::sim::tmp("tools", name)
 }
 
 fn sim(args: &[&str]) -> (String, Value) {
-    let json = tmp(&format!("{}.json", args[0]));
-    let out = Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))
-        .args(args)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "kvroute-sim {args:?} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
-    (stdout, v)
+    common::sim::run_json("tools", args[0], args)
 }
 
 fn check_sane(r: &Value, n: u64) {

@@ -9,13 +9,15 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const SLICE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/data/mooncake_slice.jsonl"
-);
+use common::sim::SLICE;
 
 fn tmp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("kvroute-tune-{}-{name}", std::process::id()))
+    common::sim::tmp("tune", name)
+}
+
+/// Runs kvroute-sim with `--json`, asserting success; stdout and the JSON.
+fn sim(name: &str, args: &[&str]) -> (String, Value) {
+    common::sim::run_json("tune", name, args)
 }
 
 fn sim_raw(args: &[&str]) -> Output {
@@ -23,26 +25,6 @@ fn sim_raw(args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-/// Runs kvroute-sim with `--json`, asserting success; stdout and the JSON.
-fn sim(name: &str, args: &[&str]) -> (String, Value) {
-    let json = tmp(&format!("{name}.json"));
-    let out = Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))
-        .args(args)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "kvroute-sim {args:?} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&json);
-    (stdout, v)
 }
 
 fn score(v: &Value) -> f64 {

@@ -4,6 +4,7 @@
 
 pub mod ident;
 pub mod raw;
+pub mod sim;
 pub mod ui;
 
 use serde_json::Value;
