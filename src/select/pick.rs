@@ -138,9 +138,22 @@ fn each_eligible<R: Rows + ?Sized>(
 
 /// The `k`-th (0-based) eligible row.
 fn nth_eligible<R: Rows + ?Sized>(filter: &StageFilter, rows: &R, k: u32) -> Option<Pick> {
-    let mut seen = 0u32;
+    nth_eligible_where(filter, rows, u64::from(k), |_, _| true)
+}
+
+/// The `k`-th (0-based) eligible row among those `keep` accepts.
+fn nth_eligible_where<R: Rows + ?Sized>(
+    filter: &StageFilter,
+    rows: &R,
+    k: u64,
+    mut keep: impl FnMut(usize, &Fig) -> bool,
+) -> Option<Pick> {
+    let mut seen = 0u64;
     let mut out = None;
-    each_eligible(filter, rows, |index, _, dp_rank| {
+    each_eligible(filter, rows, |index, row, dp_rank| {
+        if !keep(index, row) {
+            return false;
+        }
         if seen == k {
             out = Some(Pick { index, dp_rank });
             return true;
@@ -288,20 +301,9 @@ pub(crate) fn run_stage<R: Rows + ?Sized>(
                 false
             });
             let k = if count > 0 { rr.ties % count } else { 0 };
-            let mut seen = 0u64;
-            let mut out = None;
-            each_eligible(filter, rows, |index, row, dp_rank| {
-                if run.scorer.cost(index, row) > thr {
-                    return false;
-                }
-                if seen == k {
-                    out = Some(Pick { index, dp_rank });
-                    return true;
-                }
-                seen += 1;
-                false
-            });
-            out
+            nth_eligible_where(filter, rows, k, |index, row| {
+                run.scorer.cost(index, row) <= thr
+            })
         }
         Mode::Kv => {
             let mut m = MinTies::new();
