@@ -14,7 +14,8 @@
 //!   in `index`);
 //! - tracked requests equal the model's; a worker with no request decoding on it has
 //!   zero `active_requests` and `decode_blocks`, one with none in prefill on it has zero
-//!   `prefill_tokens`; a decision's overlap never exceeds the blocks the model holds.
+//!   `prefill_tokens`; a decision's overlap never exceeds the blocks the model holds
+//!   (plus, with speculative indexing, the blocks of prompts routed to that worker).
 //!
 //! At the end every tracked request is finished, after which every worker's load must be
 //! exactly zero (no leaked load).
@@ -42,6 +43,10 @@ struct ModelWorker {
     /// Total cap (capacity clamped by the engine limit).
     cap: u64,
     blocks: BTreeSet<(u64, u8)>,
+    /// Every block of a prompt routed to this worker since it registered (or since its
+    /// epoch changed): a superset of the blocks speculative indexing may credit to it
+    /// before its events confirm them (`index::pending`).
+    routed: BTreeSet<u64>,
 }
 
 #[derive(Debug)]
@@ -83,6 +88,7 @@ impl Model {
     fn forget(&mut self, id: &str) {
         if let Some(w) = self.workers.get_mut(id) {
             w.blocks.clear();
+            w.routed.clear();
         }
         self.reqs.retain(|_, r| r.decode != id);
         for r in self.reqs.values_mut() {
@@ -92,14 +98,17 @@ impl Model {
         }
     }
 
-    /// Longest prefix of `hashes` the worker holds in any tier.
+    /// Longest prefix of `hashes` the worker holds in any tier, or may hold
+    /// speculatively (a block of a prompt routed to it).
     fn prefix(&self, id: &str, hashes: &[u64]) -> usize {
         let Some(w) = self.workers.get(id) else {
             return 0;
         };
         hashes
             .iter()
-            .take_while(|&&h| (0..3u8).any(|t| w.blocks.contains(&(h, t))))
+            .take_while(|&&h| {
+                w.routed.contains(&h) || (0..3u8).any(|t| w.blocks.contains(&(h, t)))
+            })
             .count()
     }
 
@@ -116,6 +125,14 @@ impl Model {
             d.overlap
         );
         let prefill_on = d.prefill_worker.clone().unwrap_or(d.decode_worker.clone());
+        for w in [Some(&d.decode_worker), d.prefill_worker.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(mw) = self.workers.get_mut(w) {
+                mw.routed.extend(hashes.iter().copied());
+            }
+        }
         self.reqs.insert(
             id.to_string(),
             ModelReq {
@@ -150,6 +167,7 @@ fn engine(u: &mut Unstructured) -> Result<(Engine, Model)> {
         prefill_load_model: *pick(u, &[PrefillLoadModel::Full, PrefillLoadModel::Predicted])?,
         router_temperature: *pick(u, &[0.0, 0.5])?,
         predictor_min_samples: 2,
+        speculative_ttl_ms: *pick(u, &[0, 2_000])?,
         ..RouterConfig::default()
     };
     let limits = EngineLimits {
@@ -203,6 +221,7 @@ fn step(u: &mut Unstructured, e: &mut Engine, m: &mut Model, now: &mut u64) -> R
                 epoch,
                 cap,
                 blocks: BTreeSet::new(),
+                routed: BTreeSet::new(),
             });
             mw.epoch = epoch;
             mw.cap = cap;
