@@ -60,9 +60,10 @@ fn serve(settings: kvroute::settings::Settings) -> ExitCode {
     if let Some(sig) = signals.forever().next() {
         eprintln!("kvroute: signal {sig}, shutting down");
     }
+    let t0 = std::time::Instant::now();
     match running.shutdown() {
         Ok(()) => {
-            eprintln!("kvroute: stopped");
+            eprintln!("kvroute: stopped in {} ms", t0.elapsed().as_millis());
             ExitCode::SUCCESS
         }
         // Distinct from 2 (could not start): served, but the state was not saved.

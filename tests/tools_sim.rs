@@ -66,29 +66,34 @@ fn realtime_run_through_the_real_service() {
 
 #[test]
 fn restart_mid_run_keeps_hits_and_loses_only_decisions_made_while_down() {
-    let (stdout, v) = sim(&[
-        "run",
-        "--trace",
-        SLICE,
-        "--limit",
-        "200",
-        "--workers",
-        "4",
-        "--time-scale",
-        "10",
-        "--spawn-router",
-        env!("CARGO_BIN_EXE_kvroute"),
-        "--restart-at-secs",
-        "30",
-        "--window-secs",
-        "25",
-        "--no-progress",
-    ]);
-    // Model time runs x10: 60 s of trace in 6 s of wall time, the restart at 3 s.
+    let (stdout, log, v) = common::sim::run_json_logged(
+        "tools",
+        "restart",
+        &[
+            "run",
+            "--trace",
+            SLICE,
+            "--limit",
+            "200",
+            "--workers",
+            "4",
+            "--time-scale",
+            "5",
+            "--spawn-router",
+            env!("CARGO_BIN_EXE_kvroute"),
+            "--restart-at-secs",
+            "30",
+            "--window-secs",
+            "25",
+            "--no-progress",
+        ],
+    );
+    // Model time runs x5: 60 s of trace in 12 s of wall time, the restart at 6 s, so a
+    // restart slowed by a loaded machine still leaves ~6 s of requests after it.
     let r = &v["reports"][0];
     let st = &v["pacing"][0]["restart"];
-    assert!(st["at_us"].as_u64().is_some(), "{st}");
-    assert!(st["back_at_us"].as_u64().is_some(), "{st}");
+    assert!(st["at_us"].as_u64().is_some(), "{st}\n{log}");
+    assert!(st["back_at_us"].as_u64().is_some(), "{st}\n{log}");
     // The only errors are the route calls made while the router was down; every
     // lifecycle call held meanwhile was accepted by the restarted router (it restored
     // the in-flight requests), and every routed request finished.
@@ -102,8 +107,8 @@ fn restart_mid_run_keeps_hits_and_loses_only_decisions_made_while_down() {
     assert_eq!(st["replay_failures"], 0, "{st}");
     assert_eq!(r["finished"].as_u64().unwrap() + lost, 200, "{r}");
     // About 100 requests arrive after 30 s: some were routed by the restarted router
-    // (the downtime, shutdown plus start, is well under the 3 s of wall time left).
-    assert!(lost < 100, "{st}");
+    // (the downtime, shutdown plus start, is well under the 6 s of wall time left).
+    assert!(lost < 100, "{st}\n{log}");
     assert!(stdout.contains("restart at 30.0 s"), "{stdout}");
     assert!(r["hit_rate"].as_f64().unwrap() > 0.01, "{r}");
 }

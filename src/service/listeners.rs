@@ -63,6 +63,21 @@ impl Bound {
     }
 }
 
+impl Bound {
+    /// Stops listening on every address, for every core at once (the cores' duplicates
+    /// share these sockets): new connections are refused from here on, and the ports
+    /// are free for a restarted router even before this process is gone. Closing the
+    /// descriptors would not do that: a core's pending io_uring `accept` holds its own
+    /// reference to the socket, and the kernel drops that reference only when the ring
+    /// is torn down, asynchronously after the process exits; until then the old socket
+    /// kept listening and a restart failed with "address in use" (seen under load).
+    pub fn stop_listening(&self) {
+        for l in &self.listeners {
+            let _ = socket2::SockRef::from(l).shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
 /// One core's duplicates, `Send` until they are turned into glommio listeners on that
 /// core's executor.
 pub struct CoreListeners {
@@ -134,5 +149,28 @@ mod tests {
         sk.set_reuse_port(true).unwrap();
         assert!(sk.bind(&a.into()).is_err());
         let _dups = b.for_core().unwrap();
+    }
+
+    #[test]
+    fn stop_listening_frees_the_ports_while_duplicates_are_open() {
+        let b = Bound::bind("127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0").unwrap();
+        let addrs = b.addrs().unwrap();
+        // A core's duplicate (or an io_uring reference) outlives the stop.
+        let dups = b.for_core().unwrap();
+        b.stop_listening();
+        for a in addrs {
+            assert!(
+                std::net::TcpStream::connect(a).is_err(),
+                "{a} still accepts"
+            );
+        }
+        // A restarted router binds the same addresses at once.
+        let again = Bound::bind(
+            &addrs[0].to_string(),
+            &addrs[1].to_string(),
+            &addrs[2].to_string(),
+        );
+        assert!(again.is_ok(), "{:?}", again.err());
+        drop(dups);
     }
 }

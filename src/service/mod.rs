@@ -86,6 +86,9 @@ pub struct Running {
     engines: Vec<std::thread::JoinHandle<()>>,
     /// The state dir's lock (`state_dir::StateDir`), held until the process exits.
     _state_lock: Option<std::fs::File>,
+    /// The listening sockets (every core accepts on duplicates), stopped first thing at
+    /// shutdown (`listeners::Bound::stop_listening`).
+    listeners: listeners::Bound,
 }
 
 impl Running {
@@ -102,6 +105,7 @@ impl Running {
     fn stop(mut self, snapshot: bool) -> Result<(), String> {
         let mut result = Ok(());
         self.shared.stopping.store(true, Ordering::SeqCst);
+        self.listeners.stop_listening();
         if let Some(t) = self.snapshotter.take() {
             let _ = t.join();
         }
@@ -113,6 +117,10 @@ impl Running {
                 && t0.elapsed() < Duration::from_secs(2)
             {
                 std::thread::sleep(Duration::from_millis(1));
+            }
+            let left = self.shared.inflight.load(Ordering::SeqCst);
+            if left > 0 {
+                eprintln!("kvroute: shutdown: {left} calls still running after 2 s; snapshot taken without them");
             }
             match persist::take_recorded(&self.shared, std::path::Path::new(dir)) {
                 Ok(t) => eprintln!(
@@ -263,7 +271,6 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         }
     }
     drop(ready_tx);
-    drop(bound);
     for _ in 0..handles.len() {
         match ready_rx.recv_timeout(Duration::from_secs(30)) {
             Ok(Ok(())) => {}
@@ -281,6 +288,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         snapshotter: None,
         engines: Vec::new(),
         _state_lock: state.lock,
+        listeners: bound,
     };
     if let Some(e) = first_err {
         let _ = running.stop(false);
@@ -327,6 +335,8 @@ async fn accept_loop<F, Fut>(
     loop {
         let stream = match l.accept().await {
             Ok(s) => s,
+            // Stopped listening (shutdown), or a transient error (EMFILE...).
+            Err(_) if core.shared.stopping.load(Ordering::Relaxed) => break,
             Err(_) => {
                 glommio::timer::sleep(Duration::from_millis(5)).await;
                 continue;

@@ -9,6 +9,9 @@ use kvroute::sim::{hit_rate_between, Report, RouterRestart};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// Further attempts at starting the restarted router after a failed one.
+const START_RETRIES: usize = 10;
+
 /// Restarts a spawned router (see the module docs).
 pub struct SpawnedRestart {
     pub bin: String,
@@ -52,8 +55,22 @@ impl RouterRestart for SpawnedRestart {
         std::thread::spawn(move || {
             // Dropping the old router sends SIGTERM and waits for it to exit.
             let old = current.lock().ok().and_then(|mut c| c.take());
+            let t0 = std::time::Instant::now();
             drop(old);
-            match Spawned::start_on(&bin, mode, &knobs, &extra, &ports) {
+            let stopped_ms = t0.elapsed().as_millis();
+            if stopped_ms > 1000 {
+                eprintln!("kvroute-sim: the router took {stopped_ms} ms to stop");
+            }
+            // A start can fail for a moment after the stop (a port still held); retry a
+            // few times before giving up.
+            let mut started = Spawned::start_on(&bin, mode, &knobs, &extra, &ports);
+            for _ in 0..START_RETRIES {
+                let Err(e) = &started else { break };
+                eprintln!("kvroute-sim: restarting the router: {e}; retrying");
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                started = Spawned::start_on(&bin, mode, &knobs, &extra, &ports);
+            }
+            match started {
                 Ok(s) => {
                     if let Ok(mut c) = current.lock() {
                         *c = Some(s);

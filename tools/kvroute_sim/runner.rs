@@ -218,7 +218,7 @@ impl Spawned {
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(|e| format!("spawn {bin}: {e}"))?;
-        let s = Spawned {
+        let mut s = Spawned {
             child,
             addrs: RouterAddrs {
                 api,
@@ -228,10 +228,21 @@ impl Spawned {
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !listening(&s.addrs.api) {
+            // A router that exited (e.g. it could not bind a port) fails the start now,
+            // with its exit status, instead of after the whole wait.
+            if let Ok(Some(status)) = s.child.try_wait() {
+                return Err(format!("{bin} exited during start ({status})"));
+            }
             if Instant::now() > deadline {
                 return Err(format!("{bin} did not start listening on {}", s.addrs.api));
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+        // The port answered; make sure it was this router (a stopped router's socket
+        // can linger a moment) and that it is still running.
+        std::thread::sleep(Duration::from_millis(50));
+        if let Ok(Some(status)) = s.child.try_wait() {
+            return Err(format!("{bin} exited during start ({status})"));
         }
         Ok(s)
     }
