@@ -13,7 +13,9 @@
 //!   unfinished future of its segment on each wake-up).
 //!
 //! Answers keep frame order (the protocol allows any order; keeping it is free here).
-//! [`segments`] is pure; [`join_all`] polls a segment's futures on the current task.
+//! [`segments`] is pure; [`join_all`] polls a segment's futures on the current task, and
+//! [`join_two`] does so for the common pair (a route and the previous request's finish)
+//! without allocating.
 
 use std::future::Future;
 use std::pin::Pin;
