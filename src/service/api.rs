@@ -208,38 +208,74 @@ fn order_key(m: &RequestMsg) -> Option<u64> {
     Some(xxhash_rust::xxh3::xxh3_64(id.as_bytes()))
 }
 
-/// Answers the frames of one read into `out`, in frame order, running independent
-/// frames concurrently (`batch`). Stops at the first protocol violation.
+/// A session's per-read buffers, kept across reads so that answering a read allocates
+/// nothing for its bookkeeping (decoded frames, their order keys, segment ends).
+#[derive(Default)]
+struct ReadBatch {
+    msgs: Vec<RequestMsg>,
+    keys: Vec<Option<u64>>,
+    ends: Vec<usize>,
+    seen: Vec<u64>,
+}
+
+impl ReadBatch {
+    /// Frames kept room for between reads; a read of more (a burst of tiny frames)
+    /// gives the extra memory back afterwards.
+    const KEEP: usize = 64;
+
+    fn trim(&mut self) {
+        self.msgs.clear();
+        if self.msgs.capacity() > Self::KEEP {
+            self.msgs.shrink_to(Self::KEEP);
+            self.keys.shrink_to(Self::KEEP);
+            self.ends.shrink_to(Self::KEEP);
+            self.seen.shrink_to(Self::KEEP);
+        }
+    }
+}
+
+/// Answers the frames of one read (`rb.msgs`) into `out`, in frame order, running
+/// independent frames concurrently (`batch`). Stops at the first protocol violation.
 async fn answer_all(
     core: &Core,
     who: &Principal,
-    msgs: Vec<RequestMsg>,
+    rb: &mut ReadBatch,
     out: &mut BytesMut,
 ) -> Result<(), &'static str> {
     let sh = &core.shared;
-    let keys: Vec<Option<u64>> = msgs.iter().map(order_key).collect();
-    let mut msgs = msgs.into_iter();
+    rb.keys.clear();
+    rb.keys.extend(rb.msgs.iter().map(order_key));
+    batch::segments_into(&rb.keys, &mut rb.ends, &mut rb.seen);
+    let mut msgs = rb.msgs.drain(..);
     let mut start = 0usize;
-    for end in batch::segments(&keys) {
+    for &end in &rb.ends {
         let n = end - start;
         start = end;
         sh.inflight.fetch_add(n, Ordering::SeqCst);
-        let answers = if n == 1 {
-            match msgs.next() {
-                Some(m) => vec![answer(core, who, m).await],
-                None => Vec::new(),
+        // One or two frames (a route and the previous request's finish) are the
+        // common read: answered without allocating.
+        let mut one = None;
+        let mut two = None;
+        let mut more = Vec::new();
+        match (n, msgs.next(), (n >= 2).then(|| msgs.next()).flatten()) {
+            (_, None, _) => {}
+            (1, Some(a), _) => one = Some(answer(core, who, a).await),
+            (2, Some(a), Some(b)) => {
+                two = Some(batch::join_two(answer(core, who, a), answer(core, who, b)).await)
             }
-        } else {
-            batch::join_all(
-                msgs.by_ref()
-                    .take(n)
+            (_, Some(a), b) => {
+                let rest = msgs.by_ref().take(n.saturating_sub(2));
+                let futs = [Some(a), b]
+                    .into_iter()
+                    .flatten()
+                    .chain(rest)
                     .map(|m| answer(core, who, m))
-                    .collect(),
-            )
-            .await
-        };
+                    .collect();
+                more = batch::join_all(futs).await;
+            }
+        }
         sh.inflight.fetch_sub(n, Ordering::SeqCst);
-        for a in answers {
+        for a in one.into_iter().chain(two.into_iter().flatten()).chain(more) {
             a?.encode(out);
         }
     }
@@ -332,6 +368,7 @@ async fn session(
 ) {
     let sh = core.shared.clone();
     let mut out = BytesMut::new();
+    let mut rb = ReadBatch::default();
     rd.authenticated(sh.settings.limits.max_frame_bytes);
     let idle_limit = sh.settings.api_idle_timeout_ms;
     // The session's idle clock: reset by every complete frame, not by stray bytes, so
@@ -370,20 +407,21 @@ async fn session(
         }
         // Every complete frame of this read; a bad frame ends the connection after the
         // frames before it are answered.
-        let mut msgs = Vec::new();
         let mut bad = None;
         loop {
             match rd.next_frame().map(|f| f.map(|f| RequestMsg::decode(&f))) {
                 Ok(None) => break,
-                Ok(Some(Ok(m))) => msgs.push(m),
+                Ok(Some(Ok(m))) => rb.msgs.push(m),
                 Ok(Some(Err(e))) | Err(e) => {
                     bad = Some(e);
                     break;
                 }
             }
         }
-        answered = !msgs.is_empty();
-        if let Err(kind) = answer_all(&core, &who, msgs, &mut out).await {
+        answered = !rb.msgs.is_empty();
+        let all = answer_all(&core, &who, &mut rb, &mut out).await;
+        rb.trim();
+        if let Err(kind) = all {
             sh.metrics.protocol_error(kind);
             let code = ErrorCode::ProtocolViolation;
             fatal(&mut s, &mut out, code, "Hello after handshake".into()).await;

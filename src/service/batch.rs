@@ -13,7 +13,9 @@
 //!   unfinished future of its segment on each wake-up).
 //!
 //! Answers keep frame order (the protocol allows any order; keeping it is free here).
-//! [`segments`] is pure; [`join_all`] polls a segment's futures on the current task.
+//! [`segments`] is pure; [`join_all`] polls a segment's futures on the current task, and
+//! [`join_two`] does so for the common pair (a route and the previous request's finish)
+//! without allocating.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,7 +29,15 @@ pub const MAX_SEGMENT: usize = 32;
 /// segment, in order; the segments cover `0..keys.len()`.
 pub fn segments(keys: &[Option<u64>]) -> Vec<usize> {
     let mut ends = Vec::new();
-    let mut seen: Vec<u64> = Vec::new();
+    segments_into(keys, &mut ends, &mut Vec::new());
+    ends
+}
+
+/// [`segments`] into reused buffers (a session keeps them across reads): `ends` is
+/// replaced by the segment ends, `seen` is scratch.
+pub fn segments_into(keys: &[Option<u64>], ends: &mut Vec<usize>, seen: &mut Vec<u64>) {
+    ends.clear();
+    seen.clear();
     let mut start = 0usize;
     for (i, k) in keys.iter().enumerate() {
         match k {
@@ -52,11 +62,17 @@ pub fn segments(keys: &[Option<u64>]) -> Vec<usize> {
     if keys.len() > start {
         ends.push(keys.len());
     }
-    ends
 }
 
 /// A future of [`join_all`] and its output once ready.
 type Slot<F> = (Pin<Box<F>>, Option<<F as Future>::Output>);
+
+/// Runs `a` and `b` concurrently on the current task (no allocation: the common read
+/// of a pipelining frontend holds one route and the previous request's finish).
+pub async fn join_two<F: Future>(a: F, b: F) -> [F::Output; 2] {
+    let (x, y) = futures_lite::future::zip(a, b).await;
+    [x, y]
+}
 
 /// Runs `futs` concurrently on the current task; outputs in input order.
 pub async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
@@ -113,6 +129,27 @@ mod tests {
             vec![1, 2, 4, 5]
         );
         assert_eq!(segments(&[None, None]), vec![1, 2]);
+    }
+
+    #[test]
+    fn segments_into_reuses_its_buffers() {
+        let (mut ends, mut seen) = (vec![9, 9, 9], vec![7]);
+        segments_into(&[Some(1), Some(1), None], &mut ends, &mut seen);
+        assert_eq!(ends, vec![1, 2, 3]);
+        segments_into(&[], &mut ends, &mut seen);
+        assert!(ends.is_empty());
+    }
+
+    #[test]
+    fn join_two_keeps_order() {
+        let out = futures_lite::future::block_on(join_two(
+            Box::pin(async {
+                futures_lite::future::yield_now().await;
+                1
+            }) as Pin<Box<dyn Future<Output = i32>>>,
+            Box::pin(async { 2 }),
+        ));
+        assert_eq!(out, [1, 2]);
     }
 
     #[test]

@@ -267,14 +267,9 @@ impl Core {
         let mut st = self.st.borrow_mut();
         let st = &mut *st;
         let bits = self.shared.shard_bits;
-        st.scratch.clear();
-        let me = self.id;
-        st.scratch.extend(
-            hashes
-                .iter()
-                .copied()
-                .filter(|h| crate::index::shard_of(*h, bits) == me),
-        );
+        // Branch-free: shard membership is a coin flip per hash with 2 cores, and the
+        // filtering branch was ~8 % of a core's samples (`--cores 2`, 20k decisions/s).
+        super::msg::select_slice(hashes, self.id, bits, &mut st.scratch);
         if add {
             st.active.add(slot, &st.scratch);
         } else {
@@ -282,14 +277,8 @@ impl Core {
         }
         st.mark(slot);
         if let Some(sp) = spec {
-            st.scratch.clear();
-            if let Some(rest) = hashes.get(sp.from as usize..) {
-                st.scratch.extend(
-                    rest.iter()
-                        .copied()
-                        .filter(|h| crate::index::shard_of(*h, bits) == me),
-                );
-            }
+            let rest = hashes.get(sp.from as usize..).unwrap_or(&[]);
+            super::msg::select_slice(rest, self.id, bits, &mut st.scratch);
             if add {
                 st.speculative.add(sp.slot, &st.scratch, sp.now_us);
             } else if !st.speculative.is_empty() {

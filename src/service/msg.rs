@@ -39,6 +39,12 @@ impl Hashes {
     }
 }
 
+/// Replaces `out` with the hashes of `src` owned by `shard`, in order (the
+/// branch-free [`select_into`] over a plain slice: active-block updates).
+pub fn select_slice(src: &[u64], shard: usize, bits: u32, out: &mut Vec<u64>) {
+    select_into(src.iter().copied(), src.len(), shard, bits, out)
+}
+
 /// Branch-free filter: every hash is written at the cursor, which advances only for
 /// this shard's. Shard membership is a coin flip per hash, so a filtering branch would
 /// be mispredicted half the time (it was ~9 % of a core under ingest).
