@@ -459,6 +459,7 @@ pub fn decide_view(
         routed,
     } = scratch;
     routed.fit(fleet.len());
+    routed.follow_liveness(fleet, &input.loads.live);
     let req = if input.hits.len() == fleet.len() {
         input.hits
     } else {

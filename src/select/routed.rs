@@ -16,9 +16,17 @@
 //! brings the conversation's later turns after it; 8 workers: 1.04 → 1.43 with the
 //! tuned knobs).
 //!
-//! Guarantees: pure functions and a plain per-position array; no allocation once the
-//! counts have grown to the fleet; no panic on any input (out-of-range positions are
-//! ignored, missing counts read as 0).
+//! A worker that comes back live (after a heartbeat timeout, say) has missed the
+//! requests of its outage; left as it is, it would draw every large near-tie set
+//! until it caught up. [`Routed::follow_liveness`] lifts its count to the lowest count
+//! of the workers of its pool that stayed live, so it takes its share from then on.
+//!
+//! Guarantees: pure functions and plain per-position arrays; no allocation once they
+//! have grown to the fleet; O(fleet) work only on a decision that sees liveness
+//! changed (else one comparison of the liveness arrays); no panic on any input
+//! (out-of-range positions are ignored, missing counts read as 0).
+
+use super::fleet::Fleet;
 
 /// Requests routed to each worker of one [`super::Fleet`], by fleet position, since
 /// the counts were last fitted to a fleet of another size or cleared.
@@ -26,6 +34,8 @@
 pub(crate) struct Routed {
     /// As f64: exact up to 2^53 requests, and compared in the kernel's float lanes.
     counts: Vec<f64>,
+    /// Liveness by position at the last [`Routed::follow_liveness`].
+    live: Vec<bool>,
 }
 
 impl Routed {
@@ -34,12 +44,47 @@ impl Routed {
         if self.counts.len() != n {
             self.counts.clear();
             self.counts.resize(n, 0.0);
+            self.live.clear();
         }
     }
 
     /// Forgets every count (the fleet was laid out anew).
     pub(crate) fn clear(&mut self) {
         self.counts.clear();
+        self.live.clear();
+    }
+
+    /// Takes note of the fleet's liveness by position (`live`, the `Loads` array):
+    /// every worker that became live since the last call gets the lowest count among
+    /// the workers of its pool (same model and role: a contiguous run of positions)
+    /// that were live then and are now, if it is lower.
+    pub(crate) fn follow_liveness(&mut self, fleet: &Fleet, live: &[bool]) {
+        if self.live.as_slice() == live {
+            return;
+        }
+        let n = self.counts.len().min(live.len());
+        let key = |p: usize| {
+            let row = fleet.order.get(p).map_or(usize::MAX, |&r| r as usize);
+            (fleet.model.get(row).copied(), fleet.role.get(row).copied())
+        };
+        let was = |p: usize| self.live.get(p).copied().unwrap_or(false);
+        let mut start = 0;
+        while start < n {
+            let k = key(start);
+            let end = (start..n).find(|&p| key(p) != k).unwrap_or(n);
+            let stayed = (start..end).filter(|&p| was(p) && live[p]);
+            let lo = stayed.map(|p| self.counts[p]).fold(f64::INFINITY, f64::min);
+            if lo.is_finite() {
+                for p in start..end {
+                    if live[p] && !was(p) && self.counts[p] < lo {
+                        self.counts[p] = lo;
+                    }
+                }
+            }
+            start = end;
+        }
+        self.live.clear();
+        self.live.extend_from_slice(live);
     }
 
     /// Counts one more request routed to position `p`.
@@ -128,5 +173,48 @@ mod tests {
         r.clear();
         r.fit(4);
         assert_eq!(r.counts(), &[0.0; 4]);
+    }
+
+    #[test]
+    fn a_worker_back_from_an_outage_starts_level_with_its_pool() {
+        use crate::types::{Role, WorkerSpec};
+        let mut specs: Vec<WorkerSpec> = ["a0", "a1", "a2", "p0", "p1"]
+            .iter()
+            .map(|&id| WorkerSpec::new(id))
+            .collect();
+        specs[3].role = Role::Prefill;
+        specs[4].role = Role::Prefill;
+        let fleet = Fleet::new(specs.iter());
+        // Position of each row (slot = row for `Fleet::new`).
+        let at: Vec<usize> = (0..5).map(|s| fleet.position(s).unwrap()).collect();
+        let (a0, a1, a2, p0, p1) = (at[0], at[1], at[2], at[3], at[4]);
+        let live_but =
+            |down: &[usize]| -> Vec<bool> { (0..5).map(|p| !down.contains(&p)).collect() };
+        let mut r = Routed::default();
+        r.fit(5);
+        r.follow_liveness(&fleet, &live_but(&[p1]));
+        assert_eq!(r.counts(), &[0.0; 5], "nothing to level at the start");
+        for (p, n) in [(p0, 3), (a0, 4), (a1, 7), (a2, 9)] {
+            (0..n).for_each(|_| r.note(p));
+        }
+        // p1 comes back (its pool's p0 stayed live with 3), a2 goes down.
+        r.follow_liveness(&fleet, &live_but(&[a2]));
+        assert_eq!(
+            (r.counts()[p1], r.counts()[p0]),
+            (3.0, 3.0),
+            "p1 starts level with p0"
+        );
+        assert_eq!(
+            (r.counts()[a0], r.counts()[a1], r.counts()[a2]),
+            (4.0, 7.0, 9.0),
+            "other pools untouched"
+        );
+        // a2 comes back ahead of the others: a count is only ever raised.
+        r.follow_liveness(&fleet, &live_but(&[]));
+        assert_eq!(r.counts()[a2], 9.0);
+        // Unchanged liveness: nothing to do.
+        r.note(a0);
+        r.follow_liveness(&fleet, &live_but(&[]));
+        assert_eq!((r.counts()[a0], r.counts()[p1]), (5.0, 3.0));
     }
 }
