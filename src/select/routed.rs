@@ -75,8 +75,8 @@ impl Routed {
             let stayed = (start..end).filter(|&p| was(p) && live[p]);
             let lo = stayed.map(|p| self.counts[p]).fold(f64::INFINITY, f64::min);
             if lo.is_finite() {
-                for p in start..end {
-                    if live[p] && !was(p) && self.counts[p] < lo {
+                for (p, &now) in live.iter().enumerate().take(end).skip(start) {
+                    if now && !was(p) && self.counts[p] < lo {
                         self.counts[p] = lo;
                     }
                 }
