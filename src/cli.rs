@@ -152,6 +152,8 @@ pub struct ServeArgs {
     pub decode_stage_track_output_blocks: Option<bool>,
     #[arg(long, env = "KVROUTE_PREFILL_STAGE_BALANCE_SLACK")]
     pub prefill_stage_balance_slack: Option<f64>,
+    #[arg(long, env = "KVROUTE_BALANCE_ROUTED_MIN_TIES")]
+    pub balance_routed_min_ties: Option<u32>,
     /// A vLLM / SGLang engine to subscribe to over ZMQ, repeatable; replaces the file's
     /// `[[engines]]` when given. Compact form:
     /// `worker_id=w1,endpoint=tcp://127.0.0.1:5557[,replay_endpoint=...,role=...,device=...,
@@ -296,6 +298,7 @@ impl ServeArgs {
             assume_device_reuse,
             weigh_by_throughput,
             balance_slack,
+            balance_routed_min_ties,
         );
         // Optional per-stage knobs: a given flag sets Some(value).
         for (dst, src) in [

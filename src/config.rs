@@ -177,6 +177,14 @@ pub struct RouterConfig {
     /// slack spreads first turns over a large aggregated fleet; in a prefill pool,
     /// whose cost is prompt work only, it skewed request counts, docs/ROUTING.md.)
     pub prefill_stage_balance_slack: Option<f64>,
+    /// `kv` with `balance_slack`: when at least this many workers are near-tied, the
+    /// tie goes to the one with the fewest requests routed to it so far (then in turn
+    /// among equals); smaller tie sets are taken in turn. 0 = never. Default 6: a
+    /// large fleet has many idle, near-tied workers, and request counts there drift
+    /// apart through conversation length, which a count evens out; a small fleet's
+    /// ties are few and load-driven, and a count there over-corrects (docs/ROUTING.md,
+    /// item 2).
+    pub balance_routed_min_ties: u32,
 }
 
 impl Default for RouterConfig {
@@ -212,6 +220,7 @@ impl Default for RouterConfig {
             prefill_stage_load_scale: None,
             decode_stage_track_output_blocks: None,
             prefill_stage_balance_slack: None,
+            balance_routed_min_ties: 6,
         }
     }
 }

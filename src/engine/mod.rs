@@ -376,6 +376,8 @@ impl Engine {
                 loads.set_suspect(e.slot, self.suspect.get(s).copied().unwrap_or(false));
             }
             self.view = Some((fleet, loads));
+            // New positions: the routed counts of the old layout no longer apply.
+            self.scratch.forget_routed();
             changed.clear();
             changed.extend(self.registry.iter().map(|e| e.slot));
             self.decaying.clear();

@@ -368,6 +368,7 @@ mod tests {
                 temperature: 0.0,
                 slack: 0.0,
                 turn: 0,
+                min_ties: 0,
             };
             let f = &figs[..n];
             let col = |g: fn(&Row) -> f64| -> Vec<f64> {

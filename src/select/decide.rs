@@ -36,6 +36,7 @@ use super::hits::Hits;
 use super::kernel::KernelScratch;
 use super::loads::Loads;
 use super::pick::{run_stage, Dense, Outcome, Pick, StageRun};
+use super::routed::Routed;
 use super::{Fig, RequestShape, Rows, Stage, WorkerRow};
 use crate::config::{Mode, RouterConfig, TopologyPolicy};
 use crate::types::{Overlap, Role, WorkerSlot};
@@ -86,11 +87,23 @@ pub struct ViewInput<'a> {
 }
 
 /// Reusable buffers of [`decide_view`]; keep one per thread to avoid allocating.
+/// Also the requests routed to each worker by the decisions made with it
+/// (`balance_routed_min_ties`): keep one per fleet, or [`Scratch::forget_routed`] when
+/// the fleet is laid out anew.
 #[derive(Clone, Debug, Default)]
 pub struct Scratch {
     kernel: KernelScratch,
     /// Stands in for hits made for another fleet.
     base: Hits,
+    routed: Routed,
+}
+
+impl Scratch {
+    /// Forgets the routed counts (call when the [`Fleet`] is rebuilt: its positions
+    /// may name other workers now).
+    pub fn forget_routed(&mut self) {
+        self.routed.clear();
+    }
 }
 
 /// The parts of an input besides the workers.
@@ -277,6 +290,7 @@ fn stage<'x>(
         },
         temperature: cfg.router_temperature,
         slack: cfg.balance_slack,
+        min_ties: cfg.balance_routed_min_ties,
         cuda_to_cpu_ratio: cfg.cuda_to_cpu_ratio,
     }
 }
@@ -411,6 +425,7 @@ pub fn decide(
     let mut dense = Dense {
         loads: &loads,
         req: &req,
+        routed: &[],
         scratch: &mut scratch,
     };
     let common = Common {
@@ -438,7 +453,13 @@ pub fn decide_view(
     scratch: &mut Scratch,
 ) -> Result<Decision, RouteError> {
     let fleet = input.fleet;
-    let Scratch { kernel, base } = scratch;
+    let Scratch {
+        kernel,
+        base,
+        routed,
+    } = scratch;
+    routed.fit(fleet.len());
+    routed.follow_liveness(fleet, &input.loads.live);
     let req = if input.hits.len() == fleet.len() {
         input.hits
     } else {
@@ -454,6 +475,7 @@ pub fn decide_view(
     let mut dense = Dense {
         loads: input.loads,
         req,
+        routed: routed.counts(),
         scratch: kernel,
     };
     let common = Common {
@@ -464,7 +486,13 @@ pub fn decide_view(
         prefill_failed: input.prefill_failed,
         explain: input.explain,
     };
-    run(&common, fleet, &rows, &mut dense, rng, rr)
+    let d = run(&common, fleet, &rows, &mut dense, rng, rr)?;
+    for w in std::iter::once(d.decode_worker).chain(d.prefill_worker) {
+        if let Some(p) = fleet.position(w) {
+            routed.note(p);
+        }
+    }
+    Ok(d)
 }
 
 /// The decision proper, over either form of the workers.

@@ -14,7 +14,9 @@
 //! 3. selection over the buffer: temperature 0 counts the workers within
 //!    [`TIE_EPS`] of the minimum (or within `balance_slack` × minimum, when that is
 //!    larger) per chunk of 64 and takes the uniformly drawn k-th (with a slack: the
-//!    `(turn mod count)`-th, so near ties are taken in turn);
+//!    `(turn mod count)`-th, so near ties are taken in turn; and when at least
+//!    `balance_routed_min_ties` are tied, the turn among those of them with the
+//!    fewest requests routed so far, [`super::routed`]);
 //!    temperature T > 0 replaces each cost by its weight `exp(-(c - min) / ((max - min)
 //!    * T))`, sums per chunk, and takes the worker where the running sum crosses a
 //!    uniform draw times the total (p ∝ weight); all costs within `TIE_EPS` → uniform.
@@ -31,6 +33,7 @@ use super::fleet::Fleet;
 use super::hits::Hits;
 use super::loads::Loads;
 use super::pick::TIE_EPS;
+use super::routed;
 use crate::types::Overlap;
 use rand::Rng;
 use std::ops::Range;
@@ -63,6 +66,8 @@ pub(crate) struct KvStage {
     /// ([`super::RrState::ties`]).
     pub slack: f64,
     pub turn: u64,
+    /// `balance_routed_min_ties`.
+    pub min_ties: u32,
 }
 
 /// Reusable buffers of the kernel.
@@ -80,6 +85,7 @@ pub(crate) fn kv_select(
     fleet: &Fleet,
     loads: &Loads,
     req: &Hits,
+    routed: &[f64],
     rng: &mut impl Rng,
     scratch: &mut KernelScratch,
 ) -> Option<usize> {
@@ -135,8 +141,23 @@ pub(crate) fn kv_select(
     if m == INF {
         return None;
     }
-    let j = choose(buf, sums, m, (st.temperature, st.slack, st.turn), rng);
+    let tie = Tie {
+        slack: st.slack,
+        turn: st.turn,
+        min_ties: st.min_ties,
+        routed: routed.get(r.clone()).unwrap_or_default(),
+    };
+    let j = choose(buf, sums, m, st.temperature, &tie, rng);
     j.map(|j| r.start + j)
+}
+
+/// How step 3 at temperature 0 breaks near ties (see the module docs).
+struct Tie<'a> {
+    slack: f64,
+    turn: u64,
+    min_ties: u32,
+    /// Requests routed so far, by pool position (missing: 0).
+    routed: &'a [f64],
 }
 
 /// Step 3 over `buf` whose minimum is `m` (finite): the position chosen.
@@ -144,15 +165,16 @@ fn choose(
     buf: &mut [f64],
     sums: &mut [f64],
     m: f64,
-    how: (f64, f64, u64),
+    temperature: f64,
+    tie: &Tie,
     rng: &mut impl Rng,
 ) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     if super::avx2::available() {
         // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { choose_avx2(buf, sums, m, how, rng) };
+        return unsafe { choose_avx2(buf, sums, m, temperature, tie, rng) };
     }
-    choose_portable(buf, sums, m, how, rng)
+    choose_portable(buf, sums, m, temperature, tie, rng)
 }
 
 /// [`choose_portable`] compiled for AVX2: its loops (minimum and maximum, counting,
@@ -166,10 +188,11 @@ unsafe fn choose_avx2(
     buf: &mut [f64],
     sums: &mut [f64],
     m: f64,
-    how: (f64, f64, u64),
+    temperature: f64,
+    tie: &Tie,
     rng: &mut impl Rng,
 ) -> Option<usize> {
-    choose_portable(buf, sums, m, how, rng)
+    choose_portable(buf, sums, m, temperature, tie, rng)
 }
 
 #[inline(always)]
@@ -177,14 +200,22 @@ fn choose_portable(
     buf: &mut [f64],
     sums: &mut [f64],
     m: f64,
-    (temperature, slack, turn): (f64, f64, u64),
+    temperature: f64,
+    tie: &Tie,
     rng: &mut impl Rng,
 ) -> Option<usize> {
+    let Tie { slack, turn, .. } = *tie;
     if temperature > 0.0 {
         softmax(buf, sums, temperature, rng)
     } else {
         let thr = super::pick::tie_bound(m, slack);
         let count = count_chunks(buf, sums, |c| c <= thr);
+        if slack > 0.0 && routed::by_count(u64::from(count), tie.min_ties) {
+            let r = tie.routed;
+            let tied = |j: usize| buf[j] <= thr;
+            let used = |j: usize| r.get(j).copied().unwrap_or(0.0);
+            return routed::fewest_routed(buf.len(), tied, used, turn);
+        }
         let k = if slack > 0.0 && count > 0 {
             (turn % u64::from(count)) as u32
         } else if count > 1 {

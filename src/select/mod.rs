@@ -35,6 +35,7 @@ mod hits;
 mod kernel;
 mod loads;
 mod pick;
+mod routed;
 #[cfg(test)]
 mod tests;
 

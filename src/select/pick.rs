@@ -10,7 +10,9 @@
 //!   uniformly at random by reservoir sampling (the k-th tied worker replaces the
 //!   current pick with probability 1/k). With `balance_slack` s > 0: pass 1 finds the
 //!   minimum m, pass 2 counts the workers with cost ≤ m + max(TIE_EPS, s·m), pass 3
-//!   takes the `(RrState::ties mod count)`-th of them, as the kernel does.
+//!   takes the `(RrState::ties mod count)`-th of them, as the kernel does; when at
+//!   least `balance_routed_min_ties` are tied, pass 3 takes that turn among the tied
+//!   workers with the fewest requests routed so far ([`super::routed`]).
 //! - `kv`, temperature T > 0: pass 1 finds min and max cost; pass 2 samples with
 //!   p ∝ exp(-x / T), x = (cost - min) / (max - min), by weighted reservoir sampling
 //!   (keep worker i with probability w_i / Σ_{j≤i} w_j). All costs equal → uniform.
@@ -26,6 +28,7 @@ use super::filter::{Eval, RejectionCounts, ScanStats, StageFilter};
 use super::hits::Hits;
 use super::kernel::{kv_select, KernelScratch, KvStage, Topo};
 use super::loads::Loads;
+use super::routed;
 use super::{Fig, Rows};
 use crate::config::Mode;
 use crate::types::DeviceClass;
@@ -68,6 +71,8 @@ pub(crate) struct StageRun<'a> {
     pub temperature: f64,
     /// `balance_slack`: relative tie tolerance of the argmin.
     pub slack: f64,
+    /// `balance_routed_min_ties`: tie sets from this size on go by routed counts.
+    pub min_ties: u32,
     /// Throughput of a non-CPU worker relative to a CPU one (`device-aware-weighted`).
     pub cuda_to_cpu_ratio: f64,
 }
@@ -76,6 +81,9 @@ pub(crate) struct StageRun<'a> {
 pub(crate) struct Dense<'a> {
     pub loads: &'a Loads,
     pub req: &'a Hits,
+    /// Requests routed so far by fleet position ([`super::routed::Routed`]; empty:
+    /// all 0).
+    pub routed: &'a [f64],
     pub scratch: &'a mut KernelScratch,
 }
 
@@ -247,6 +255,7 @@ fn kv_stage(run: &StageRun) -> Option<KvStage> {
         temperature: run.temperature,
         slack: run.slack,
         turn: 0,
+        min_ties: run.min_ties,
     })
 }
 
@@ -268,7 +277,8 @@ pub(crate) fn run_stage<R: Rows + ?Sized>(
         if filter.split != 0 && fleet.is_split(filter.model) {
             return Outcome::Split;
         }
-        let picked = kv_select(&st, fleet, dense.loads, dense.req, rng, dense.scratch);
+        let (loads, req, routed) = (dense.loads, dense.req, dense.routed);
+        let picked = kv_select(&st, fleet, loads, req, routed, rng, dense.scratch);
         if let Some(row) = picked.and_then(|p| fleet.order.get(p)) {
             let index = *row as usize;
             return Outcome::Picked(Pick {
@@ -300,10 +310,28 @@ pub(crate) fn run_stage<R: Rows + ?Sized>(
                 count += u64::from(run.scorer.cost(index, row) <= thr);
                 false
             });
-            let k = if count > 0 { rr.ties % count } else { 0 };
-            nth_eligible_where(filter, rows, k, |index, row| {
-                run.scorer.cost(index, row) <= thr
-            })
+            if routed::by_count(count, run.min_ties) {
+                let pos = &filter.fleet.pos;
+                let used = |i: usize| {
+                    let p = pos.get(i).map_or(usize::MAX, |&p| p as usize);
+                    dense.routed.get(p).copied().unwrap_or(0.0)
+                };
+                let tied = |i: usize| {
+                    let row = &rows.fig(i);
+                    matches!(filter.eval(i, row), Eval::Pass(_)) && run.scorer.cost(i, row) <= thr
+                };
+                routed::fewest_routed(rows.len(), tied, used, rr.ties).and_then(
+                    |index| match filter.eval(index, &rows.fig(index)) {
+                        Eval::Pass(dp_rank) => Some(Pick { index, dp_rank }),
+                        _ => None,
+                    },
+                )
+            } else {
+                let k = if count > 0 { rr.ties % count } else { 0 };
+                nth_eligible_where(filter, rows, k, |index, row| {
+                    run.scorer.cost(index, row) <= thr
+                })
+            }
         }
         Mode::Kv => {
             let mut m = MinTies::new();

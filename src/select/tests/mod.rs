@@ -4,6 +4,7 @@ mod cost;
 mod disagg;
 mod filter;
 mod modes;
+mod routed;
 mod view;
 
 use super::*;

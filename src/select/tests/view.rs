@@ -98,13 +98,16 @@ fn decide_via_view(case: &Case, ws: &[W], seed: u64) -> Result<Decision, RouteEr
     };
     let mut scratch = Scratch::default();
     let mut rng = SmallRng::seed_from_u64(seed);
-    // Twice with the same scratch: its state must not leak between decisions.
+    // Twice with the same scratch: its buffers must not leak between decisions (its
+    // routed counts are state on purpose, `balance_routed_min_ties`: forgotten here,
+    // since `decide` over rows has none).
     let _ = decide_view(
         &input,
         &mut SmallRng::seed_from_u64(seed + 1),
         &mut RrState::default(),
         &mut scratch,
     );
+    scratch.forget_routed();
     decide_view(&input, &mut rng, &mut RrState::default(), &mut scratch)
 }
 
