@@ -421,6 +421,7 @@ fn body_and_concurrency_limits_answer_413_and_429() {
                 &json!({"model": "m", "prompt": [1], "stream": true, "max_tokens": 20}).to_string(),
             )
             .map(|r| r.into_string().unwrap_or_default())
+            .map_err(|e| e.to_string())
     });
     wait_until("first request in flight", || {
         s.metric("kvroute_proxy_active ") == 1.0
