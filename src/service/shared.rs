@@ -76,6 +76,9 @@ pub struct Shared {
     pub status: super::status::StatusState,
     /// `--record`: the trace writer (set once at start).
     pub recorder: std::sync::OnceLock<super::recorder::Recorder>,
+    /// The models' tokenizers (`settings.tokenizers`, loaded once at start; set before
+    /// any core runs, so `get()` is Some on every core).
+    pub tokenizers: std::sync::OnceLock<Arc<crate::tokenize::Tokenizers>>,
 }
 
 impl Shared {
@@ -119,6 +122,7 @@ impl Shared {
             started: Instant::now(),
             status: super::status::StatusState::new(cores, max_workers),
             recorder: std::sync::OnceLock::new(),
+            tokenizers: std::sync::OnceLock::new(),
             settings,
         };
         Ok((Arc::new(shared), readers))
