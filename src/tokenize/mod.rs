@@ -192,6 +192,11 @@ impl Tokenizers {
         self.adapters.contains_key(model).then_some(model)
     }
 
+    /// The base model of an adapter; any other name as given.
+    pub fn base_model<'a>(&'a self, model: &'a str) -> &'a str {
+        self.adapters.get(model).map(String::as_str).unwrap_or(model)
+    }
+
     fn resolve(&self, model: &str) -> Option<&Model> {
         match self.models.get(model) {
             Some(m) => Some(m),
@@ -226,7 +231,8 @@ impl Tokenizers {
 
     /// The routing request for `tokens` of a request for `model`: the router hashes
     /// them in the hash space the engine's events use for that model (the adapter's
-    /// LoRA salt for an adapter, plain otherwise).
+    /// LoRA salt for an adapter, plain otherwise). For an adapter, the request's
+    /// `model` (the worker filter) is its base model, which the workers register.
     pub fn route_request(
         &self,
         request_id: String,
@@ -235,7 +241,7 @@ impl Tokenizers {
     ) -> crate::engine::request::RouteRequest {
         crate::engine::request::RouteRequest {
             request_id,
-            model: Some(model.to_string()),
+            model: Some(self.base_model(model).to_string()),
             input_tokens: u32::try_from(tokens.len()).ok(),
             tokens: Some(tokens),
             lora_name: self.lora_for(model).map(str::to_string),
