@@ -194,7 +194,10 @@ impl Tokenizers {
 
     /// The base model of an adapter; any other name as given.
     pub fn base_model<'a>(&'a self, model: &'a str) -> &'a str {
-        self.adapters.get(model).map(String::as_str).unwrap_or(model)
+        self.adapters
+            .get(model)
+            .map(String::as_str)
+            .unwrap_or(model)
     }
 
     fn resolve(&self, model: &str) -> Option<&Model> {
