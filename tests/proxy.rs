@@ -463,3 +463,55 @@ fn garbage_is_refused_with_400_and_the_service_keeps_serving() {
     assert_eq!(ok.status, 200);
     assert!(w.received().len() == 1, "garbage never reached the worker");
 }
+
+#[test]
+fn chat_prompts_are_tokenized_with_the_models_template_and_keep_their_worker() {
+    if !python_ok() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kvroute-proxy-tok-{}", std::process::id()));
+    kvroute::tokenize::testing::write_dir(&dir, 1000).unwrap();
+    let tok_flag = format!("m={}", dir.display());
+    let s = Server::start(2, &["--block-size", "4", "--tokenizer", &tok_flag]);
+    let tok = kvroute::tokenize::Tokenizers::load(&[("m".into(), dir.clone())]).unwrap();
+    let ws: Vec<FakeWorker> = (0..3)
+        .map(|i| FakeWorker::start(&format!("w{i}"), &[]))
+        .collect();
+    for w in &ws {
+        register(&s, &w.id, "m", "aggregated", &w.url());
+    }
+    for round in 0..3u32 {
+        let system: String = (0..40).map(|i| format!("t{} ", round * 100 + i)).collect();
+        let first = json!({"model": "m", "max_tokens": 2, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": "t1 t2"}]});
+        let a = post(&s, "/v1/chat/completions", &first.to_string(), &[]);
+        assert_eq!(a.status, 200, "{a:?}");
+        let w = a.header("x-kvroute-worker").unwrap().to_string();
+        let ids = tok
+            .prompt_tokens(kvroute::tokenize::Endpoint::Chat, "m", &first)
+            .unwrap()
+            .unwrap();
+        let mut hashes = Vec::new();
+        kvroute::hash::sequence_hashes_after(None, &ids, 4, &mut hashes);
+        let before = s.cached(&w);
+        s.store(&w, "device", &hashes);
+        s.wait_until("blocks indexed", |s| {
+            s.cached(&w) >= before + hashes.len() as u64
+        });
+        let mut second = first.clone();
+        second["messages"].as_array_mut().unwrap().extend([
+            json!({"role": "assistant", "content": "t0 t1"}),
+            json!({"role": "user", "content": "t5 t6 t7"}),
+        ]);
+        let b = post(&s, "/v1/chat/completions", &second.to_string(), &[]);
+        assert_eq!(b.status, 200);
+        assert_eq!(
+            b.header("x-kvroute-worker"),
+            Some(w.as_str()),
+            "round {round}"
+        );
+    }
+    assert_eq!(s.metric("kvroute_proxy_untokenized_total"), 0.0);
+    assert!(s.metric("kvroute_proxy_tokenize_seconds_count") >= 6.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
