@@ -128,3 +128,21 @@ pub fn write_dir(dir: &Path, vocab: u32) -> Result<(), String> {
     std::fs::write(&cfg, text).map_err(|e| format!("{}: {e}", cfg.display()))?;
     Ok(())
 }
+
+/// The test tokenizer loaded in memory as model `model` (what [`write_dir`] writes,
+/// without the files): for fuzz targets and benchmarks.
+pub fn in_memory(model: &str, vocab: u32) -> Result<super::Tokenizers, String> {
+    let tok = build_tokenizer(vocab)?;
+    let size = u32::try_from(tok.get_vocab_size(true)).unwrap_or(u32::MAX);
+    let chat = super::chat::ChatTemplates::from_config(&config_json(), None)?;
+    let mut t = super::Tokenizers::empty();
+    t.models.insert(
+        model.to_string(),
+        std::sync::Arc::new(super::Model {
+            tok,
+            vocab: size,
+            chat,
+        }),
+    );
+    Ok(t)
+}

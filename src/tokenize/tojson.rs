@@ -95,7 +95,7 @@ fn write_value(out: &mut String, v: &Value, o: &Opts, depth: usize) -> Result<()
         ValueKind::Map => {
             let mut keys: Vec<Value> = v.try_iter()?.collect();
             if o.sort_keys {
-                keys.sort_by(|a, b| a.to_string().cmp(&b.to_string()));
+                keys.sort_by_key(|k| k.to_string());
             }
             write_container(out, '{', '}', keys.len(), o, depth, |out, i| {
                 let k = &keys[i];
