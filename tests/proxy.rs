@@ -515,3 +515,97 @@ fn chat_prompts_are_tokenized_with_the_models_template_and_keep_their_worker() {
     assert!(s.metric("kvroute_proxy_tokenize_seconds_count") >= 6.0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn urls_from_the_binary_handshake_are_proxied_to_and_survive_a_restart() {
+    if !python_ok() {
+        return;
+    }
+    let state = std::env::temp_dir().join(format!("kvroute-proxy-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&state);
+    let state_flag = state.display().to_string();
+    let w = FakeWorker::start("bin-w", &[]);
+    {
+        let s = Server::start(1, &["--state-dir", &state_flag]);
+        // The event Hello carries the url (the spec's optional extension).
+        let mut spec = kvroute::types::WorkerSpec::new("bin-w");
+        spec.model = "m".into();
+        spec.url = Some(w.url());
+        let _events = kvroute::client::EventPublisher::connect(&s.events, spec, "").unwrap();
+        // And the request API's Register.
+        let mut rq = kvroute::client::RequestClient::connect(&s.api, "").unwrap();
+        let mut spec2 = kvroute::types::WorkerSpec::new("reg-w");
+        spec2.model = "m".into();
+        spec2.url = Some("http://127.0.0.1:9".into());
+        rq.register(spec2).unwrap();
+        let ws = s.workers();
+        let url_of = |id: &str| ws.iter().find(|x| x["id"] == id).unwrap()["url"].clone();
+        assert_eq!(url_of("bin-w"), w.url());
+        assert_eq!(url_of("reg-w"), "http://127.0.0.1:9");
+        // reg-w's url refuses connections: requests there are re-routed to bin-w.
+        for _ in 0..3 {
+            let a = completion(
+                &s,
+                &json!({"model": "m", "prompt": [1, 2], "max_tokens": 1}),
+            );
+            assert_eq!(a.status, 200, "{a:?}");
+            assert_eq!(a.header("x-kvroute-worker"), Some("bin-w"));
+        }
+    }
+    // Restarted from the snapshot: the urls are still known.
+    let s = Server::start(1, &["--state-dir", &state_flag]);
+    let ws = s.workers();
+    assert!(
+        ws.iter()
+            .any(|x| x["id"] == "reg-w" && x["url"] == "http://127.0.0.1:9"),
+        "{ws:?}"
+    );
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+#[test]
+fn an_open_breaker_probes_health_and_lets_the_worker_back() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(
+        1,
+        &[
+            "--mode",
+            "round-robin",
+            "--proxy-breaker-threshold",
+            "1",
+            "--proxy-breaker-open-ms",
+            "300",
+        ],
+    );
+    let flaky = FakeWorker::start("flaky", &["--mode", "fail"]);
+    let good = FakeWorker::start("good", &[]);
+    register(&s, "flaky", "m", "aggregated", &flaky.url());
+    register(&s, "good", "m", "aggregated", &good.url());
+    let body = json!({"model": "m", "prompt": [1], "max_tokens": 1});
+    for _ in 0..3 {
+        assert_eq!(completion(&s, &body).status, 200);
+    }
+    assert_eq!(
+        s.metric("kvroute_proxy_breaker_open{worker=\"flaky\"}"),
+        1.0
+    );
+    // While open (and while /health fails), flaky gets nothing.
+    let seen = flaky.received().len();
+    for _ in 0..4 {
+        assert_eq!(
+            completion(&s, &body).header("x-kvroute-worker"),
+            Some("good")
+        );
+    }
+    flaky.set_mode("ok");
+    wait_until("the probe closes the breaker", || {
+        completion(&s, &body);
+        s.metric("kvroute_proxy_breaker_open{worker=\"flaky\"}") == 0.0
+    });
+    wait_until("flaky serves again", || {
+        completion(&s, &body).header("x-kvroute-worker") == Some("flaky")
+    });
+    assert!(flaky.received().len() > seen);
+}
