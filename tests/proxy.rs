@@ -609,3 +609,28 @@ fn an_open_breaker_probes_health_and_lets_the_worker_back() {
     });
     assert!(flaky.received().len() > seen);
 }
+
+#[test]
+fn a_worker_that_never_answers_times_out_and_is_retried() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(
+        1,
+        &["--mode", "round-robin", "--proxy-request-timeout-ms", "500"],
+    );
+    let hang = FakeWorker::start("hang", &["--mode", "hang"]);
+    let good = FakeWorker::start("good", &[]);
+    register(&s, "hang", "m", "aggregated", &hang.url());
+    register(&s, "good", "m", "aggregated", &good.url());
+    for _ in 0..3 {
+        let a = completion(
+            &s,
+            &json!({"model": "m", "prompt": [1], "stream": true, "max_tokens": 2}),
+        );
+        assert_eq!(a.status, 200, "{a:?}");
+        assert_eq!(a.header("x-kvroute-worker"), Some("good"));
+    }
+    assert!(s.metric("kvroute_proxy_upstream_errors_total{kind=\"timeout\"}") >= 1.0);
+    wait_until("load released", || router_active(&s) == 0.0);
+}
