@@ -10,12 +10,13 @@
 //! (`x-kvroute-retries`) and `kvroute_proxy_retries_total` counts them.
 
 use super::body::{self, ProxyBody, Streamed};
-use super::breaker::{Allow, Breaker};
+use super::breaker::Allow;
 use super::errors;
+use super::health::{self, breaker_failure, breaker_success, spawn_probe};
 use super::pool::{self, Conn};
 use super::request::{self, ClientRequest, Endpoint};
 use super::retry::{self, Failure, Policy};
-use super::state::{KindLabel, ProxyShared, RequestLabels, WorkerLabel};
+use super::state::{KindLabel, ProxyShared, RequestLabels};
 use super::track::Tracker;
 use super::url::UpstreamUrl;
 use crate::engine::RouteRequest;
@@ -27,15 +28,13 @@ use futures_lite::FutureExt;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 pub type Resp = Response<ProxyBody>;
 
 thread_local! {
-    static BREAKERS: RefCell<HashMap<String, Breaker>> = RefCell::new(HashMap::new());
     static COUNTER: Cell<u64> = const { Cell::new(0) };
 }
 
@@ -286,11 +285,7 @@ impl Job {
             if excluded.contains(&e.spec.id) {
                 continue;
             }
-            let allow = BREAKERS.with(|b| {
-                b.borrow_mut()
-                    .get_mut(&e.spec.id)
-                    .map_or(Allow::Yes, |b| b.allow(now))
-            });
+            let allow = health::allow(&e.spec.id, now);
             match allow {
                 Allow::Yes => out.push(e.spec.id.clone()),
                 Allow::No => {}
@@ -523,81 +518,4 @@ fn worker_url(core: &Core, worker: &str) -> Option<UpstreamUrl> {
     let reg = core.shared.registry.load();
     let u = reg.by_id(worker)?.spec.url.as_ref()?;
     UpstreamUrl::parse(u).ok()
-}
-
-fn breaker_success(core: &Core, worker: &str) {
-    BREAKERS.with(|b| {
-        if let Some(br) = b.borrow_mut().get_mut(worker) {
-            if !br.is_closed() {
-                open_gauge(core, worker, -1);
-            }
-            br.on_success();
-        }
-    });
-}
-
-fn breaker_failure(core: &Core, worker: &str) {
-    let ps = &core.shared.settings.proxy;
-    let now = core.shared.now_ms();
-    BREAKERS.with(|b| {
-        let mut b = b.borrow_mut();
-        let br = b.entry(worker.to_string()).or_default();
-        let was_closed = br.is_closed();
-        br.on_failure(now, ps.breaker_threshold, ps.breaker_open_ms);
-        if was_closed && !br.is_closed() {
-            open_gauge(core, worker, 1);
-        }
-    });
-}
-
-fn open_gauge(core: &Core, worker: &str, by: i64) {
-    let g = core
-        .shared
-        .proxy
-        .metrics
-        .breaker_open
-        .get_or_create(&WorkerLabel {
-            worker: worker.to_string(),
-        });
-    if by > 0 {
-        g.inc();
-    } else {
-        g.dec();
-    }
-}
-
-/// The half-open probe: `GET {url}/health` decides the breaker.
-fn spawn_probe(core: &Rc<Core>, worker: &str, url: &str, connect_ms: u64) {
-    let (core, worker) = (core.clone(), worker.to_string());
-    let Ok(url) = UpstreamUrl::parse(url) else {
-        return;
-    };
-    glommio::spawn_local(async move {
-        let ok = probe(&url, Duration::from_millis(connect_ms)).await;
-        if ok {
-            breaker_success(&core, &worker);
-        } else {
-            breaker_failure(&core, &worker);
-        }
-    })
-    .detach();
-}
-
-async fn probe(url: &UpstreamUrl, connect: Duration) -> bool {
-    let Ok(mut conn) = pool::connect(url, connect).await else {
-        return false;
-    };
-    let Ok(req) = Request::get(url.path("/health"))
-        .header(hyper::header::HOST, url.authority.as_str())
-        .body(Full::new(Bytes::new()))
-    else {
-        return false;
-    };
-    async { conn.sender.send_request(req).await.ok() }
-        .or(async {
-            glommio::timer::sleep(connect.max(Duration::from_secs(2))).await;
-            None
-        })
-        .await
-        .is_some_and(|r| r.status().is_success())
 }

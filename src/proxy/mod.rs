@@ -17,7 +17,7 @@
 //!
 //! and the glommio/hyper driver (`service` feature): `io` (hyper over glommio streams,
 //! client side), `pool` (per-core keep-alive connections per worker), `body` (the
-//! streamed response and its lifecycle), `forward` (route → legs → retries), `server`
+//! streamed response and its lifecycle), `forward` (route → legs → retries), `health` (breakers per core, probes), `server`
 //! (the listener's routes and auth), `state` (metrics and the shared admission count).
 
 pub mod breaker;
@@ -34,6 +34,8 @@ pub mod url;
 pub mod body;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod forward;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod health;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod io;
 #[cfg(all(target_os = "linux", feature = "service"))]
