@@ -16,6 +16,7 @@
 //! - [`engine`]: an in-process router that wires the pure modules together.
 //! - [`ids`]: the one charset and length rule for worker and request ids.
 //! - [`zmtp`]: a bounded ZeroMQ (ZMTP 3.x) client for engine KV events.
+//! - [`tokenize`]: OpenAI request bodies → prompt token ids, as the engine computes them.
 
 pub mod cli;
 pub mod client;
@@ -31,6 +32,7 @@ pub mod load;
 pub mod mem;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod process;
+pub mod proxy;
 pub mod record;
 pub mod registry;
 pub mod select;
@@ -40,5 +42,6 @@ pub mod settings;
 pub mod sim;
 pub mod snapshot;
 pub mod sync;
+pub mod tokenize;
 pub mod types;
 pub mod zmtp;

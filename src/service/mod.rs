@@ -89,6 +89,8 @@ pub struct Running {
     /// The listening sockets (every core accepts on duplicates), stopped first thing at
     /// shutdown (`listeners::Bound::stop_listening`).
     listeners: listeners::Bound,
+    /// The proxy's listening socket (`proxy_addr`), stopped with the others.
+    proxy_listener: Option<listeners::Extra>,
 }
 
 impl Running {
@@ -106,6 +108,9 @@ impl Running {
         let mut result = Ok(());
         self.shared.stopping.store(true, Ordering::SeqCst);
         self.listeners.stop_listening();
+        if let Some(l) = &self.proxy_listener {
+            l.stop_listening();
+        }
         if let Some(t) = self.snapshotter.take() {
             let _ = t.join();
         }
@@ -154,6 +159,8 @@ impl Running {
 /// Starts the service and returns once every core listens.
 pub fn start(mut settings: Settings) -> Result<Running, String> {
     settings.validate()?;
+    // Before anything is bound: a missing or broken tokenizer directory stops the start.
+    let tokenizers = Arc::new(crate::tokenize::Tokenizers::from_settings(&settings)?);
     let token = settings.resolve_token()?;
     let worker_tokens = match &settings.worker_tokens_file {
         Some(path) => crate::credentials::load_worker_tokens(path, token.as_deref())?,
@@ -171,6 +178,15 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     settings.events_addr = ev_addr.to_string();
     settings.api_addr = api_addr.to_string();
     settings.http_addr = http_addr.to_string();
+    // The OpenAI proxy's listener (`crate::proxy`), unless `proxy_addr` is off.
+    let proxy_keys = settings.proxy.resolve_keys()?;
+    let proxy_l = if crate::proxy::config::is_off(&settings.proxy_addr) {
+        None
+    } else {
+        let l = listeners::Extra::bind("proxy_addr", &settings.proxy_addr)?;
+        settings.proxy_addr = l.addr()?.to_string();
+        Some(l)
+    };
     raise_memlock();
     let cores = effective_cores(settings.cores);
     let shard_bits = cores.trailing_zeros();
@@ -205,6 +221,8 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     for s in &mut shards {
         s.attach_budget(shared.budget.clone());
     }
+    let _ = shared.proxy.keys.set(proxy_keys);
+    let _ = shared.tokenizers.set(tokenizers);
     if let Some(path) = shared.settings.record.clone() {
         let cfg = recorder::RecordConfig {
             path,
@@ -240,6 +258,13 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
                 break;
             }
         };
+        let proxy_mine = match proxy_l.as_ref().map(|l| l.for_core()).transpose() {
+            Ok(l) => l,
+            Err(e) => {
+                first_err = Some(e);
+                break;
+            }
+        };
         let mut b = LocalExecutorBuilder::new(Placement::Fixed(id % num_cpus()))
             .name(&format!("kvroute-core-{id}"))
             .io_memory(512 << 10);
@@ -255,6 +280,16 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             glommio::spawn_local(accept_loop(core.clone(), ev, "events", ingest::serve)).detach();
             glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::serve)).detach();
             glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http)).detach();
+            if let Some(l) = proxy_mine {
+                let l = l.into_glommio();
+                glommio::spawn_local(accept_loop(
+                    core.clone(),
+                    l,
+                    "proxy",
+                    crate::proxy::server::serve,
+                ))
+                .detach();
+            }
             if id == 0 {
                 glommio::spawn_local(status::sample_loop(core.clone())).detach();
             }
@@ -289,6 +324,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         engines: Vec::new(),
         _state_lock: state.lock,
         listeners: bound,
+        proxy_listener: proxy_l,
     };
     if let Some(e) = first_err {
         let _ = running.stop(false);

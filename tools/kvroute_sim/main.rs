@@ -17,6 +17,8 @@
 //! - `tune`: searches the router knobs offline on a workload (seeded, every core, a
 //!   progress bar) and prints the recommended `[router]` TOML with its figures against
 //!   the defaults (`tune.rs`).
+//! - `tokenizer`: writes a small real HF tokenizer directory for `--tokenizer`
+//!   (`tokenizer.rs`).
 //!
 //! Every figure is computed by `kvroute::sim` (one model for all paths); hit rate is
 //! measured on the simulated workers. Errors are reported, never panics.
@@ -24,6 +26,7 @@
 mod restart;
 mod runner;
 mod setup;
+mod tokenizer;
 mod tune;
 
 use clap::{Args, Parser, Subcommand};
@@ -55,6 +58,8 @@ enum Cmd {
     Run(RunArgs),
     /// Search the router knobs offline on a workload; print the best `[router]` TOML.
     Tune(tune::TuneArgs),
+    /// Write a small real HF tokenizer (word tN = token id N) for tests and demos.
+    Tokenizer(tokenizer::TokenizerArgs),
 }
 
 /// Output and knob flags shared by the subcommands.
@@ -190,6 +195,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Run(a) => run_realtime(a),
         Cmd::Ab(a) => ab(a),
         Cmd::Tune(a) => tune::tune(a),
+        Cmd::Tokenizer(a) => tokenizer::run(a),
     }
 }
 
