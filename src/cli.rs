@@ -173,6 +173,41 @@ pub struct ServeArgs {
     pub max_preauth_connections: Option<usize>,
     #[arg(long, env = "KVROUTE_MAX_HELLO_BYTES")]
     pub max_hello_bytes: Option<usize>,
+    // The OpenAI proxy (README "Proxy").
+    /// Proxy listen address; empty or `off` disables the proxy.
+    #[arg(long, env = "KVROUTE_PROXY_ADDR")]
+    pub proxy_addr: Option<String>,
+    #[arg(long, env = "KVROUTE_PROXY_REQUEST_TIMEOUT_MS")]
+    pub proxy_request_timeout_ms: Option<u64>,
+    #[arg(long, env = "KVROUTE_PROXY_CONNECT_TIMEOUT_MS")]
+    pub proxy_connect_timeout_ms: Option<u64>,
+    #[arg(long, env = "KVROUTE_PROXY_MAX_CONCURRENT")]
+    pub proxy_max_concurrent: Option<usize>,
+    #[arg(long, env = "KVROUTE_PROXY_MAX_BODY_BYTES")]
+    pub proxy_max_body_bytes: Option<usize>,
+    #[arg(long, env = "KVROUTE_PROXY_RETRIES")]
+    pub proxy_retries: Option<u32>,
+    #[arg(long, env = "KVROUTE_PROXY_RETRY_BACKOFF_MS")]
+    pub proxy_retry_backoff_ms: Option<u64>,
+    #[arg(long, env = "KVROUTE_PROXY_BREAKER_THRESHOLD")]
+    pub proxy_breaker_threshold: Option<u32>,
+    #[arg(long, env = "KVROUTE_PROXY_BREAKER_OPEN_MS")]
+    pub proxy_breaker_open_ms: Option<u64>,
+    #[arg(long, env = "KVROUTE_PROXY_POOL_MAX_IDLE")]
+    pub proxy_pool_max_idle: Option<usize>,
+    #[arg(long, env = "KVROUTE_PROXY_MAX_PREFILL_RESPONSE_BYTES")]
+    pub proxy_max_prefill_response_bytes: Option<usize>,
+    /// Client API keys for the proxy port, comma-separated (prefer the file).
+    #[arg(
+        long,
+        env = "KVROUTE_PROXY_API_KEYS",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    pub proxy_api_keys: Option<Vec<String>>,
+    /// File of client API keys for the proxy port, one per line.
+    #[arg(long, env = "KVROUTE_PROXY_API_KEYS_FILE")]
+    pub proxy_api_keys_file: Option<String>,
 }
 
 fn parse_engine(s: &str) -> Result<crate::engines::config::EngineEndpoint, String> {
@@ -350,6 +385,48 @@ impl ServeArgs {
             s.record = self.record.clone();
         }
         overlay!(s, self, record_max_bytes, record_max_ids);
+        self.apply_proxy(s);
+    }
+
+    /// The proxy's flags (`--proxy-*`) onto `s.proxy_addr` / `s.proxy`.
+    fn apply_proxy(&self, s: &mut Settings) {
+        overlay!(s, self, proxy_addr);
+        let p = &mut s.proxy;
+        for (dst, src) in [
+            (&mut p.request_timeout_ms, self.proxy_request_timeout_ms),
+            (&mut p.connect_timeout_ms, self.proxy_connect_timeout_ms),
+            (&mut p.retry_backoff_ms, self.proxy_retry_backoff_ms),
+            (&mut p.breaker_open_ms, self.proxy_breaker_open_ms),
+        ] {
+            if let Some(v) = src {
+                *dst = v;
+            }
+        }
+        for (dst, src) in [
+            (&mut p.max_concurrent, self.proxy_max_concurrent),
+            (&mut p.max_body_bytes, self.proxy_max_body_bytes),
+            (&mut p.pool_max_idle, self.proxy_pool_max_idle),
+            (
+                &mut p.max_prefill_response_bytes,
+                self.proxy_max_prefill_response_bytes,
+            ),
+        ] {
+            if let Some(v) = src {
+                *dst = v;
+            }
+        }
+        if let Some(v) = self.proxy_retries {
+            p.retries = v;
+        }
+        if let Some(v) = self.proxy_breaker_threshold {
+            p.breaker_threshold = v;
+        }
+        if let Some(k) = &self.proxy_api_keys {
+            p.api_keys = k.iter().filter(|k| !k.is_empty()).cloned().collect();
+        }
+        if self.proxy_api_keys_file.is_some() {
+            p.api_keys_file = self.proxy_api_keys_file.clone();
+        }
     }
 }
 

@@ -31,6 +31,7 @@ pub mod load;
 pub mod mem;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod process;
+pub mod proxy;
 pub mod record;
 pub mod registry;
 pub mod select;

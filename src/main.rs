@@ -57,6 +57,9 @@ fn serve(settings: kvroute::settings::Settings) -> ExitCode {
         env!("CARGO_PKG_VERSION"),
         running.shared.cores
     );
+    if !kvroute::proxy::config::is_off(&s.proxy_addr) {
+        println!("kvroute proxy listening: {} (OpenAI)", s.proxy_addr);
+    }
     if let Some(sig) = signals.forever().next() {
         eprintln!("kvroute: signal {sig}, shutting down");
     }

@@ -72,6 +72,11 @@ pub struct Settings {
     /// Most distinct hash ids the trace renumbers (its id map's size); the recording
     /// stops when a request needs more. Default 4,194,304.
     pub record_max_ids: usize,
+    /// OpenAI-compatible proxy listener (`crate::proxy`, README "Proxy"); empty or
+    /// `off` = none. Default 127.0.0.1:8000.
+    pub proxy_addr: String,
+    /// The proxy's timeouts, limits, retries, breaker and client keys (`[proxy]`).
+    pub proxy: crate::proxy::config::ProxySettings,
 }
 
 /// Bounds that keep memory and latency finite under any input.
@@ -156,6 +161,8 @@ impl Default for Settings {
             record: None,
             record_max_bytes: 256 << 20,
             record_max_ids: 1 << 22,
+            proxy_addr: crate::proxy::config::DEFAULT_PROXY_ADDR.into(),
+            proxy: Default::default(),
         }
     }
 }
@@ -245,6 +252,25 @@ impl Settings {
             );
         }
         crate::engines::config::validate_all(&self.engines)?;
+        self.proxy.validate()?;
+        if !crate::proxy::config::is_off(&self.proxy_addr) {
+            let a = self
+                .proxy_addr
+                .parse::<std::net::SocketAddr>()
+                .map_err(|e| format!("proxy_addr {:?}: {e}", self.proxy_addr))?;
+            let keyed = !self.proxy.api_keys.is_empty() || self.proxy.api_keys_file.is_some();
+            if !a.ip().is_loopback()
+                && !keyed
+                && self.auth_token.is_none()
+                && self.auth_token_file.is_none()
+                && !self.insecure
+            {
+                return Err(format!(
+                    "refusing to listen on non-loopback proxy_addr {a} without an auth token \
+                     or proxy api_keys (or pass --insecure)"
+                ));
+            }
+        }
         if self.record.is_some() {
             let bs = self.router.block_size;
             if !crate::record::TOKENS_PER_ID.is_multiple_of(bs) {

@@ -178,6 +178,10 @@ pub struct WorkerSpec {
     /// a CPU worker. HTTP and TOML only (the binary handshake does not carry it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub throughput_weight: Option<f64>,
+    /// Upstream OpenAI-compatible base URL (`http://host:port`) the proxy forwards this
+    /// worker's requests to (`crate::proxy`); none = not proxied to (route-only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 /// `validate` rejects a non-finite `throughput_weight`, so equality is reflexive.
@@ -202,6 +206,7 @@ impl WorkerSpec {
             capacity_blocks: default_capacity_blocks(),
             epoch: 0,
             throughput_weight: None,
+            url: None,
         }
     }
 
@@ -224,6 +229,9 @@ impl WorkerSpec {
             if !(t.is_finite() && (1e-6..=1e6).contains(&t)) {
                 return Err("throughput_weight must be in [1e-6, 1e6]".into());
             }
+        }
+        if let Some(u) = &self.url {
+            crate::proxy::url::UpstreamUrl::parse(u)?;
         }
         Ok(())
     }

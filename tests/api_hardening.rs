@@ -338,7 +338,7 @@ fn engine_worker_ids_outside_the_rule_stop_the_start() {
     };
     for id in ["e/1", "e?1", "e#1"] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
-            .args(["serve", "--cores", "1"])
+            .args(["serve", "--cores", "1", "--proxy-addr", "off"])
             .args(["--events-addr", &format!("127.0.0.1:{}", port())])
             .args(["--api-addr", &format!("127.0.0.1:{}", port())])
             .args(["--http-addr", &format!("127.0.0.1:{}", port())])

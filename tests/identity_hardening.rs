@@ -37,6 +37,8 @@ fn second_instance_on_the_same_ports_exits_and_the_first_keeps_serving() {
         let mut second = Command::new(env!("CARGO_BIN_EXE_kvroute"))
             .args([
                 "serve",
+                "--proxy-addr",
+                "off",
                 "--cores",
                 "2",
                 "--events-addr",
@@ -81,6 +83,8 @@ fn port_zero_gives_one_port_shared_by_every_core() {
     let child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
         .args([
             "serve",
+            "--proxy-addr",
+            "off",
             "--cores",
             "2",
             "--events-addr",
@@ -505,6 +509,7 @@ fn bad_worker_token_setups_stop_the_start() {
     ] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
             .args(["serve", "--cores", "1", "--events-addr", "127.0.0.1:0"])
+            .args(["--proxy-addr", "off"])
             .args(["--api-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(&args)
             .stdout(Stdio::null())

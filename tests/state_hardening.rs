@@ -37,6 +37,8 @@ fn refused_start(extra: &[&str]) -> (ExitStatus, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
         .args([
             "serve",
+            "--proxy-addr",
+            "off",
             "--cores",
             "2",
             "--events-addr",
@@ -406,6 +408,8 @@ fn a_worker_full_to_its_cap_restores_whole_or_refuses_never_in_part() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
         .args([
             "serve",
+            "--proxy-addr",
+            "off",
             "--cores",
             "1",
             "--state-dir",

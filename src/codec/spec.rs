@@ -27,7 +27,23 @@ pub(crate) fn read_spec(r: &mut Reader<'_>) -> Result<WorkerSpec, CodecError> {
         epoch: r.u64("spec.epoch")?,
         // Not on the wire (docs/PROTOCOL.md §WorkerSpec): HTTP and TOML only.
         throughput_weight: None,
+        url: read_extensions(r)?,
     })
+}
+
+/// Extension tag of the upstream URL (docs/PROTOCOL.md §1.3 "Extensions").
+const EXT_URL: u8 = 0x01;
+
+/// The optional extensions after `spec.epoch` (the spec ends its frame): none from a
+/// client that predates them; else tagged fields, `0x01` the upstream URL. An unknown
+/// tag is refused (its length is unknowable).
+fn read_extensions(r: &mut Reader<'_>) -> Result<Option<String>, CodecError> {
+    let mut url = None;
+    while r.remaining() > 0 {
+        r.enum_u8("spec.ext", |t| (t == EXT_URL).then_some(()))?;
+        url = Some(r.string("spec.url")?);
+    }
+    Ok(url)
 }
 
 /// Writes the fields in the order [`read_spec`] reads them.
@@ -42,5 +58,10 @@ pub(crate) fn write_spec(w: &mut Writer<'_>, s: &WorkerSpec) -> Result<(), Codec
     w.string("spec.topology", &s.topology)?;
     w.u64(s.capacity_blocks);
     w.u64(s.epoch);
+    // Written only when set, so a spec without one is byte-identical to the old layout.
+    if let Some(u) = &s.url {
+        w.u8(EXT_URL);
+        w.string("spec.url", u)?;
+    }
     Ok(())
 }

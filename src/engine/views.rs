@@ -79,6 +79,9 @@ pub struct WorkerStatus {
     /// The declared `throughput_weight` (absent when none was declared).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub throughput_weight: Option<f64>,
+    /// The worker's upstream URL for the proxy (absent when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 impl WorkerStatus {
@@ -107,6 +110,7 @@ impl WorkerStatus {
             decode_blocks,
             engine_issue: None,
             throughput_weight: spec.throughput_weight,
+            url: spec.url.clone(),
         }
     }
 }

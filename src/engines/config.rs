@@ -40,6 +40,10 @@ pub struct EngineEndpoint {
     pub topology: String,
     #[serde(default)]
     pub taints: Vec<String>,
+    /// The engine's OpenAI-compatible HTTP base URL (`http://host:port`), for the
+    /// proxy (`crate::proxy`); none = route-only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 impl EngineEndpoint {
@@ -52,6 +56,7 @@ impl EngineEndpoint {
         w.capacity_blocks = self.capacity_blocks;
         w.topology = self.topology.clone();
         w.taints = self.taints.clone();
+        w.url = self.url.clone();
         if let Some(r) = self.dp_rank {
             w.dp_ranks = DpRanks { lo: r, hi: r };
         }
@@ -78,7 +83,8 @@ impl EngineEndpoint {
     /// Parses the compact flag form:
     /// `worker_id=w1,endpoint=tcp://127.0.0.1:5557,replay_endpoint=tcp://127.0.0.1:5558,
     /// role=prefill,device=gpu,model=m,capacity_blocks=4096,dp_rank=0,block_size=16,
-    /// lora=name,topic=t,topology=rack1,taints=a+b` (values cannot contain commas).
+    /// lora=name,topic=t,topology=rack1,taints=a+b,url=http://10.0.0.5:8000` (values
+    /// cannot contain commas).
     pub fn parse_compact(s: &str) -> Result<EngineEndpoint, String> {
         let mut t = toml::Table::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {

@@ -91,6 +91,40 @@ impl CoreListeners {
     }
 }
 
+/// One more listening socket bound the same way (the proxy's, `proxy_addr`), shared
+/// by the cores.
+pub struct Extra(TcpListener);
+
+impl Extra {
+    pub fn bind(name: &str, addr: &str) -> Result<Extra, String> {
+        bind_one(name, addr).map(Extra)
+    }
+
+    pub fn addr(&self) -> Result<SocketAddr, String> {
+        self.0.local_addr().map_err(|e| format!("local_addr: {e}"))
+    }
+
+    /// A duplicate for one core (see [`Bound::for_core`]).
+    pub fn for_core(&self) -> Result<ExtraCore, String> {
+        self.0
+            .try_clone()
+            .map(ExtraCore)
+            .map_err(|e| format!("dup listener: {e}"))
+    }
+}
+
+/// One core's duplicate of an [`Extra`] listener.
+pub struct ExtraCore(TcpListener);
+
+impl ExtraCore {
+    /// The glommio listener; must run on the core's executor.
+    pub fn into_glommio(self) -> glommio::net::TcpListener {
+        // SAFETY: as in `CoreListeners::into_glommio`: a listening socket we own, moved
+        // to glommio exactly once.
+        unsafe { glommio::net::TcpListener::from_raw_fd(self.0.into_raw_fd()) }
+    }
+}
+
 fn bind_one(name: &str, addr: &str) -> Result<TcpListener, String> {
     use socket2::{Domain, Protocol, Socket, Type};
     let sa: SocketAddr = addr.parse().map_err(|e| format!("{name} {addr:?}: {e}"))?;

@@ -370,6 +370,13 @@ impl Metrics {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Registers more metrics (the proxy's, `crate::proxy::state`) in this registry.
+    pub fn with_registry(&self, f: impl FnOnce(&mut Registry)) {
+        if let Ok(mut r) = self.registry.lock() {
+            f(&mut r);
+        }
+    }
+
     /// Renders the text exposition. `fill` sets the scrape-time gauges first.
     pub fn render(&self, fill: impl FnOnce(&Metrics)) -> String {
         let Ok(reg) = self.registry.lock() else {

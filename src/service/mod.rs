@@ -163,6 +163,15 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     settings.events_addr = ev_addr.to_string();
     settings.api_addr = api_addr.to_string();
     settings.http_addr = http_addr.to_string();
+    // The OpenAI proxy's listener (`crate::proxy`), unless `proxy_addr` is off.
+    let proxy_keys = settings.proxy.resolve_keys()?;
+    let proxy_l = if crate::proxy::config::is_off(&settings.proxy_addr) {
+        None
+    } else {
+        let l = listeners::Extra::bind("proxy_addr", &settings.proxy_addr)?;
+        settings.proxy_addr = l.addr()?.to_string();
+        Some(l)
+    };
     raise_memlock();
     let cores = effective_cores(settings.cores);
     let shard_bits = cores.trailing_zeros();
@@ -197,6 +206,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     for s in &mut shards {
         s.attach_budget(shared.budget.clone());
     }
+    let _ = shared.proxy.keys.set(proxy_keys);
     if let Some(path) = shared.settings.record.clone() {
         let cfg = recorder::RecordConfig {
             path,
@@ -232,6 +242,13 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
                 break;
             }
         };
+        let proxy_mine = match proxy_l.as_ref().map(|l| l.for_core()).transpose() {
+            Ok(l) => l,
+            Err(e) => {
+                first_err = Some(e);
+                break;
+            }
+        };
         let mut b = LocalExecutorBuilder::new(Placement::Fixed(id % num_cpus()))
             .name(&format!("kvroute-core-{id}"))
             .io_memory(512 << 10);
@@ -247,6 +264,16 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             glommio::spawn_local(accept_loop(core.clone(), ev, "events", ingest::serve)).detach();
             glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::serve)).detach();
             glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http)).detach();
+            if let Some(l) = proxy_mine {
+                let l = l.into_glommio();
+                glommio::spawn_local(accept_loop(
+                    core.clone(),
+                    l,
+                    "proxy",
+                    crate::proxy::server::serve,
+                ))
+                .detach();
+            }
             if id == 0 {
                 glommio::spawn_local(status::sample_loop(core.clone())).detach();
             }
@@ -264,6 +291,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     }
     drop(ready_tx);
     drop(bound);
+    drop(proxy_l);
     for _ in 0..handles.len() {
         match ready_rx.recv_timeout(Duration::from_secs(30)) {
             Ok(Ok(())) => {}

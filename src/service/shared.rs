@@ -76,6 +76,8 @@ pub struct Shared {
     pub status: super::status::StatusState,
     /// `--record`: the trace writer (set once at start).
     pub recorder: std::sync::OnceLock<super::recorder::Recorder>,
+    /// The OpenAI proxy's metrics, admission count and client keys (`crate::proxy`).
+    pub proxy: crate::proxy::state::ProxyShared,
 }
 
 impl Shared {
@@ -98,6 +100,8 @@ impl Shared {
         }
         let max_workers = settings.limits.max_workers;
         let depth = settings.limits.queue_depth;
+        let metrics = Metrics::new();
+        let proxy = crate::proxy::state::ProxyShared::new(&metrics);
         let shared = Shared {
             cores,
             shard_bits,
@@ -109,7 +113,7 @@ impl Shared {
             registry_write: Mutex::new(()),
             workers: (0..max_workers).map(|_| WorkerCells::default()).collect(),
             board: LoadBoard::new(cores, max_workers),
-            metrics: Metrics::new(),
+            metrics,
             shutdown: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             creds,
@@ -119,6 +123,7 @@ impl Shared {
             started: Instant::now(),
             status: super::status::StatusState::new(cores, max_workers),
             recorder: std::sync::OnceLock::new(),
+            proxy,
             settings,
         };
         Ok((Arc::new(shared), readers))

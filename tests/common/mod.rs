@@ -19,6 +19,8 @@ pub struct Server {
     pub events: String,
     pub api: String,
     pub http: String,
+    /// The OpenAI proxy's address (`--proxy-addr`; a free port unless `extra` sets it).
+    pub proxy: String,
     /// The router's stderr lines, when started with [`Server::start_logged`].
     log: Option<Arc<Mutex<Vec<String>>>>,
 }
@@ -62,6 +64,16 @@ impl Server {
         let events = format!("127.0.0.1:{e}");
         let api = format!("127.0.0.1:{a}");
         let http = format!("127.0.0.1:{h}");
+        // Every test server gets its own proxy port (the default 8000 would collide).
+        let given = extra.iter().position(|a| *a == "--proxy-addr");
+        let proxy = match given {
+            Some(i) => extra.get(i + 1).map(|a| a.to_string()).unwrap_or_default(),
+            None => format!("127.0.0.1:{}", free_port()),
+        };
+        let proxy_flag: Vec<String> = match given {
+            Some(_) => Vec::new(),
+            None => vec!["--proxy-addr".into(), proxy.clone()],
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
             .args([
                 "serve",
@@ -74,6 +86,7 @@ impl Server {
                 "--http-addr",
                 &http,
             ])
+            .args(&proxy_flag)
             .args(extra)
             .stdout(Stdio::null())
             .stderr(if capture {
@@ -100,6 +113,7 @@ impl Server {
             events,
             api,
             http,
+            proxy,
             log,
         };
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -138,6 +138,8 @@ fn spawn(
     let child = Command::new(path)
         .args([
             "serve",
+            "--proxy-addr",
+            "off",
             "--cores",
             &cores.to_string(),
             "--events-addr",

@@ -201,6 +201,7 @@ impl Spawned {
         let Ports { events, api, http } = ports.clone();
         let mut cmd = Command::new(bin);
         cmd.args(["serve", "--cores", "1", "--events-addr", &events])
+            .args(["--proxy-addr", "off"])
             .args([
                 "--api-addr",
                 &api,

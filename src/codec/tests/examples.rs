@@ -33,6 +33,7 @@ pub(super) fn example_hello() -> EventMsg {
             capacity_blocks: 1024,
             epoch: 1,
             throughput_weight: None,
+            url: None,
         },
     })
 }

@@ -77,6 +77,7 @@ pub(super) fn full_spec() -> WorkerSpec {
         capacity_blocks: 123_456,
         epoch: 9,
         throughput_weight: None,
+        url: None,
     }
 }
 

@@ -44,6 +44,7 @@ fn spec() -> impl Strategy<Value = WorkerSpec> {
                 capacity_blocks: cap,
                 epoch,
                 throughput_weight: None,
+                url: None,
             },
         )
 }

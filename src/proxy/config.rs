@@ -1,0 +1,135 @@
+//! Settings of the proxy (`[proxy]` in TOML; flags `--proxy-*`, env `KVROUTE_PROXY_*`).
+//! The listen address itself is `Settings::proxy_addr` (empty or `off` = no proxy).
+//! `validate` is the one place that rejects unusable values.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxySettings {
+    /// Time the upstream has to answer with response headers, and the longest gap
+    /// between two chunks of its body afterwards. Before the headers an expiry is a
+    /// retried failure; after, the stream ends with an error event. Default 300,000 ms.
+    pub request_timeout_ms: u64,
+    /// TCP connect timeout to a worker (a retried failure). Default 2,000 ms.
+    pub connect_timeout_ms: u64,
+    /// Proxied requests in flight over all cores; beyond it 429. Default 4096.
+    pub max_concurrent: usize,
+    /// Largest client request body; beyond it 413 (refused from `content-length`
+    /// before reading, else as soon as the read passes it). Default 8 MiB.
+    pub max_body_bytes: usize,
+    /// Re-routes after a failure before the first response byte. Default 2.
+    pub retries: u32,
+    /// Backoff before the first re-route, doubled for each further one. Default 25 ms.
+    pub retry_backoff_ms: u64,
+    /// Consecutive failures that open a worker's circuit breaker. Default 3.
+    pub breaker_threshold: u32,
+    /// An open breaker stays open this long, then one `GET {url}/health` probe decides
+    /// (half-open). Default 5,000 ms.
+    pub breaker_open_ms: u64,
+    /// Idle keep-alive connections kept per worker per core. Default 32.
+    pub pool_max_idle: usize,
+    /// Client API keys accepted as `Authorization: Bearer` on the proxy port, besides
+    /// the service token. Default none.
+    pub api_keys: Vec<String>,
+    /// File of client API keys, one per line (blank lines and `#` comments skipped).
+    pub api_keys_file: Option<String>,
+    /// Largest prefill-leg answer read (P/D flow), in bytes. Default 1 MiB.
+    pub max_prefill_response_bytes: usize,
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        ProxySettings {
+            request_timeout_ms: 300_000,
+            connect_timeout_ms: 2_000,
+            max_concurrent: 4096,
+            max_body_bytes: 8 << 20,
+            retries: 2,
+            retry_backoff_ms: 25,
+            breaker_threshold: 3,
+            breaker_open_ms: 5_000,
+            pool_max_idle: 32,
+            api_keys: Vec::new(),
+            api_keys_file: None,
+            max_prefill_response_bytes: 1 << 20,
+        }
+    }
+}
+
+/// Default `proxy_addr`.
+pub const DEFAULT_PROXY_ADDR: &str = "127.0.0.1:8000";
+
+/// Whether `proxy_addr` disables the proxy.
+pub fn is_off(addr: &str) -> bool {
+    addr.is_empty() || addr.eq_ignore_ascii_case("off")
+}
+
+impl ProxySettings {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.request_timeout_ms < 10 || self.connect_timeout_ms < 10 {
+            return Err("proxy request_timeout_ms and connect_timeout_ms must be >= 10".into());
+        }
+        if self.max_concurrent == 0 || self.max_body_bytes < 64 {
+            return Err("proxy max_concurrent must be > 0 and max_body_bytes >= 64".into());
+        }
+        if self.retries > 16 || self.retry_backoff_ms > 60_000 {
+            return Err("proxy retries must be <= 16 and retry_backoff_ms <= 60000".into());
+        }
+        if self.breaker_threshold == 0 || self.breaker_open_ms < 10 {
+            return Err("proxy breaker_threshold must be > 0 and breaker_open_ms >= 10".into());
+        }
+        if self.max_prefill_response_bytes < 1024 {
+            return Err("proxy max_prefill_response_bytes must be >= 1024".into());
+        }
+        if self.api_keys.iter().any(|k| k.is_empty()) {
+            return Err("proxy api_keys must not be empty strings".into());
+        }
+        Ok(())
+    }
+
+    /// The accepted client keys: `api_keys` plus the lines of `api_keys_file`.
+    pub fn resolve_keys(&self) -> Result<Vec<String>, String> {
+        let mut keys = self.api_keys.clone();
+        if let Some(path) = &self.api_keys_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("reading proxy api_keys_file {path}: {e}"))?;
+            keys.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(String::from),
+            );
+        }
+        Ok(keys)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_values_refused() {
+        ProxySettings::default().validate().unwrap();
+        let bad = ProxySettings {
+            breaker_threshold: 0,
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
+        assert!(is_off("") && is_off("OFF") && !is_off(DEFAULT_PROXY_ADDR));
+    }
+
+    #[test]
+    fn keys_come_from_the_list_and_the_file() {
+        let dir = std::env::temp_dir().join(format!("kvr-keys-{}", std::process::id()));
+        std::fs::write(&dir, "# comment\nk2\n\n k3 \n").unwrap();
+        let s = ProxySettings {
+            api_keys: vec!["k1".into()],
+            api_keys_file: Some(dir.display().to_string()),
+            ..Default::default()
+        };
+        assert_eq!(s.resolve_keys().unwrap(), ["k1", "k2", "k3"]);
+        let _ = std::fs::remove_file(dir);
+    }
+}

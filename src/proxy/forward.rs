@@ -1,0 +1,593 @@
+//! One proxied completion, on the core that accepted it: admission, body limit,
+//! parsing, prompt tokens, routing (`service::router::route`), the prefill leg of a
+//! disaggregated decision, the upstream request, and re-routing after failures before
+//! the first response byte (`retry`), with each worker's breaker (`breaker`) kept per
+//! core.
+//!
+//! Every routing attempt is its own kvroute request (`request::router_id`, `.rN` for
+//! re-routes) whose load is released (`finish`) as soon as the attempt fails, so a
+//! failed worker never keeps load; the final response says how many re-routes it took
+//! (`x-kvroute-retries`) and `kvroute_proxy_retries_total` counts them.
+
+use super::body::{self, ProxyBody, Streamed};
+use super::breaker::{Allow, Breaker};
+use super::errors;
+use super::pool::{self, Conn};
+use super::request::{self, ClientRequest, Endpoint};
+use super::retry::{self, Failure, Policy};
+use super::state::{KindLabel, ProxyShared, RequestLabels, WorkerLabel};
+use super::track::Tracker;
+use super::url::UpstreamUrl;
+use crate::engine::RouteRequest;
+use crate::service::core::Core;
+use crate::service::msg::LifeOp;
+use crate::service::router;
+use bytes::Bytes;
+use futures_lite::FutureExt;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+pub type Resp = Response<ProxyBody>;
+
+thread_local! {
+    static BREAKERS: RefCell<HashMap<String, Breaker>> = RefCell::new(HashMap::new());
+    static COUNTER: Cell<u64> = const { Cell::new(0) };
+}
+
+/// An OpenAI-shaped error response.
+pub fn error(status: StatusCode, kind: &str, code: &str, msg: &str) -> Resp {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(ProxyBody::full(errors::body(kind, code, msg)))
+        .unwrap_or_else(|_| Response::new(ProxyBody::full(Bytes::new())))
+}
+
+fn refused(core: &Core, kind: &'static str) {
+    core.shared
+        .proxy
+        .metrics
+        .refused
+        .get_or_create(&KindLabel { kind })
+        .inc();
+}
+
+fn next_counter() -> u64 {
+    COUNTER.with(|c| {
+        let v = c.get().wrapping_add(1);
+        c.set(v);
+        v
+    })
+}
+
+/// Handles `POST /v1/completions` / `POST /v1/chat/completions`.
+pub async fn completions(core: Rc<Core>, endpoint: Endpoint, req: Request<Incoming>) -> Resp {
+    let sh = core.shared.clone();
+    let ps = &sh.settings.proxy;
+    let started = Instant::now();
+    let Some(admitted) = ProxyShared::admit(&sh, ps.max_concurrent) else {
+        refused(&core, "too_many");
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_exceeded",
+            "too_many_requests",
+            &format!("more than {} proxied requests in flight", ps.max_concurrent),
+        );
+    };
+    let limit = ps.max_body_bytes;
+    let too_large = |core: &Core| {
+        refused(core, "too_large");
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+            &format!("request body larger than {limit} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large(&core);
+    }
+    let client_id = request::client_request_id(
+        req.headers().get("x-request-id").map(|v| v.as_bytes()),
+        || format!("kvr-{:016x}", rand::random::<u64>()),
+    );
+    let raw = match Limited::new(req.into_body(), limit).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(&core),
+        Err(e) => {
+            refused(&core, "bad_request");
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "bad_body",
+                &format!("reading the request body: {e}"),
+            );
+        }
+    };
+    let creq = match request::parse(&raw) {
+        Ok(c) => c,
+        Err(e) => {
+            refused(&core, "bad_request");
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "invalid_json",
+                &e.0,
+            );
+        }
+    };
+    let t0 = Instant::now();
+    let tokens = match super::prompt::prompt_tokens(endpoint, &creq.model, &creq.body) {
+        Ok(t) => t,
+        Err(e) => {
+            refused(&core, "bad_request");
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "invalid_prompt",
+                &e.0,
+            );
+        }
+    };
+    let m = &sh.proxy.metrics;
+    m.tokenize_seconds.observe(t0.elapsed().as_secs_f64());
+    if tokens.is_none() {
+        m.untokenized.inc();
+    }
+    let job = Job {
+        core: core.clone(),
+        endpoint,
+        creq,
+        raw,
+        client_id,
+        counter: next_counter(),
+        tokens,
+        started,
+    };
+    job.run(admitted).await
+}
+
+struct Job {
+    core: Rc<Core>,
+    endpoint: Endpoint,
+    creq: ClientRequest,
+    raw: Bytes,
+    client_id: String,
+    counter: u64,
+    tokens: Option<Vec<u32>>,
+    started: Instant,
+}
+
+/// The upstream answered with a head: its response and connection.
+struct Answer {
+    resp: Response<Incoming>,
+    conn: Conn,
+}
+
+impl Job {
+    async fn run(self, admitted: super::state::Admitted) -> Resp {
+        let sh = self.core.shared.clone();
+        let ps = &sh.settings.proxy;
+        let policy = Policy {
+            retries: ps.retries,
+            backoff_ms: ps.retry_backoff_ms,
+        };
+        let mut excluded: Vec<String> = Vec::new();
+        let mut attempt = 0u32;
+        let mut last: Option<(String, Failure)> = None;
+        loop {
+            let allow = match self.allow_list(&excluded) {
+                Some(a) => a,
+                None => return self.no_worker(last.as_ref()),
+            };
+            let rid = request::router_id(&self.client_id, self.core.id, self.counter, attempt);
+            let rr = self.route_request(&rid, allow);
+            let mut d = match router::route(&self.core, &rr).await {
+                Ok(d) => d,
+                Err(e) => return self.route_failed(&e, last.as_ref()),
+            };
+            let mut body = self.raw.clone();
+            let mut fallback = false;
+            if let Some(p) = d.prefill_worker.clone() {
+                match self.prefill_leg(&p).await {
+                    Ok(params) => {
+                        breaker_success(&self.core, &p);
+                        body = Bytes::from(super::pd::decode_body(&self.creq.body, params));
+                    }
+                    Err(f) => {
+                        self.upstream_failed(&p, f);
+                        sh.proxy
+                            .metrics
+                            .upstream_errors
+                            .get_or_create(&KindLabel { kind: "prefill" })
+                            .inc();
+                        sh.proxy.metrics.prefill_fallbacks.inc();
+                        fallback = true;
+                        match router::lifecycle(&self.core, LifeOp::PrefillFailed, &rid).await {
+                            Ok(Some(d2)) => d = d2,
+                            Ok(None) => {}
+                            Err(e) => return self.route_failed(&e, Some(&(p, f))),
+                        }
+                    }
+                }
+            }
+            let w = d.decode_worker.clone();
+            match self.send(&w, body, self.creq.stream).await {
+                Ok(a) => {
+                    breaker_success(&self.core, &w);
+                    return self.respond(a, &rid, &w, attempt, fallback, admitted);
+                }
+                Err(f) => {
+                    self.upstream_failed(&w, f);
+                    body::life(&self.core, LifeOp::Finish, &rid);
+                    excluded.push(w.clone());
+                    last = Some((w, f));
+                    attempt += 1;
+                    match policy.backoff(attempt) {
+                        Some(wait) => {
+                            sh.proxy.metrics.retries.inc();
+                            glommio::timer::sleep(wait).await;
+                        }
+                        None => return self.gave_up(last.as_ref()),
+                    }
+                }
+            }
+        }
+    }
+
+    fn route_request(&self, rid: &str, allow: Vec<String>) -> RouteRequest {
+        let (tokens, block_hashes, input_tokens) = match &self.tokens {
+            Some(t) => (Some(t.clone()), None, None),
+            // Routed by load only; the prompt's size is estimated from its bytes.
+            None => (None, Some(Vec::new()), Some((self.raw.len() / 4) as u32)),
+        };
+        RouteRequest {
+            request_id: rid.to_string(),
+            model: (!self.creq.model.is_empty()).then(|| self.creq.model.clone()),
+            tokens,
+            block_hashes,
+            input_tokens,
+            expected_output_tokens: self.creq.max_tokens,
+            allow: Some(allow),
+            ..Default::default()
+        }
+    }
+
+    /// Workers with a URL, not failed for this request, whose breaker is closed here
+    /// (starting the probe of one whose open interval is over). `None`: none.
+    fn allow_list(&self, excluded: &[String]) -> Option<Vec<String>> {
+        let sh = &self.core.shared;
+        let reg = sh.registry.load();
+        let now = sh.now_ms();
+        let ps = &sh.settings.proxy;
+        let mut out = Vec::new();
+        for e in reg.iter() {
+            let Some(url) = &e.spec.url else { continue };
+            if excluded.contains(&e.spec.id) {
+                continue;
+            }
+            let allow = BREAKERS.with(|b| {
+                b.borrow_mut()
+                    .get_mut(&e.spec.id)
+                    .map_or(Allow::Yes, |b| b.allow(now))
+            });
+            match allow {
+                Allow::Yes => out.push(e.spec.id.clone()),
+                Allow::No => {}
+                Allow::Probe => spawn_probe(&self.core, &e.spec.id, url, ps.connect_timeout_ms),
+            }
+        }
+        (!out.is_empty()).then_some(out)
+    }
+
+    fn upstream_failed(&self, worker: &str, f: Failure) {
+        let sh = &self.core.shared;
+        sh.proxy
+            .metrics
+            .upstream_errors
+            .get_or_create(&KindLabel { kind: f.label() })
+            .inc();
+        breaker_failure(&self.core, worker);
+        if let Some(u) = worker_url(&self.core, worker) {
+            pool::forget(&u.authority);
+        }
+    }
+
+    async fn send(&self, worker: &str, body: Bytes, stream: bool) -> Result<Answer, Failure> {
+        let _ = stream;
+        let url = worker_url(&self.core, worker).ok_or(Failure::NoUrl)?;
+        let ps = &self.core.shared.settings.proxy;
+        let connect = Duration::from_millis(ps.connect_timeout_ms);
+        let timeout = Duration::from_millis(ps.request_timeout_ms);
+        for _ in 0..2 {
+            let (mut conn, pooled) = pool::get(&url, connect).await?;
+            let req = Request::post(url.path(self.endpoint.path()))
+                .header(hyper::header::HOST, url.authority.as_str())
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .header("x-request-id", self.client_id.as_str())
+                .body(Full::new(body.clone()))
+                .map_err(|_| Failure::NoUrl)?;
+            let sent = async { conn.sender.send_request(req).await.map_err(Some) }
+                .or(async {
+                    glommio::timer::sleep(timeout).await;
+                    Err(None)
+                })
+                .await;
+            match sent {
+                Ok(resp) if retry::is_failure_status(resp.status().as_u16()) => {
+                    return Err(Failure::Status(resp.status().as_u16()))
+                }
+                Ok(resp) => return Ok(Answer { resp, conn }),
+                Err(None) => return Err(Failure::Timeout),
+                // A pooled connection the worker had closed: once more on a new one.
+                Err(Some(_)) if pooled => continue,
+                Err(Some(_)) => return Err(Failure::Reset),
+            }
+        }
+        Err(Failure::Reset)
+    }
+
+    /// The prefill leg: the NIXL prefill request, its answer read whole (bounded) for
+    /// its `kv_transfer_params`.
+    async fn prefill_leg(&self, worker: &str) -> Result<serde_json::Value, Failure> {
+        let ps = &self.core.shared.settings.proxy;
+        let body = Bytes::from(super::pd::prefill_body(&self.creq.body));
+        let a = self.send(worker, body, false).await?;
+        if !a.resp.status().is_success() {
+            return Err(Failure::Status(a.resp.status().as_u16()));
+        }
+        let timeout = Duration::from_millis(ps.request_timeout_ms);
+        let read = async {
+            Limited::new(a.resp.into_body(), ps.max_prefill_response_bytes)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .map_err(|_| Failure::Reset)
+        }
+        .or(async {
+            glommio::timer::sleep(timeout).await;
+            Err(Failure::Timeout)
+        })
+        .await?;
+        pool::put(a.conn, ps.pool_max_idle);
+        super::pd::answer_params(&read).ok_or(Failure::Status(0))
+    }
+
+    fn respond(
+        &self,
+        a: Answer,
+        rid: &str,
+        worker: &str,
+        retries: u32,
+        fallback: bool,
+        admitted: super::state::Admitted,
+    ) -> Resp {
+        let sh = &self.core.shared;
+        let ps = &sh.settings.proxy;
+        let (parts, upstream) = a.resp.into_parts();
+        let sse = parts
+            .headers
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let model = sh
+            .registry
+            .load()
+            .by_id(worker)
+            .map(|e| e.spec.model.clone())
+            .unwrap_or_default();
+        let streamed = Streamed {
+            core: self.core.clone(),
+            upstream,
+            conn: Some(a.conn),
+            id: rid.to_string(),
+            tracker: Tracker::new(sse, 4 << 20),
+            sse,
+            started: self.started,
+            last_output: None,
+            idle: Duration::from_millis(ps.request_timeout_ms),
+            timer: None,
+            labels: RequestLabels {
+                model,
+                worker: worker.to_string(),
+                outcome: "ok",
+            },
+            tail: None,
+            done: false,
+            pool_max_idle: ps.pool_max_idle,
+            admitted: Some(admitted),
+        };
+        let mut resp = Response::new(ProxyBody::Stream(Box::new(streamed)));
+        *resp.status_mut() = parts.status;
+        let h = resp.headers_mut();
+        for (k, v) in parts.headers.iter() {
+            if is_hop_by_hop(k.as_str()) {
+                continue;
+            }
+            h.append(k.clone(), v.clone());
+        }
+        let mut set = |k: &'static str, v: &str| {
+            if let Ok(v) = hyper::header::HeaderValue::from_str(v) {
+                h.insert(k, v);
+            }
+        };
+        set("x-request-id", &self.client_id);
+        set("x-kvroute-worker", worker);
+        set("x-kvroute-request-id", rid);
+        if retries > 0 {
+            set("x-kvroute-retries", &retries.to_string());
+        }
+        if fallback {
+            set("x-kvroute-prefill-fallback", "1");
+        }
+        resp
+    }
+
+    fn count_failed(&self) {
+        let labels = RequestLabels {
+            model: String::new(),
+            worker: String::new(),
+            outcome: "failed",
+        };
+        self.core
+            .shared
+            .proxy
+            .metrics
+            .requests
+            .get_or_create(&labels)
+            .inc();
+    }
+
+    fn gave_up(&self, last: Option<&(String, Failure)>) -> Resp {
+        self.count_failed();
+        let msg = match last {
+            Some((w, f)) => format!(
+                "upstream failed ({}) on worker {w}; no retry left",
+                f.label()
+            ),
+            None => "upstream failed".into(),
+        };
+        error(
+            StatusCode::BAD_GATEWAY,
+            "upstream_error",
+            "upstream_failed",
+            &msg,
+        )
+    }
+
+    fn no_worker(&self, last: Option<&(String, Failure)>) -> Resp {
+        if last.is_some() {
+            return self.gave_up(last);
+        }
+        refused(&self.core, "no_worker");
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            "no_upstream_worker",
+            "no worker with an upstream url is available (registered with `url`, circuit breaker closed)",
+        )
+    }
+
+    fn route_failed(&self, e: &router::ApiError, last: Option<&(String, Failure)>) -> Resp {
+        if last.is_some() {
+            return self.gave_up(last);
+        }
+        let (status, code) = crate::service::errors::classify(e);
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        refused(&self.core, "no_worker");
+        let kind = if status == StatusCode::TOO_MANY_REQUESTS {
+            "rate_limit_exceeded"
+        } else if status.is_client_error() {
+            "invalid_request_error"
+        } else {
+            "service_unavailable"
+        };
+        error(status, kind, code, &e.to_string())
+    }
+}
+
+fn is_hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "proxy-connection"
+    )
+}
+
+fn worker_url(core: &Core, worker: &str) -> Option<UpstreamUrl> {
+    let reg = core.shared.registry.load();
+    let u = reg.by_id(worker)?.spec.url.as_ref()?;
+    UpstreamUrl::parse(u).ok()
+}
+
+fn breaker_success(core: &Core, worker: &str) {
+    BREAKERS.with(|b| {
+        if let Some(br) = b.borrow_mut().get_mut(worker) {
+            if !br.is_closed() {
+                open_gauge(core, worker, -1);
+            }
+            br.on_success();
+        }
+    });
+}
+
+fn breaker_failure(core: &Core, worker: &str) {
+    let ps = &core.shared.settings.proxy;
+    let now = core.shared.now_ms();
+    BREAKERS.with(|b| {
+        let mut b = b.borrow_mut();
+        let br = b.entry(worker.to_string()).or_default();
+        let was_closed = br.is_closed();
+        br.on_failure(now, ps.breaker_threshold, ps.breaker_open_ms);
+        if was_closed && !br.is_closed() {
+            open_gauge(core, worker, 1);
+        }
+    });
+}
+
+fn open_gauge(core: &Core, worker: &str, by: i64) {
+    let g = core
+        .shared
+        .proxy
+        .metrics
+        .breaker_open
+        .get_or_create(&WorkerLabel {
+            worker: worker.to_string(),
+        });
+    if by > 0 {
+        g.inc();
+    } else {
+        g.dec();
+    }
+}
+
+/// The half-open probe: `GET {url}/health` decides the breaker.
+fn spawn_probe(core: &Rc<Core>, worker: &str, url: &str, connect_ms: u64) {
+    let (core, worker) = (core.clone(), worker.to_string());
+    let Ok(url) = UpstreamUrl::parse(url) else {
+        return;
+    };
+    glommio::spawn_local(async move {
+        let ok = probe(&url, Duration::from_millis(connect_ms)).await;
+        if ok {
+            breaker_success(&core, &worker);
+        } else {
+            breaker_failure(&core, &worker);
+        }
+    })
+    .detach();
+}
+
+async fn probe(url: &UpstreamUrl, connect: Duration) -> bool {
+    let Ok(mut conn) = pool::connect(url, connect).await else {
+        return false;
+    };
+    let Ok(req) = Request::get(url.path("/health"))
+        .header(hyper::header::HOST, url.authority.as_str())
+        .body(Full::new(Bytes::new()))
+    else {
+        return false;
+    };
+    async { conn.sender.send_request(req).await.ok() }
+        .or(async {
+            glommio::timer::sleep(connect.max(Duration::from_secs(2))).await;
+            None
+        })
+        .await
+        .is_some_and(|r| r.status().is_success())
+}

@@ -1,0 +1,49 @@
+//! hyper's I/O traits over a glommio `TcpStream`, client side: the proxy's upstream
+//! connections. Unlike `service::hyper_io` (the server side, which owns the listener's
+//! deadlines and slots) this adds no clock: the proxy bounds upstream waits itself
+//! (connect timeout, response-head and inter-chunk timeouts in `forward` / `body`).
+//! Reads go through a stack buffer so the adapter needs no `unsafe`.
+
+use futures_lite::{AsyncRead, AsyncWrite};
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+pub struct ClientIo<T>(pub T);
+
+impl<T: AsyncRead + Unpin> hyper::rt::Read for ClientIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        let mut tmp = [0u8; 16 << 10];
+        let want = buf.remaining().min(tmp.len());
+        match Pin::new(&mut self.0).poll_read(cx, &mut tmp[..want]) {
+            Poll::Ready(Ok(n)) => {
+                buf.put_slice(&tmp[..n]);
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> hyper::rt::Write for ClientIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_close(cx)
+    }
+}

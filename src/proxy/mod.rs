@@ -1,0 +1,44 @@
+//! The OpenAI-compatible proxy of `kvroute serve` (README "Proxy"): the router tier
+//! in the request path. A request on `proxy_addr` is parsed, routed with the usual cost
+//! (`service::router::route`), forwarded to the chosen worker's `url` on the same core,
+//! and its response streamed back chunk by chunk while the request's lifecycle
+//! (`first_token`, `progress`, `finish`) is read off the stream.
+//!
+//! Split like the rest of the crate: the decisions are pure and unit-tested —
+//! - `url`: the upstream URL of a worker (`http://host:port[/base]`);
+//! - `config`: the proxy's settings (`[proxy]` in TOML);
+//! - `request`: the client body (limits, the fields routing needs, ids);
+//! - `prompt`: token ids of a prompt (the one call site of tokenization);
+//! - `track`: lifecycle signals from an SSE or JSON response stream;
+//! - `breaker`: the per-worker circuit breaker state machine;
+//! - `retry`: which upstream failures are retried, and the backoff;
+//! - `pd`: the two legs of a disaggregated (NIXL) request;
+//! - `errors`: OpenAI-shaped error bodies and SSE error events —
+//!
+//! and the glommio/hyper driver (`service` feature): `io` (hyper over glommio streams,
+//! client side), `pool` (per-core keep-alive connections per worker), `body` (the
+//! streamed response and its lifecycle), `forward` (route → legs → retries), `server`
+//! (the listener's routes and auth), `state` (metrics and the shared admission count).
+
+pub mod breaker;
+pub mod config;
+pub mod errors;
+pub mod pd;
+pub mod prompt;
+pub mod request;
+pub mod retry;
+pub mod track;
+pub mod url;
+
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod body;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod forward;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod io;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod pool;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod server;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod state;

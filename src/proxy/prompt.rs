@@ -1,0 +1,91 @@
+//! Token ids of a request's prompt: the one call site of tokenization.
+//!
+//! Until the tokenizer module (`tokenize`, per-model `tokenizer.json` and chat
+//! templates) is merged, this handles completions whose `prompt` is already token ids
+//! — a list of integers, or a list of such lists (a batch, routed by its first prompt)
+//! — and answers `Ok(None)` for everything else: the request is then routed by load
+//! only (counted in `kvroute_proxy_untokenized_total`), never refused.
+
+use super::request::Endpoint;
+use serde_json::Value;
+
+/// A prompt that cannot be tokenized as given (400 to the client).
+#[derive(Debug, PartialEq, Eq)]
+pub struct PromptError(pub String);
+
+impl std::fmt::Display for PromptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Most token ids read from one prompt (the router's hash limit caps them later).
+pub const MAX_PROMPT_TOKENS: usize = 1 << 21;
+
+pub fn prompt_tokens(
+    endpoint: Endpoint,
+    _model: &str,
+    body: &Value,
+) -> Result<Option<Vec<u32>>, PromptError> {
+    if endpoint != Endpoint::Completions {
+        return Ok(None);
+    }
+    let Some(Value::Array(items)) = body.get("prompt") else {
+        return Ok(None);
+    };
+    let first = match items.first() {
+        None => return Err(PromptError("prompt is empty".into())),
+        Some(Value::Array(inner)) => inner,
+        Some(Value::Number(_)) => items,
+        // A list of strings needs a tokenizer.
+        Some(_) => return Ok(None),
+    };
+    if first.len() > MAX_PROMPT_TOKENS {
+        return Err(PromptError(format!(
+            "prompt longer than {MAX_PROMPT_TOKENS} tokens"
+        )));
+    }
+    first
+        .iter()
+        .map(|v| {
+            v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| PromptError(format!("prompt token {v} is not a token id")))
+        })
+        .collect::<Result<Vec<u32>, _>>()
+        .map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn token_prompts_are_read_and_text_needs_a_tokenizer() {
+        let c = Endpoint::Completions;
+        assert_eq!(
+            prompt_tokens(c, "m", &json!({"prompt": [1, 2, 3]})).unwrap(),
+            Some(vec![1, 2, 3])
+        );
+        assert_eq!(
+            prompt_tokens(c, "m", &json!({"prompt": [[4, 5], [6]]})).unwrap(),
+            Some(vec![4, 5])
+        );
+        assert_eq!(
+            prompt_tokens(c, "m", &json!({"prompt": "hi"})).unwrap(),
+            None
+        );
+        assert_eq!(
+            prompt_tokens(c, "m", &json!({"prompt": ["hi"]})).unwrap(),
+            None
+        );
+        assert_eq!(
+            prompt_tokens(Endpoint::Chat, "m", &json!({"messages": []})).unwrap(),
+            None
+        );
+        assert!(prompt_tokens(c, "m", &json!({"prompt": [1, -2]})).is_err());
+        assert!(prompt_tokens(c, "m", &json!({"prompt": []})).is_err());
+        assert!(prompt_tokens(c, "m", &json!({"prompt": [1.5]})).is_err());
+    }
+}

@@ -1,0 +1,144 @@
+//! The proxy listener (`proxy_addr`): routes, auth, and the hyper connection.
+//!
+//! Routes (exactly these): `POST /v1/completions`, `POST /v1/chat/completions`,
+//! `GET /v1/models` (the models of registered workers that have a `url`, OpenAI list
+//! shape), `GET /health` (no auth). When the service has a token or the proxy has
+//! client API keys, every other route needs `Authorization: Bearer <token or key>`
+//! (compared in constant time); otherwise 401 in OpenAI's error shape.
+
+use super::body::ProxyBody;
+use super::forward::{self, error, Resp};
+use super::request::Endpoint;
+use crate::service::conn_slot::Slot;
+use crate::service::core::Core;
+use crate::service::hyper_io;
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use std::rc::Rc;
+use subtle::ConstantTimeEq;
+
+fn authorized(core: &Core, req: &Request<Incoming>) -> bool {
+    let keys = core
+        .shared
+        .proxy
+        .keys
+        .get()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let creds = &core.shared.creds;
+    if !creds.enabled() && keys.is_empty() {
+        return true;
+    }
+    let presented = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if presented.is_empty() {
+        return false;
+    }
+    let mut ok = creds.enabled() && creds.is_admin(presented);
+    for k in keys {
+        ok |= bool::from(k.as_bytes().ct_eq(presented.as_bytes()));
+    }
+    ok
+}
+
+fn json(status: StatusCode, v: &serde_json::Value) -> Resp {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(ProxyBody::full(Bytes::from(
+            serde_json::to_vec(v).unwrap_or_default(),
+        )))
+        .unwrap_or_else(|_| Response::new(ProxyBody::full(Bytes::new())))
+}
+
+/// `GET /v1/models`: one entry per model of the workers that have a `url`.
+fn models(core: &Core) -> Resp {
+    let reg = core.shared.registry.load();
+    let mut names: Vec<&str> = reg
+        .iter()
+        .filter(|e| e.spec.url.is_some())
+        .map(|e| e.spec.model.as_str())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    let data: Vec<serde_json::Value> = names
+        .into_iter()
+        .map(|m| serde_json::json!({"id": m, "object": "model", "created": 0, "owned_by": "kvroute"}))
+        .collect();
+    json(
+        StatusCode::OK,
+        &serde_json::json!({"object": "list", "data": data}),
+    )
+}
+
+pub async fn handle(core: Rc<Core>, req: Request<Incoming>) -> Resp {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    if method == Method::GET && path == "/health" {
+        return json(StatusCode::OK, &serde_json::json!({"status": "ok"}));
+    }
+    if !authorized(&core, &req) {
+        core.shared
+            .proxy
+            .metrics
+            .refused
+            .get_or_create(&super::state::KindLabel {
+                kind: "unauthorized",
+            })
+            .inc();
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "invalid_api_key",
+            "missing or wrong API key (Authorization: Bearer ...)",
+        );
+    }
+    match (&method, path.as_str()) {
+        (&Method::POST, "/v1/completions") => {
+            forward::completions(core, Endpoint::Completions, req).await
+        }
+        (&Method::POST, "/v1/chat/completions") => {
+            forward::completions(core, Endpoint::Chat, req).await
+        }
+        (&Method::GET, "/v1/models") => models(&core),
+        (_, "/v1/completions" | "/v1/chat/completions" | "/v1/models" | "/health") => error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "method_not_allowed",
+            &format!("{method} not allowed on {path}"),
+        ),
+        _ => error(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "not_found",
+            &format!("no route {path}"),
+        ),
+    }
+}
+
+/// One client connection on the proxy port: hyper over `service::hyper_io` (the
+/// listener's header, idle and write deadlines and its connection slot), like the
+/// JSON API's.
+pub async fn serve(core: Rc<Core>, stream: glommio::net::TcpStream, slot: Rc<Slot>) {
+    let conn = hyper_io::HttpConn::new(core.shared.clone(), slot);
+    let io = hyper_io::HyperIo::new(stream, conn.clone());
+    let svc = hyper::service::service_fn(move |req| {
+        let (core, conn) = (core.clone(), conn.clone());
+        async move {
+            conn.request_started();
+            let resp = handle(core, req).await;
+            Ok::<_, std::convert::Infallible>(resp.map(|b| hyper_io::TrackedBody::new(b, conn)))
+        }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .keep_alive(true)
+        .half_close(true)
+        .max_buf_size(64 << 10)
+        .serve_connection(io, svc)
+        .await;
+}

@@ -1,0 +1,190 @@
+//! What the proxy shares between cores: its metrics (registered into the service's
+//! `/metrics` registry), the count of proxied requests in flight (the
+//! `max_concurrent` admission), and the accepted client API keys.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crate::service::shared::Shared;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// The routed worker's model (never the client's string: bounded cardinality).
+    pub model: String,
+    pub worker: String,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabel {
+    pub worker: String,
+}
+
+pub struct ProxyMetrics {
+    pub requests: Family<RequestLabels, Counter>,
+    pub refused: Family<KindLabel, Counter>,
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    pub e2e: Histogram,
+    pub upstream_errors: Family<KindLabel, Counter>,
+    pub retries: Counter,
+    /// Cores on which the worker's breaker is open or half-open.
+    pub breaker_open: Family<WorkerLabel, Gauge>,
+    pub tokenize_seconds: Histogram,
+    pub untokenized: Counter,
+    pub prefill_fallbacks: Counter,
+    pub active: Gauge,
+}
+
+fn seconds_buckets() -> impl Iterator<Item = f64> {
+    // 100 µs .. ~105 s in powers of two.
+    (0..21).map(|i| 1e-4 * f64::from(1u32 << i))
+}
+
+impl ProxyMetrics {
+    fn new() -> ProxyMetrics {
+        ProxyMetrics {
+            requests: Family::default(),
+            refused: Family::default(),
+            ttft: Histogram::new(seconds_buckets()),
+            itl: Histogram::new(seconds_buckets()),
+            e2e: Histogram::new(seconds_buckets()),
+            upstream_errors: Family::default(),
+            retries: Counter::default(),
+            breaker_open: Family::default(),
+            tokenize_seconds: Histogram::new((0..16).map(|i| 1e-6 * f64::from(1u32 << i))),
+            untokenized: Counter::default(),
+            prefill_fallbacks: Counter::default(),
+            active: Gauge::default(),
+        }
+    }
+
+    fn register(&self, r: &mut prometheus_client::registry::Registry) {
+        r.register(
+            "proxy_requests",
+            "Proxied requests by routed model, worker and outcome (ok, upstream_error, client_disconnect, failed)",
+            self.requests.clone(),
+        );
+        r.register(
+            "proxy_refused",
+            "Proxy requests refused before routing, by kind (unauthorized, too_large, too_many, bad_request, no_worker)",
+            self.refused.clone(),
+        );
+        r.register(
+            "proxy_ttft_seconds",
+            "Time to first output token as seen by the proxy",
+            self.ttft.clone(),
+        );
+        r.register(
+            "proxy_itl_seconds",
+            "Time between output-carrying chunks as seen by the proxy",
+            self.itl.clone(),
+        );
+        r.register(
+            "proxy_e2e_seconds",
+            "End-to-end time of proxied requests (accept to last byte)",
+            self.e2e.clone(),
+        );
+        r.register(
+            "proxy_upstream_errors",
+            "Upstream failures by kind (connect, connect_timeout, reset, timeout, status_5xx, mid_stream, prefill)",
+            self.upstream_errors.clone(),
+        );
+        r.register(
+            "proxy_retries",
+            "Proxied requests re-routed to another worker after a failure",
+            self.retries.clone(),
+        );
+        r.register(
+            "proxy_breaker_open",
+            "Cores on which the worker's circuit breaker is open or half-open",
+            self.breaker_open.clone(),
+        );
+        r.register(
+            "proxy_tokenize_seconds",
+            "Time to read a request's prompt token ids",
+            self.tokenize_seconds.clone(),
+        );
+        r.register(
+            "proxy_untokenized",
+            "Proxied requests routed by load only (no token ids for their prompt)",
+            self.untokenized.clone(),
+        );
+        r.register(
+            "proxy_prefill_fallbacks",
+            "Disaggregated requests whose prefill leg failed and that were served decode-only",
+            self.prefill_fallbacks.clone(),
+        );
+        r.register(
+            "proxy_active",
+            "Proxied requests in flight",
+            self.active.clone(),
+        );
+    }
+}
+
+pub struct ProxyShared {
+    pub metrics: ProxyMetrics,
+    inflight: AtomicUsize,
+    /// Client API keys (set once at start).
+    pub keys: OnceLock<Vec<String>>,
+}
+
+impl ProxyShared {
+    pub fn new(m: &crate::service::metrics::Metrics) -> ProxyShared {
+        let p = ProxyShared {
+            metrics: ProxyMetrics::new(),
+            inflight: AtomicUsize::new(0),
+            keys: OnceLock::new(),
+        };
+        m.with_registry(|r| p.metrics.register(r));
+        p
+    }
+
+    /// Admits one more proxied request unless `max` are in flight.
+    pub fn admit(shared: &Arc<Shared>, max: usize) -> Option<Admitted> {
+        let me = &shared.proxy;
+        let mut cur = me.inflight.load(Ordering::Relaxed);
+        loop {
+            if cur >= max {
+                return None;
+            }
+            match me.inflight.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    me.metrics.active.inc();
+                    return Some(Admitted(shared.clone()));
+                }
+                Err(v) => cur = v,
+            }
+        }
+    }
+
+    pub fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::Relaxed)
+    }
+}
+
+/// One admitted request; dropping it releases the admission.
+pub struct Admitted(Arc<Shared>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.proxy.inflight.fetch_sub(1, Ordering::AcqRel);
+        self.0.proxy.metrics.active.dec();
+    }
+}
