@@ -406,3 +406,48 @@ fn sigterm_stops_the_fleet_cleanly() {
     assert!(f.stop(), "fleet did not exit 0 on SIGTERM");
     assert!(ureq::get(&url).timeout(Duration::from_secs(2)).call().is_err(), "still serving");
 }
+
+/// Through kvroute's proxy (ZMQ-fed, `url=` in `--engine`): a long token-id prompt sent
+/// twice lands on the same simulated worker, and the second is a hit there; replay
+/// through the proxy measures the same way as direct.
+#[test]
+fn through_the_proxy_a_repeated_prefix_hits_at_the_worker() {
+    let f = Fleet::start(&["--workers", "2", "--block-size", "4", "--timing", FAST]);
+    let e0 = f.workers[0].engine.clone().expect("engine flag");
+    let e1 = f.workers[1].engine.clone().expect("engine flag");
+    assert!(e0.contains("url=http://127.0.0.1:"), "{e0}");
+    let s = Server::start(2, &["--block-size", "4", "--engine", &e0, "--engine", &e1]);
+    // Wait until both subscriptions carry events (a PUB drops earlier ones).
+    prompt_until_indexed(&f, &s, 0);
+    prompt_until_indexed(&f, &s, 1);
+    let proxy = format!("http://{}/v1/completions", s.proxy);
+    let toks: Vec<u32> = (0..64).map(|i| 70_000 + i).collect();
+    let (c, b) = post(&proxy, json!({"model": "sim-model", "prompt": toks, "max_tokens": 2}));
+    assert_eq!(c, 200, "{b}");
+    let before: Vec<u64> = (0..2).map(|i| f.stats(i)["cached_blocks"].as_u64().unwrap()).collect();
+    let first: Vec<u64> = (0..2).map(|i| f.stats(i)["prompt_blocks"].as_u64().unwrap()).collect();
+    let w = if first[0] > first[1] { "sim-0" } else { "sim-1" };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.cached(w) < 16 + 4 {
+        assert!(Instant::now() < deadline, "the first request's blocks never reached the router");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (c, b) = post(&proxy, json!({"model": "sim-model", "prompt": toks, "max_tokens": 2, "stream": true}));
+    assert_eq!(c, 200, "{b}");
+    assert_eq!(sse_data(&b).last().map(String::as_str), Some("[DONE]"), "{b}");
+    let i = if w == "sim-0" { 0 } else { 1 };
+    let hit = f.stats(i)["cached_blocks"].as_u64().unwrap() - before[i];
+    assert_eq!(hit, 16, "second request was not a full hit on {w}");
+    let (line, r) = common::sim::run_json(
+        "sim_fleet",
+        "replay_proxy",
+        &[
+            "replay", "--trace", common::sim::SLICE, "--target", &format!("http://{}", s.proxy),
+            "--limit", "20", "--rate", "20", "--stream", "--token-ids", "--max-input-tokens", "256",
+            "--max-output-tokens", "4", "--trace-block", "16", "--workers-stats",
+            &format!("{},{}", f.workers[0].url, f.workers[1].url),
+        ],
+    );
+    assert_eq!(r["ok"], 20, "{line}");
+    assert!(r["hit_rate"].as_f64().unwrap() > 0.0, "{line}");
+}

@@ -152,12 +152,11 @@ fn body(l: &Line, a: &ReplayArgs) -> Bytes {
     } else {
         json!({"model": a.model, "prompt": text()})
     };
-    let o = v.as_object_mut().expect("object literal");
-    o.insert("max_tokens".into(), json!(max_tokens));
-    o.insert("ignore_eos".into(), json!(true));
+    v["max_tokens"] = json!(max_tokens);
+    v["ignore_eos"] = json!(true);
     if a.stream {
-        o.insert("stream".into(), json!(true));
-        o.insert("stream_options".into(), json!({"include_usage": true}));
+        v["stream"] = json!(true);
+        v["stream_options"] = json!({"include_usage": true});
     }
     Bytes::from(v.to_string())
 }

@@ -175,6 +175,8 @@ pub fn run(a: FleetArgs) -> Result<(), String> {
         spec.role = role;
         spec.model = a.model.clone();
         spec.capacity_blocks = a.capacity_blocks as u64;
+        // The proxy forwards to this URL (binary handshake, --register).
+        spec.url = Some(format!("http://127.0.0.1:{port}"));
         let sink = match a.events.as_str() {
             "zmq" => {
                 let zp = if a.base_zmq_port == 0 { 0 } else { a.base_zmq_port.saturating_add(i as u16) };
@@ -189,7 +191,7 @@ pub fn run(a: FleetArgs) -> Result<(), String> {
         };
         let events = Events::start(sink, worker.clone())?;
         let is_faulty = faulty.is_empty() || faulty.contains(&i);
-        let url = format!("http://127.0.0.1:{port}");
+        let url = spec.url.clone().unwrap_or_default();
         let ctx = Arc::new(WorkerCtx {
             id,
             model: a.model.clone(),
@@ -231,8 +233,9 @@ fn announce(a: &FleetArgs, ctx: &WorkerCtx, spec: &WorkerSpec) {
     let mut line = format!("worker {} role={} url={}", ctx.id, ctx.role.name(), ctx.url);
     if let Some(ep) = &ctx.events.zmq_endpoint {
         line.push_str(&format!(
-            " engine=worker_id={},endpoint={ep},role={},model={},capacity_blocks={},block_size={}",
+            " engine=worker_id={},endpoint={ep},url={},role={},model={},capacity_blocks={},block_size={}",
             spec.id,
+            ctx.url,
             spec.role.name(),
             spec.model,
             spec.capacity_blocks,
