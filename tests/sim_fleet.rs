@@ -44,14 +44,24 @@ impl Fleet {
                 let _ = tx.send(l);
             }
         });
-        let mut f = Fleet { child: Some(child), workers: Vec::new() };
+        let mut f = Fleet {
+            child: Some(child),
+            workers: Vec::new(),
+        };
         loop {
-            let l = rx.recv_timeout(Duration::from_secs(30)).expect("fleet did not get ready");
+            let l = rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("fleet did not get ready");
             if l.starts_with("ready:") {
                 break;
             }
             if let Some(rest) = l.strip_prefix("worker ") {
-                let mut w = SimWorker { id: String::new(), role: String::new(), url: String::new(), engine: None };
+                let mut w = SimWorker {
+                    id: String::new(),
+                    role: String::new(),
+                    url: String::new(),
+                    engine: None,
+                };
                 for (i, tok) in rest.split(' ').enumerate() {
                     if i == 0 {
                         w.id = tok.to_string();
@@ -75,12 +85,18 @@ impl Fleet {
     }
 
     fn stats(&self, i: usize) -> Value {
-        ureq::get(&self.url(i, "/stats")).call().unwrap().into_json().unwrap()
+        ureq::get(&self.url(i, "/stats"))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap()
     }
 
     /// SIGTERM, then waits; returns whether it exited successfully.
     fn stop(&mut self) -> bool {
-        let Some(mut c) = self.child.take() else { return false };
+        let Some(mut c) = self.child.take() else {
+            return false;
+        };
         unsafe {
             libc::kill(c.id() as i32, libc::SIGTERM);
         }
@@ -108,7 +124,10 @@ impl Drop for Fleet {
 }
 
 fn post(url: &str, body: Value) -> (u16, String) {
-    match ureq::post(url).timeout(Duration::from_secs(60)).send_json(body) {
+    match ureq::post(url)
+        .timeout(Duration::from_secs(60))
+        .send_json(body)
+    {
         Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
         Err(ureq::Error::Status(c, r)) => (c, r.into_string().unwrap_or_default()),
         Err(e) => panic!("POST {url}: {e}"),
@@ -130,13 +149,23 @@ fn sse_data(body: &str) -> Vec<String> {
 #[test]
 fn serves_completions_and_chat_streamed_and_not() {
     let f = Fleet::start(&["--workers", "1", "--events", "none", "--timing", FAST]);
-    let (c, b) = post(&f.url(0, "/v1/completions"), json!({"model": "sim-model", "prompt": "t1 t2 t3", "max_tokens": 5}));
+    let (c, b) = post(
+        &f.url(0, "/v1/completions"),
+        json!({"model": "sim-model", "prompt": "t1 t2 t3", "max_tokens": 5}),
+    );
     assert_eq!(c, 200, "{b}");
     let v: Value = serde_json::from_str(&b).unwrap();
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["usage"]["completion_tokens"], 5);
     assert_eq!(v["usage"]["prompt_tokens"], 3);
-    assert_eq!(v["choices"][0]["text"].as_str().unwrap().split_whitespace().count(), 5);
+    assert_eq!(
+        v["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        5
+    );
 
     let (c, b) = post(
         &f.url(0, "/v1/chat/completions"),
@@ -149,8 +178,14 @@ fn serves_completions_and_chat_streamed_and_not() {
     assert_eq!(v["usage"]["completion_tokens"], 2);
 
     for (path, body) in [
-        ("/v1/completions", json!({"prompt": [1, 2, 3], "max_tokens": 4})),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "t9"}], "max_tokens": 4})),
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 2, 3], "max_tokens": 4}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "t9"}], "max_tokens": 4}),
+        ),
     ] {
         let mut body = body;
         body["stream"] = json!(true);
@@ -159,22 +194,58 @@ fn serves_completions_and_chat_streamed_and_not() {
         assert_eq!(c, 200, "{b}");
         let d = sse_data(&b);
         assert_eq!(d.last().map(String::as_str), Some("[DONE]"), "{b}");
-        let chunks: Vec<Value> = d[..d.len() - 1].iter().map(|x| serde_json::from_str(x).unwrap()).collect();
-        let with_text = chunks.iter().filter(|c| !c["choices"].as_array().unwrap().is_empty()).count();
+        let chunks: Vec<Value> = d[..d.len() - 1]
+            .iter()
+            .map(|x| serde_json::from_str(x).unwrap())
+            .collect();
+        let with_text = chunks
+            .iter()
+            .filter(|c| !c["choices"].as_array().unwrap().is_empty())
+            .count();
         assert_eq!(with_text, 4, "{b}");
         assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 4);
-        assert_eq!(chunks[with_text - 1]["choices"][0]["finish_reason"], "length");
+        assert_eq!(
+            chunks[with_text - 1]["choices"][0]["finish_reason"],
+            "length"
+        );
     }
     // Without include_usage, no usage chunk.
-    let (_, b) = post(&f.url(0, "/v1/completions"), json!({"prompt": "t1", "max_tokens": 2, "stream": true}));
+    let (_, b) = post(
+        &f.url(0, "/v1/completions"),
+        json!({"prompt": "t1", "max_tokens": 2, "stream": true}),
+    );
     assert_eq!(sse_data(&b).len(), 3, "{b}");
 
-    let m: Value = ureq::get(&f.url(0, "/v1/models")).call().unwrap().into_json().unwrap();
+    let m: Value = ureq::get(&f.url(0, "/v1/models"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
     assert_eq!(m["data"][0]["id"], "sim-model");
-    assert_eq!(ureq::get(&f.url(0, "/health")).call().unwrap().status(), 200);
-    assert_eq!(post(&f.url(0, "/v1/completions"), json!({"model": "other", "prompt": "x"})).0, 404);
-    assert_eq!(post(&f.url(0, "/v1/completions"), json!({"max_tokens": 3})).0, 400);
-    assert_eq!(post(&f.url(0, "/v1/completions"), json!({"prompt": "x", "max_tokens": -1})).0, 400);
+    assert_eq!(
+        ureq::get(&f.url(0, "/health")).call().unwrap().status(),
+        200
+    );
+    assert_eq!(
+        post(
+            &f.url(0, "/v1/completions"),
+            json!({"model": "other", "prompt": "x"})
+        )
+        .0,
+        404
+    );
+    assert_eq!(
+        post(&f.url(0, "/v1/completions"), json!({"max_tokens": 3})).0,
+        400
+    );
+    assert_eq!(
+        post(
+            &f.url(0, "/v1/completions"),
+            json!({"prompt": "x", "max_tokens": -1})
+        )
+        .0,
+        400
+    );
     let s = f.stats(0);
     assert_eq!(s["requests"], 5);
     assert_eq!(s["active"], 0);
@@ -183,16 +254,35 @@ fn serves_completions_and_chat_streamed_and_not() {
 #[test]
 fn body_limit_concurrency_limit_and_injected_faults() {
     let f = Fleet::start(&[
-        "--workers", "2", "--events", "none", "--timing", FAST, "--max-body-bytes", "1000",
-        "--max-active", "1", "--die-after-chunks", "2", "--fail-rate", "1", "--faulty", "1",
+        "--workers",
+        "2",
+        "--events",
+        "none",
+        "--timing",
+        FAST,
+        "--max-body-bytes",
+        "1000",
+        "--max-active",
+        "1",
+        "--die-after-chunks",
+        "2",
+        "--fail-rate",
+        "1",
+        "--faulty",
+        "1",
     ]);
     let big = words(0..400);
-    assert_eq!(post(&f.url(0, "/v1/completions"), json!({"prompt": big})).0, 413);
+    assert_eq!(
+        post(&f.url(0, "/v1/completions"), json!({"prompt": big})).0,
+        413
+    );
     // Worker 0: one slot. A long stream holds it while a second request is refused.
     let slow = f.url(0, "/v1/completions");
     let held = std::thread::spawn(move || {
         // 2 ms per token × 1,500 tokens: the slot is busy for ~3 s.
-        let r = ureq::post(&slow).send_json(json!({"prompt": "t1", "max_tokens": 1500, "stream": true})).unwrap();
+        let r = ureq::post(&slow)
+            .send_json(json!({"prompt": "t1", "max_tokens": 1500, "stream": true}))
+            .unwrap();
         let mut s = String::new();
         let _ = r.into_reader().read_to_string(&mut s);
         s
@@ -202,24 +292,45 @@ fn body_limit_concurrency_limit_and_injected_faults() {
         assert!(Instant::now() < deadline, "the long stream never started");
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(post(&f.url(0, "/v1/completions"), json!({"prompt": "t1"})).0, 429);
+    assert_eq!(
+        post(&f.url(0, "/v1/completions"), json!({"prompt": "t1"})).0,
+        429
+    );
     let _ = held.join();
     assert_eq!(f.stats(0)["rejected"], 1);
     // Worker 1: --fail-rate 1 → every generation is a 500.
-    assert_eq!(post(&f.url(1, "/v1/completions"), json!({"prompt": "t1"})).0, 500);
+    assert_eq!(
+        post(&f.url(1, "/v1/completions"), json!({"prompt": "t1"})).0,
+        500
+    );
     // ... and with --fail-rate off, streams die after 2 chunks (no [DONE]).
     drop(f);
-    let f = Fleet::start(&["--workers", "1", "--events", "none", "--timing", FAST, "--die-after-chunks", "2"]);
+    let f = Fleet::start(&[
+        "--workers",
+        "1",
+        "--events",
+        "none",
+        "--timing",
+        FAST,
+        "--die-after-chunks",
+        "2",
+    ]);
     let r = ureq::post(&f.url(0, "/v1/completions"))
         .send_json(json!({"prompt": "t1", "max_tokens": 10, "stream": true}))
         .unwrap();
     let mut s = String::new();
     let read = r.into_reader().read_to_string(&mut s);
-    assert!(read.is_err() || !s.contains("[DONE]"), "stream did not die: {s}");
+    assert!(
+        read.is_err() || !s.contains("[DONE]"),
+        "stream did not die: {s}"
+    );
     assert_eq!(sse_data(&s).len(), 2, "{s}");
     let deadline = Instant::now() + Duration::from_secs(30);
     while f.stats(0)["active"] != 0 {
-        assert!(Instant::now() < deadline, "the dead stream's slot was not released");
+        assert!(
+            Instant::now() < deadline,
+            "the dead stream's slot was not released"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(f.stats(0)["injected_failures"], 1);
@@ -231,7 +342,10 @@ fn prompt_until_indexed(f: &Fleet, s: &Server, i: usize) -> Vec<u32> {
     let deadline = Instant::now() + Duration::from_secs(30);
     for k in 0u32.. {
         let toks: Vec<u32> = (0..16).map(|j| 1000 * (k + 1) + j).collect();
-        let (c, b) = post(&f.url(i, "/v1/completions"), json!({"prompt": toks, "max_tokens": 1}));
+        let (c, b) = post(
+            &f.url(i, "/v1/completions"),
+            json!({"prompt": toks, "max_tokens": 1}),
+        );
         assert_eq!(c, 200, "{b}");
         let until = Instant::now() + Duration::from_millis(500);
         while Instant::now() < until {
@@ -240,13 +354,19 @@ fn prompt_until_indexed(f: &Fleet, s: &Server, i: usize) -> Vec<u32> {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(Instant::now() < deadline, "the router never saw worker {i}'s blocks");
+        assert!(
+            Instant::now() < deadline,
+            "the router never saw worker {i}'s blocks"
+        );
     }
     unreachable!()
 }
 
 fn overlap(s: &Server, id: &str, toks: &[u32], worker: &str) -> (String, u64) {
-    let (c, d) = s.post("/v1/route", json!({"request_id": id, "model": "sim-model", "tokens": toks, "explain": true}));
+    let (c, d) = s.post(
+        "/v1/route",
+        json!({"request_id": id, "model": "sim-model", "tokens": toks, "explain": true}),
+    );
     assert_eq!(c, 200, "{d}");
     let o = d["candidates"]
         .as_array()
@@ -271,7 +391,10 @@ fn zmq_events_are_ingested_by_kvroute_serve() {
     // A longer continuation of the same prompt: new blocks chained on the old ones.
     let mut more = toks.clone();
     more.extend(5000..5008);
-    let (c, _) = post(&f.url(1, "/v1/completions"), json!({"prompt": more, "max_tokens": 1}));
+    let (c, _) = post(
+        &f.url(1, "/v1/completions"),
+        json!({"prompt": more, "max_tokens": 1}),
+    );
     assert_eq!(c, 200);
     let deadline = Instant::now() + Duration::from_secs(10);
     while overlap(&s, "z2", &more, "sim-1").1 != 6 {
@@ -285,23 +408,65 @@ fn zmq_events_are_ingested_by_kvroute_serve() {
 fn binary_events_and_http_registration_reach_kvroute_serve() {
     let s = Server::start(2, &["--block-size", "4"]);
     let f = Fleet::start(&[
-        "--workers", "1", "--block-size", "4", "--timing", FAST, "--events", "binary",
-        "--router-events", &s.events, "--id-prefix", "bin-",
+        "--workers",
+        "1",
+        "--block-size",
+        "4",
+        "--timing",
+        FAST,
+        "--events",
+        "binary",
+        "--router-events",
+        &s.events,
+        "--id-prefix",
+        "bin-",
     ]);
-    s.wait_until("bin-0 registered", |s| s.workers().iter().any(|w| w["id"] == "bin-0"));
+    s.wait_until("bin-0 registered", |s| {
+        s.workers().iter().any(|w| w["id"] == "bin-0")
+    });
     let toks = prompt_until_indexed(&f, &s, 0);
     assert_eq!(overlap(&s, "b1", &toks, "bin-0").1, 4);
     // --register: the workers appear through POST /v1/workers (ZMQ fleet, no --engine).
-    let g = Fleet::start(&["--workers", "2", "--events", "none", "--register", &s.http, "--id-prefix", "reg-"]);
-    let ids: Vec<String> = s.workers().iter().filter_map(|w| w["id"].as_str().map(String::from)).collect();
-    assert!(ids.contains(&"reg-0".to_string()) && ids.contains(&"reg-1".to_string()), "{ids:?}");
+    let g = Fleet::start(&[
+        "--workers",
+        "2",
+        "--events",
+        "none",
+        "--register",
+        &s.http,
+        "--id-prefix",
+        "reg-",
+    ]);
+    let ids: Vec<String> = s
+        .workers()
+        .iter()
+        .filter_map(|w| w["id"].as_str().map(String::from))
+        .collect();
+    assert!(
+        ids.contains(&"reg-0".to_string()) && ids.contains(&"reg-1".to_string()),
+        "{ids:?}"
+    );
     drop(g);
 }
 
 #[test]
 fn nixl_prefill_then_decode() {
-    let f = Fleet::start(&["--workers", "2", "--prefill-workers", "1", "--block-size", "4", "--events", "none", "--timing", FAST]);
-    assert_eq!((f.workers[0].role.as_str(), f.workers[1].role.as_str()), ("prefill", "decode"));
+    let f = Fleet::start(&[
+        "--workers",
+        "2",
+        "--prefill-workers",
+        "1",
+        "--block-size",
+        "4",
+        "--events",
+        "none",
+        "--timing",
+        FAST,
+    ]);
+    assert_eq!(
+        (f.workers[0].role.as_str(), f.workers[1].role.as_str()),
+        ("prefill", "decode")
+    );
     let prompt = words(0..40);
     let (c, b) = post(
         &f.url(0, "/v1/completions"),
@@ -326,7 +491,13 @@ fn nixl_prefill_then_decode() {
     assert_eq!(c, 200, "{b}");
     assert_eq!(sse_data(&b).len(), 4, "{b}");
     let d = f.stats(1);
-    assert_eq!((d["transferred_blocks"].as_u64(), d["cached_blocks"].as_u64()), (Some(10), Some(0)));
+    assert_eq!(
+        (
+            d["transferred_blocks"].as_u64(),
+            d["cached_blocks"].as_u64()
+        ),
+        (Some(10), Some(0))
+    );
     assert_eq!(f.stats(0)["prompt_blocks"], 10);
 }
 
@@ -338,8 +509,22 @@ fn replay_against_a_worker_directly() {
         "sim_fleet",
         "replay",
         &[
-            "replay", "--trace", common::sim::SLICE, "--target", &url, "--limit", "40", "--rate", "40",
-            "--stream", "--max-input-tokens", "1024", "--max-output-tokens", "8", "--workers-stats", &url,
+            "replay",
+            "--trace",
+            common::sim::SLICE,
+            "--target",
+            &url,
+            "--limit",
+            "40",
+            "--rate",
+            "40",
+            "--stream",
+            "--max-input-tokens",
+            "1024",
+            "--max-output-tokens",
+            "8",
+            "--workers-stats",
+            &url,
         ],
     );
     assert!(line.contains("40 req, 0 err"), "{line}");
@@ -357,8 +542,21 @@ fn replay_against_a_worker_directly() {
         "sim_fleet",
         "replay_chat",
         &[
-            "replay", "--trace", common::sim::SLICE, "--target", &url, "--limit", "10", "--rate", "20",
-            "--chat", "--new-connections", "--max-input-tokens", "512", "--max-output-tokens", "4",
+            "replay",
+            "--trace",
+            common::sim::SLICE,
+            "--target",
+            &url,
+            "--limit",
+            "10",
+            "--rate",
+            "20",
+            "--chat",
+            "--new-connections",
+            "--max-input-tokens",
+            "512",
+            "--max-output-tokens",
+            "4",
         ],
     );
     assert_eq!(r["ok"], 10, "{line}");
@@ -389,7 +587,10 @@ n = sum(1 for ch in c.completions.create(model="sim-model", prompt="t1", max_tok
 assert n == 5, n
 print("ok")
 "#;
-    let out = Command::new("python3").args(["-c", script, &f.workers[0].url]).output().unwrap();
+    let out = Command::new("python3")
+        .args(["-c", script, &f.workers[0].url])
+        .output()
+        .unwrap();
     assert!(
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),
         "{}\n{}",
@@ -404,7 +605,13 @@ fn sigterm_stops_the_fleet_cleanly() {
     let url = f.url(2, "/health");
     assert_eq!(ureq::get(&url).call().unwrap().status(), 200);
     assert!(f.stop(), "fleet did not exit 0 on SIGTERM");
-    assert!(ureq::get(&url).timeout(Duration::from_secs(2)).call().is_err(), "still serving");
+    assert!(
+        ureq::get(&url)
+            .timeout(Duration::from_secs(2))
+            .call()
+            .is_err(),
+        "still serving"
+    );
 }
 
 /// Through kvroute's proxy (ZMQ-fed, `url=` in `--engine`): a long token-id prompt sent
@@ -422,19 +629,40 @@ fn through_the_proxy_a_repeated_prefix_hits_at_the_worker() {
     prompt_until_indexed(&f, &s, 1);
     let proxy = format!("http://{}/v1/completions", s.proxy);
     let toks: Vec<u32> = (0..64).map(|i| 70_000 + i).collect();
-    let (c, b) = post(&proxy, json!({"model": "sim-model", "prompt": toks, "max_tokens": 2}));
+    let (c, b) = post(
+        &proxy,
+        json!({"model": "sim-model", "prompt": toks, "max_tokens": 2}),
+    );
     assert_eq!(c, 200, "{b}");
-    let before: Vec<u64> = (0..2).map(|i| f.stats(i)["cached_blocks"].as_u64().unwrap()).collect();
-    let first: Vec<u64> = (0..2).map(|i| f.stats(i)["prompt_blocks"].as_u64().unwrap()).collect();
-    let w = if first[0] > first[1] { "sim-0" } else { "sim-1" };
+    let before: Vec<u64> = (0..2)
+        .map(|i| f.stats(i)["cached_blocks"].as_u64().unwrap())
+        .collect();
+    let first: Vec<u64> = (0..2)
+        .map(|i| f.stats(i)["prompt_blocks"].as_u64().unwrap())
+        .collect();
+    let w = if first[0] > first[1] {
+        "sim-0"
+    } else {
+        "sim-1"
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     while s.cached(w) < 16 + 4 {
-        assert!(Instant::now() < deadline, "the first request's blocks never reached the router");
+        assert!(
+            Instant::now() < deadline,
+            "the first request's blocks never reached the router"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let (c, b) = post(&proxy, json!({"model": "sim-model", "prompt": toks, "max_tokens": 2, "stream": true}));
+    let (c, b) = post(
+        &proxy,
+        json!({"model": "sim-model", "prompt": toks, "max_tokens": 2, "stream": true}),
+    );
     assert_eq!(c, 200, "{b}");
-    assert_eq!(sse_data(&b).last().map(String::as_str), Some("[DONE]"), "{b}");
+    assert_eq!(
+        sse_data(&b).last().map(String::as_str),
+        Some("[DONE]"),
+        "{b}"
+    );
     let i = if w == "sim-0" { 0 } else { 1 };
     let hit = f.stats(i)["cached_blocks"].as_u64().unwrap() - before[i];
     assert_eq!(hit, 16, "second request was not a full hit on {w}");
@@ -442,9 +670,24 @@ fn through_the_proxy_a_repeated_prefix_hits_at_the_worker() {
         "sim_fleet",
         "replay_proxy",
         &[
-            "replay", "--trace", common::sim::SLICE, "--target", &format!("http://{}", s.proxy),
-            "--limit", "20", "--rate", "20", "--stream", "--token-ids", "--max-input-tokens", "256",
-            "--max-output-tokens", "4", "--trace-block", "16", "--workers-stats",
+            "replay",
+            "--trace",
+            common::sim::SLICE,
+            "--target",
+            &format!("http://{}", s.proxy),
+            "--limit",
+            "20",
+            "--rate",
+            "20",
+            "--stream",
+            "--token-ids",
+            "--max-input-tokens",
+            "256",
+            "--max-output-tokens",
+            "4",
+            "--trace-block",
+            "16",
+            "--workers-stats",
             &format!("{},{}", f.workers[0].url, f.workers[1].url),
         ],
     );

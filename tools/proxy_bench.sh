@@ -30,7 +30,7 @@ WORKERS=${WORKERS:-4}
 HIT_N=${HIT_N:-2000}         # requests of the hit-rate run
 HIT_SCALE=${HIT_SCALE:-20}   # trace time runs this much faster in the hit-rate run
 KV_CORES=${KV_CORES:-2}
-OUT=${OUT:-$(mktemp -d /tmp/proxy_bench.XXXXXX)}
+OUT=${OUT:-$(mktemp -d /tmp/proxy_bench.XXXXXX)}; mkdir -p "$OUT"
 # Overhead timing: a cheap worker (E2E ~ 8 decode steps of 2 ms) that is not the
 # bottleneck at 5k requests/s.
 FAST="prefill_base_us=50,prefill_us_per_token=0.2,prefill_attention_us=0,decode_step_base_us=2000,decode_us_per_seq=0"
@@ -50,8 +50,8 @@ start_fleet() {
   "$BIN/kvroute-sim" fleet "$@" >"$OUT/$name.fleet" 2>&1 &
   FLEET_PID=$!; PIDS+=("$FLEET_PID")
   for _ in $(seq 200); do grep -q '^ready' "$OUT/$name.fleet" && break; sleep 0.05; done
-  URLS=$(grep -o 'url=[^ ]*' "$OUT/$name.fleet" | grep -v '^url=$' | cut -d= -f2 | grep '^http' | paste -sd' ')
-  ENGINES=$(grep -o 'engine=[^ ]*' "$OUT/$name.fleet" | cut -d= -f2- )
+  URLS=$(sed -n 's/^worker .* url=\([^ ]*\).*/\1/p' "$OUT/$name.fleet" | paste -sd' ')
+  ENGINES=$(grep -o 'engine=[^ ]*' "$OUT/$name.fleet" | cut -d= -f2- || true)
 }
 stop_pid() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
@@ -64,7 +64,7 @@ start_kvroute() {
     --events-addr "127.0.0.1:$ep" --api-addr "127.0.0.1:$ap" "${args[@]}" >"$OUT/kvroute.log" 2>&1 &
   KV_PID=$!; PIDS+=("$KV_PID")
   for _ in $(seq 200); do curl -sf "127.0.0.1:$pp/health" >/dev/null 2>&1 && break; sleep 0.05; done
-  KV_URL="http://127.0.0.1:$pp"
+  KV_URL="http://127.0.0.1:$pp"; KV_HTTP="127.0.0.1:$hp"
   sleep 0.5 # ZMQ subscriptions
 }
 
@@ -84,22 +84,25 @@ start_gateway() {
 # replay LABEL TARGET STATS_URLS ARGS...
 replay() {
   local label=$1 target=$2 stats=$3; shift 3
+  local f; f="$OUT/$(echo "$label" | tr -s ' /()' '____')"
   "$BIN/kvroute-sim" replay --trace "$TRACE" --target "$target" --workers-stats "$stats" \
-    --json "$OUT/$label.json" "$@" >"$OUT/$label.line" 2>&1 || echo "replay $label failed" >&2
-  printf '%-34s %s\n' "$label" "$(python3 - "$OUT/$label.json" <<'EOF'
+    --json "$f.json" "$@" >"$f.line" 2>&1 || echo "replay $label failed: $(tail -1 "$f.line")" >&2
+  printf '%-34s %s\n' "$label" "$(python3 - "$f.json" <<'EOF'
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))
 except Exception as e:
     print("no report:", e); sys.exit()
 h = r["hit_rate"]
-print("%6d req %4d err %7.0f rps | TTFT p50 %7.2f p99 %7.2f | E2E p50 %7.2f p99 %7.2f | stall %6.1f | hit %s" % (
-    r["requests"], r["errors"], r["achieved_rps"], r["ttft_ms"]["p50"], r["ttft_ms"]["p99"],
-    r["e2e_ms"]["p50"], r["e2e_ms"]["p99"], r["max_stall_ms"], "-" if h is None else "%.3f" % h))
+print("%6d req %4d err %4d stale %7.0f rps | TTFT p50 %7.2f p99 %7.2f | E2E p50 %7.2f p99 %7.2f | stall %6.1f | hit %s" % (
+    r["requests"], r["errors"], r.get("stale_connection_retries", 0), r["achieved_rps"], r["ttft_ms"]["p50"], r["ttft_ms"]["p99"],
+    r["e2e_ms"]["p50"], r["e2e_ms"]["p99"], r["max_stall_ms"], "-" if h is None else "%.3f" % h) + ("" if len(r.get("worker_requests", [])) < 2 else " | per worker %s" % r["worker_requests"]))
 EOF
 )"
 }
 
+PARTS=${PARTS:-"1 2"}
+if [[ " $PARTS " == *" 1 "* ]]; then
 echo "== part 1: proxy overhead, one simulated worker (ms; $N requests per row; $OUT)"
 start_fleet one --workers 1 --timing "$FAST" --max-active 4096
 start_kvroute
@@ -107,18 +110,20 @@ start_kvroute
 for rate in $RATES; do
   for conn in keep-alive new; do
     flag=(); [ "$conn" = new ] && flag=(--new-connections)
-    common=(--limit "$N" --rate "$rate" --stream --token-ids $SHORT "${flag[@]}")
+    common=(--limit "$N" --rate "$rate" --stream $SHORT "${flag[@]}")
     replay "direct   ${rate}/s $conn" "$URLS" "$URLS" "${common[@]}"
     replay "kvroute  ${rate}/s $conn" "$KV_URL" "$URLS" "${common[@]}"
     [ "$HAVE_GW" = 1 ] && replay "gateway  ${rate}/s $conn" "$GW_URL" "$URLS" "${common[@]}"
   done
 done
 echo "== most requests/s (offered $MAX_RATE/s, keep-alive, $MAX_N requests)"
-common=(--limit "$MAX_N" --rate "$MAX_RATE" --stream --token-ids $SHORT)
+common=(--limit "$MAX_N" --rate "$MAX_RATE" --stream $SHORT)
 replay "direct   max" "$URLS" "$URLS" "${common[@]}"
 replay "kvroute  max" "$KV_URL" "$URLS" "${common[@]}"
 [ "$HAVE_GW" = 1 ] && replay "gateway  max" "$GW_URL" "$URLS" "${common[@]}"
 stop_pid "$KV_PID"; [ "$HAVE_GW" = 1 ] && stop_pid "$GW_PID"; stop_pid "$FLEET_PID"
+fi
+if [[ " $PARTS " == *" 2 "* ]]; then
 
 echo "== part 2: hit rate at the workers, $WORKERS workers, $HIT_N requests of $(basename "$TRACE") at ${HIT_SCALE}x"
 hit=(--limit "$HIT_N" --time-scale "$HIT_SCALE" --stream --max-output-tokens 16)
@@ -126,11 +131,13 @@ start_fleet hit-kv --workers "$WORKERS" --time-scale "$HIT_SCALE"
 start_kvroute
 # kvroute routes token-id prompts by their blocks (text needs --tokenizer).
 replay "kvroute  hit (token ids)" "$KV_URL" "$(echo "$URLS" | tr ' ' ',')" "${hit[@]}" --token-ids
+curl -s "$KV_HTTP/metrics" | grep -E '^kvroute_(engine_stream_total|proxy)' >"$OUT/kvroute.metrics" || true
 stop_pid "$KV_PID"; stop_pid "$FLEET_PID"
 if [ "$HAVE_GW" = 1 ]; then
   start_fleet hit-gw --workers "$WORKERS" --time-scale "$HIT_SCALE" --events none
   start_gateway
   replay "gateway  hit (text)" "$GW_URL" "$(echo "$URLS" | tr ' ' ',')" "${hit[@]}"
   stop_pid "$GW_PID"; stop_pid "$FLEET_PID"
+fi
 fi
 echo "reports: $OUT"

@@ -126,7 +126,9 @@ impl LiveWorker {
         let pinned = hashes[..pinned_n].to_vec();
         let transferred = transferred.min(hashes.len()).max(cached);
         let skip_tokens = (transferred * self.block_size).min(tokens.len()) as u32;
-        let prefill = self.timing.prefill_us(tokens.len() as u32, skip_tokens, DeviceClass::Gpu);
+        let prefill = self
+            .timing
+            .prefill_us(tokens.len() as u32, skip_tokens, DeviceClass::Gpu);
         let start = self.prefill_free_at.max(now_us);
         self.prefill_free_at = start + self.scaled(prefill);
         self.stats.requests += 1;
@@ -182,7 +184,9 @@ mod tests {
         let toks: Vec<u32> = (0..40).collect();
         let a = w.admit(&toks, 0, 0).unwrap();
         assert_eq!((a.hashes.len(), a.cached_blocks), (10, 0));
-        assert!(matches!(&a.events[..], [CacheEvent::Stored { parent: None, hashes }] if hashes.len() == 10));
+        assert!(
+            matches!(&a.events[..], [CacheEvent::Stored { parent: None, hashes }] if hashes.len() == 10)
+        );
         w.finish(&a);
         let now = a.first_token_in_us + 1;
         let b = w.admit(&toks, 0, now).unwrap();

@@ -58,7 +58,11 @@ pub fn parse_request(api: Api, body: &[u8], max_tokens_cap: u32) -> Result<OpenA
     if !v.is_object() {
         return Err("the body must be a JSON object".into());
     }
-    let model = v.get("model").and_then(Value::as_str).unwrap_or("").to_string();
+    let model = v
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     match api {
         Api::Completions if v.get("prompt").is_none() => {
             return Err("`prompt` is required".into());
@@ -85,7 +89,11 @@ pub fn parse_request(api: Api, body: &[u8], max_tokens_cap: u32) -> Result<OpenA
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let kvp = v.get("kv_transfer_params");
-    let flag = |k: &str| kvp.and_then(|p| p.get(k)).and_then(Value::as_bool).unwrap_or(false);
+    let flag = |k: &str| {
+        kvp.and_then(|p| p.get(k))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    };
     let kv = KvTransfer {
         do_remote_decode: flag("do_remote_decode"),
         do_remote_prefill: flag("do_remote_prefill"),
@@ -149,7 +157,9 @@ pub fn text_tokens(s: &str, out: &mut Vec<u32>) {
             .strip_prefix('t')
             .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|d| d.parse::<u32>().ok());
-        out.push(id.unwrap_or_else(|| (crate::hash::local_block_hash(&word_key(w)) % VOCAB as u64) as u32));
+        out.push(id.unwrap_or_else(|| {
+            (crate::hash::local_block_hash(&word_key(w)) % VOCAB as u64) as u32
+        }));
     }
 }
 
@@ -311,9 +321,17 @@ mod tests {
         assert_eq!((r.max_tokens, r.stream, r.include_usage), (5, true, true));
         assert!(r.kv.do_remote_prefill && !r.kv.do_remote_decode);
         assert_eq!(r.kv.remote_blocks, 2);
-        let r = parse_request(Api::Completions, br#"{"prompt":"t1","max_tokens":1e9}"#, 100);
+        let r = parse_request(
+            Api::Completions,
+            br#"{"prompt":"t1","max_tokens":1e9}"#,
+            100,
+        );
         assert!(r.is_err());
-        let r = parse_request(Api::Completions, br#"{"prompt":"t1","max_tokens":900}"#, 100);
+        let r = parse_request(
+            Api::Completions,
+            br#"{"prompt":"t1","max_tokens":900}"#,
+            100,
+        );
         assert_eq!(r.unwrap().max_tokens, 100);
         assert!(parse_request(Api::Chat, br#"{"prompt":"x"}"#, 10).is_err());
         assert!(parse_request(Api::Chat, b"[1]", 10).is_err());
@@ -324,11 +342,23 @@ mod tests {
 
     #[test]
     fn shapes_are_vllm_like() {
-        let m = ResponseMeta { id: "cmpl-1".into(), model: "m".into(), created: 1 };
+        let m = ResponseMeta {
+            id: "cmpl-1".into(),
+            model: "m".into(),
+            created: 1,
+        };
         let c = chunk(Api::Chat, &m, " t1", true, None);
         assert_eq!(c["object"], "chat.completion.chunk");
         assert_eq!(c["choices"][0]["delta"]["role"], "assistant");
-        let f = full_response(Api::Completions, &m, "x", 3, 1, "length", Some(json!({"a": 1})));
+        let f = full_response(
+            Api::Completions,
+            &m,
+            "x",
+            3,
+            1,
+            "length",
+            Some(json!({"a": 1})),
+        );
         assert_eq!(f["usage"]["total_tokens"], 4);
         assert_eq!(f["kv_transfer_params"]["a"], 1);
         assert!(sse(&c).starts_with("data: {") && sse(&c).ends_with("\n\n"));

@@ -96,7 +96,8 @@ struct Line {
 }
 
 fn read_trace(a: &ReplayArgs) -> Result<Vec<Line>, String> {
-    let text = std::fs::read_to_string(&a.trace).map_err(|e| format!("{}: {e}", a.trace.display()))?;
+    let text =
+        std::fs::read_to_string(&a.trace).map_err(|e| format!("{}: {e}", a.trace.display()))?;
     let mut out = Vec::new();
     for (n, l) in text.lines().enumerate() {
         if l.trim().is_empty() {
@@ -143,8 +144,16 @@ fn prompt_ids(l: &Line, a: &ReplayArgs) -> Vec<u32> {
 
 fn body(l: &Line, a: &ReplayArgs) -> Bytes {
     let ids = prompt_ids(l, a);
-    let max_tokens = a.max_output_tokens.map_or(l.output, |m| l.output.min(m)).max(1);
-    let text = || ids.iter().map(|t| format!("t{t}")).collect::<Vec<_>>().join(" ");
+    let max_tokens = a
+        .max_output_tokens
+        .map_or(l.output, |m| l.output.min(m))
+        .max(1);
+    let text = || {
+        ids.iter()
+            .map(|t| format!("t{t}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     let mut v = if a.chat {
         json!({"model": a.model, "messages": [{"role": "user", "content": text()}]})
     } else if a.token_ids {
@@ -171,6 +180,8 @@ struct Sample {
     max_gap_us: u64,
     gaps_us: Vec<u64>,
     late_us: u64,
+    /// Retries on a stale pooled connection (0 or 1).
+    stale_retries: u64,
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
@@ -206,7 +217,9 @@ impl Client {
     }
 
     async fn connect(&self) -> Result<Sender, String> {
-        let s = tokio::net::TcpStream::connect(&self.host).await.map_err(|e| format!("connect: {e}"))?;
+        let s = tokio::net::TcpStream::connect(&self.host)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
         let _ = s.set_nodelay(true);
         let (tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
             .await
@@ -217,17 +230,18 @@ impl Client {
         Ok(tx)
     }
 
-    async fn sender(&self) -> Result<Sender, String> {
+    /// A pooled connection (`true`) or a new one.
+    async fn sender(&self) -> Result<(Sender, bool), String> {
         if self.keep_alive {
             loop {
                 let s = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
                 let Some(mut s) = s else { break };
                 if s.ready().await.is_ok() {
-                    return Ok(s);
+                    return Ok((s, true));
                 }
             }
         }
-        self.connect().await
+        Ok((self.connect().await?, false))
     }
 
     fn give_back(&self, s: Sender) {
@@ -236,17 +250,7 @@ impl Client {
         }
     }
 
-    /// Sends one request and reads the whole response, timing every body chunk.
-    async fn send(&self, path: &str, body: Bytes, stream: bool) -> Sample {
-        let t0 = Instant::now();
-        let mut s = Sample::default();
-        let mut sender = match self.sender().await {
-            Ok(x) => x,
-            Err(e) => {
-                s.error = Some(e);
-                return s;
-            }
-        };
+    fn request(&self, path: &str, body: Bytes) -> Result<hyper::Request<Full<Bytes>>, String> {
         let mut req = hyper::Request::post(format!("{}{path}", self.base_path))
             .header(hyper::header::HOST, &self.authority)
             .header(hyper::header::CONTENT_TYPE, "application/json");
@@ -254,20 +258,54 @@ impl Client {
             req = req.header(hyper::header::CONNECTION, "close");
         }
         if !self.api_key.is_empty() {
-            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {}", self.api_key));
+            req = req.header(
+                hyper::header::AUTHORIZATION,
+                format!("Bearer {}", self.api_key),
+            );
         }
-        let req = match req.body(Full::new(body)) {
-            Ok(r) => r,
+        req.body(Full::new(body))
+            .map_err(|e| format!("request: {e}"))
+    }
+
+    /// Sends one request and reads the whole response, timing every body chunk.
+    async fn send(&self, path: &str, body: Bytes, stream: bool) -> Sample {
+        let t0 = Instant::now();
+        let mut s = Sample::default();
+        let (mut sender, mut reused) = match self.sender().await {
+            Ok(x) => x,
             Err(e) => {
-                s.error = Some(format!("request: {e}"));
+                s.error = Some(e);
                 return s;
             }
         };
-        let resp = match sender.send_request(req).await {
-            Ok(r) => r,
-            Err(e) => {
-                s.error = Some(format!("send: {e}"));
-                return s;
+        let resp = loop {
+            let req = match self.request(path, body.clone()) {
+                Ok(r) => r,
+                Err(e) => {
+                    s.error = Some(e);
+                    return s;
+                }
+            };
+            match sender.send_request(req).await {
+                Ok(r) => break r,
+                // A pooled connection the server closed meanwhile (the keep-alive race):
+                // nothing was answered, so retry once on a new connection, as HTTP
+                // clients do (counted in the report).
+                Err(_) if reused => {
+                    s.stale_retries += 1;
+                    reused = false;
+                    sender = match self.connect().await {
+                        Ok(x) => x,
+                        Err(e) => {
+                            s.error = Some(e);
+                            return s;
+                        }
+                    };
+                }
+                Err(e) => {
+                    s.error = Some(format!("send: {e}"));
+                    return s;
+                }
             }
         };
         let status = resp.status();
@@ -331,18 +369,20 @@ impl Client {
     }
 }
 
-fn worker_stats(urls: &[String]) -> (u64, u64) {
-    let mut prompt = 0;
-    let mut cached = 0;
-    for u in urls {
-        if let Ok(r) = ureq::get(&format!("{u}/stats")).timeout(Duration::from_secs(5)).call() {
-            if let Ok(v) = r.into_json::<Value>() {
-                prompt += v["prompt_blocks"].as_u64().unwrap_or(0);
-                cached += v["cached_blocks"].as_u64().unwrap_or(0);
-            }
-        }
-    }
-    (prompt, cached)
+/// Per worker: (prompt blocks, cached blocks, requests) from `GET /stats`.
+fn worker_stats(urls: &[String]) -> Vec<(u64, u64, u64)> {
+    urls.iter()
+        .map(|u| {
+            let v: Value = ureq::get(&format!("{u}/stats"))
+                .timeout(Duration::from_secs(5))
+                .call()
+                .ok()
+                .and_then(|r| r.into_json().ok())
+                .unwrap_or(Value::Null);
+            let n = |k: &str| v[k].as_u64().unwrap_or(0);
+            (n("prompt_blocks"), n("cached_blocks"), n("requests"))
+        })
+        .collect()
 }
 
 fn pct(v: &mut [u64], q: f64) -> f64 {
@@ -355,7 +395,11 @@ fn pct(v: &mut [u64], q: f64) -> f64 {
 }
 
 fn dist(v: &mut [u64]) -> Value {
-    let mean = if v.is_empty() { 0.0 } else { v.iter().sum::<u64>() as f64 / v.len() as f64 / 1000.0 };
+    let mean = if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<u64>() as f64 / v.len() as f64 / 1000.0
+    };
     json!({"p50": pct(v, 0.5), "p90": pct(v, 0.9), "p99": pct(v, 0.99), "mean": mean})
 }
 
@@ -387,16 +431,27 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
             (at_us, body(l, &a))
         })
         .collect();
-    let stats_urls: Vec<String> =
-        a.workers_stats.split(',').filter(|x| !x.is_empty()).map(|x| x.trim_end_matches('/').to_string()).collect();
+    let stats_urls: Vec<String> = a
+        .workers_stats
+        .split(',')
+        .filter(|x| !x.is_empty())
+        .map(|x| x.trim_end_matches('/').to_string())
+        .collect();
     let before = worker_stats(&stats_urls);
     let client = Arc::new(Client::new(&a.target, &a)?);
-    let path = if a.chat { "/v1/chat/completions" } else { "/v1/completions" };
+    let path = if a.chat {
+        "/v1/chat/completions"
+    } else {
+        "/v1/completions"
+    };
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = a.threads {
         rt.worker_threads(n.max(1));
     }
-    let rt = rt.enable_all().build().map_err(|e| format!("tokio runtime: {e}"))?;
+    let rt = rt
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
     let timeout = Duration::from_secs_f64(a.timeout_secs.max(0.001));
     let stream = a.stream;
     let n = plan.len();
@@ -414,7 +469,10 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
                 let _p = permit;
                 let mut s = match tokio::time::timeout(timeout, c.send(path, body, stream)).await {
                     Ok(s) => s,
-                    Err(_) => Sample { error: Some("timeout".into()), ..Sample::default() },
+                    Err(_) => Sample {
+                        error: Some("timeout".into()),
+                        ..Sample::default()
+                    },
                 };
                 s.late_us = late;
                 s
@@ -422,12 +480,15 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
         }
         let mut out = Vec::with_capacity(n);
         for h in handles {
-            out.push(h.await.unwrap_or_else(|_| Sample { error: Some("task failed".into()), ..Sample::default() }));
+            out.push(h.await.unwrap_or_else(|_| Sample {
+                error: Some("task failed".into()),
+                ..Sample::default()
+            }));
         }
         (out, start.elapsed())
     });
     let after = worker_stats(&stats_urls);
-    let report = summarize(&a, &samples, wall, before, after);
+    let report = summarize(&a, &samples, wall, &before, &after);
     println!("{}", one_line(&report));
     let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
     match &a.json {
@@ -437,7 +498,9 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn summarize(a: &ReplayArgs, s: &[Sample], wall: Duration, before: (u64, u64), after: (u64, u64)) -> Value {
+type Stats = [(u64, u64, u64)];
+
+fn summarize(a: &ReplayArgs, s: &[Sample], wall: Duration, before: &Stats, after: &Stats) -> Value {
     let ok: Vec<&Sample> = s.iter().filter(|x| x.ok).collect();
     let mut ttft: Vec<u64> = ok.iter().map(|x| x.ttft_us).collect();
     let mut e2e: Vec<u64> = ok.iter().map(|x| x.e2e_us).collect();
@@ -448,9 +511,24 @@ fn summarize(a: &ReplayArgs, s: &[Sample], wall: Duration, before: (u64, u64), a
     for x in s.iter().filter_map(|x| x.error.as_ref()) {
         *kinds.entry(x.clone()).or_default() += 1;
     }
-    let prompt = after.0.saturating_sub(before.0);
-    let cached = after.1.saturating_sub(before.1);
-    let hit = if prompt > 0 { Some(cached as f64 / prompt as f64) } else { None };
+    let delta: Vec<(u64, u64, u64)> = after
+        .iter()
+        .zip(before)
+        .map(|(a, b)| {
+            (
+                a.0.saturating_sub(b.0),
+                a.1.saturating_sub(b.1),
+                a.2.saturating_sub(b.2),
+            )
+        })
+        .collect();
+    let prompt: u64 = delta.iter().map(|d| d.0).sum();
+    let cached: u64 = delta.iter().map(|d| d.1).sum();
+    let hit = if prompt > 0 {
+        Some(cached as f64 / prompt as f64)
+    } else {
+        None
+    };
     json!({
         "target": a.target,
         "stream": a.stream,
@@ -467,15 +545,19 @@ fn summarize(a: &ReplayArgs, s: &[Sample], wall: Duration, before: (u64, u64), a
         "itl_ms": dist(&mut gaps),
         "max_stall_ms": max_stall,
         "send_late_ms": dist(&mut late),
+        "stale_connection_retries": s.iter().map(|x| x.stale_retries).sum::<u64>(),
         "worker_prompt_blocks": prompt,
         "worker_cached_blocks": cached,
         "hit_rate": hit,
+        "worker_requests": delta.iter().map(|d| d.2).collect::<Vec<_>>(),
     })
 }
 
 fn one_line(r: &Value) -> String {
     let f = |p: &str| r.pointer(p).and_then(Value::as_f64).unwrap_or(0.0);
-    let hit = r["hit_rate"].as_f64().map_or("-".to_string(), |h| format!("{:.3}", h));
+    let hit = r["hit_rate"]
+        .as_f64()
+        .map_or("-".to_string(), |h| format!("{:.3}", h));
     format!(
         "replay {} {}: {} req, {} err, {:.0} req/s | TTFT p50 {:.2} p99 {:.2} ms | E2E p50 {:.2} p99 {:.2} ms | ITL p50 {:.2} p99 {:.2} ms | max stall {:.1} ms | hit {}",
         r["target"].as_str().unwrap_or(""),

@@ -31,7 +31,11 @@ pub enum Sink {
     /// Bind a ZMQ PUB socket on this address (`127.0.0.1:0` picks a port).
     Zmq { bind: String },
     /// Connect to the router's binary event port.
-    Binary { router: String, token: String, spec: WorkerSpec },
+    Binary {
+        router: String,
+        token: String,
+        spec: WorkerSpec,
+    },
     /// Publish nothing.
     None,
 }
@@ -52,7 +56,14 @@ impl Events {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(QUEUE);
         let bs = lock(&worker).block_size();
         let (thread, zmq_endpoint) = match sink {
-            Sink::None => return Ok(Events { tx: None, dropped: AtomicU64::new(0), thread: None, zmq_endpoint: None }),
+            Sink::None => {
+                return Ok(Events {
+                    tx: None,
+                    dropped: AtomicU64::new(0),
+                    thread: None,
+                    zmq_endpoint: None,
+                })
+            }
             Sink::Zmq { bind } => {
                 let p = kvroute::zmtp::publisher::Publisher::bind(&bind)
                     .map_err(|e| format!("ZMQ PUB on {bind}: {e}"))?;
@@ -60,7 +71,11 @@ impl Events {
                 let t = std::thread::spawn(move || zmq_loop(p, rx, bs));
                 (t, Some(ep))
             }
-            Sink::Binary { router, token, spec } => {
+            Sink::Binary {
+                router,
+                token,
+                spec,
+            } => {
                 let id = spec.id.clone();
                 let p = kvroute::client::EventPublisher::connect(router.as_str(), spec, &token)
                     .map_err(|e| format!("worker {id}: binary events to {router}: {e}"))?;
@@ -68,7 +83,12 @@ impl Events {
                 (t, None)
             }
         };
-        Ok(Events { tx: Some(tx), dropped: AtomicU64::new(0), thread: Some(thread), zmq_endpoint })
+        Ok(Events {
+            tx: Some(tx),
+            dropped: AtomicU64::new(0),
+            thread: Some(thread),
+            zmq_endpoint,
+        })
     }
 
     /// Queues a job (never blocks).
@@ -99,7 +119,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Encodes one `KVEventBatch` (positional msgspec encoding) of `job`'s events.
 pub fn encode_batch(job: &Job, block_size: usize, out: &mut Vec<u8>) {
     use rmp::encode as e;
-    let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    let ts = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     let _ = e::write_array_len(out, 2);
     let _ = e::write_f64(out, ts);
     let _ = e::write_array_len(out, job.events.len() as u32);
@@ -169,7 +191,9 @@ fn binary_loop(
             Ok(job) => {
                 for ev in &job.events {
                     match ev {
-                        CacheEvent::Stored { parent, hashes } => p.stored(Tier::Device, *parent, hashes),
+                        CacheEvent::Stored { parent, hashes } => {
+                            p.stored(Tier::Device, *parent, hashes)
+                        }
                         CacheEvent::Removed { hashes } => p.removed(Tier::Device, hashes),
                     }
                 }
@@ -180,7 +204,11 @@ fn binary_loop(
         if last_beat.elapsed() >= Duration::from_secs(1) {
             let (active, used, cap) = {
                 let w = lock(&worker);
-                (w.stats().active as u32, w.cache().len() as u64, w.cache().capacity() as u64)
+                (
+                    w.stats().active as u32,
+                    w.cache().len() as u64,
+                    w.cache().capacity() as u64,
+                )
             };
             p.heartbeat(active, used, cap);
             last_beat = Instant::now();

@@ -100,13 +100,19 @@ pub struct FleetArgs {
 fn timing(s: &str) -> Result<TimingModel, String> {
     let mut t = toml::map::Map::new();
     for kv in s.split(',').filter(|x| !x.is_empty()) {
-        let (k, v) = kv.split_once('=').ok_or_else(|| format!("--timing: {kv:?} is not key=value"))?;
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("--timing: {kv:?} is not key=value"))?;
         let v: toml::Value = v.parse::<i64>().map(toml::Value::Integer).or_else(|_| {
-            v.parse::<f64>().map(toml::Value::Float).map_err(|_| format!("--timing {k}: {v:?} is not a number"))
+            v.parse::<f64>()
+                .map(toml::Value::Float)
+                .map_err(|_| format!("--timing {k}: {v:?} is not a number"))
         })?;
         t.insert(k.to_string(), v);
     }
-    let m: TimingModel = toml::Value::Table(t).try_into().map_err(|e| format!("--timing: {e}"))?;
+    let m: TimingModel = toml::Value::Table(t)
+        .try_into()
+        .map_err(|e| format!("--timing: {e}"))?;
     m.validate()?;
     Ok(m)
 }
@@ -143,21 +149,33 @@ pub fn run(a: FleetArgs) -> Result<(), String> {
         .faulty
         .split(',')
         .filter(|x| !x.is_empty())
-        .map(|x| x.trim().parse().map_err(|_| format!("--faulty: {x:?} is not an index")))
+        .map(|x| {
+            x.trim()
+                .parse()
+                .map_err(|_| format!("--faulty: {x:?} is not an index"))
+        })
         .collect::<Result<_, _>>()?;
     let tm = timing(&a.timing)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone()).map_err(|e| format!("signal handler: {e}"))?;
+        signal_hook::flag::register(sig, stop.clone())
+            .map_err(|e| format!("signal handler: {e}"))?;
     }
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = a.threads {
         rt.worker_threads(n.max(1));
     }
-    let rt = rt.enable_all().build().map_err(|e| format!("tokio runtime: {e}"))?;
+    let rt = rt
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
     let mut ctxs = Vec::new();
     for i in 0..a.workers {
-        let port = if a.base_port == 0 { 0 } else { a.base_port.saturating_add(i as u16) };
+        let port = if a.base_port == 0 {
+            0
+        } else {
+            a.base_port.saturating_add(i as u16)
+        };
         let listener = rt
             .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
             .map_err(|e| format!("worker {i}: bind 127.0.0.1:{port}: {e}"))?;
@@ -179,8 +197,14 @@ pub fn run(a: FleetArgs) -> Result<(), String> {
         spec.url = Some(format!("http://127.0.0.1:{port}"));
         let sink = match a.events.as_str() {
             "zmq" => {
-                let zp = if a.base_zmq_port == 0 { 0 } else { a.base_zmq_port.saturating_add(i as u16) };
-                Sink::Zmq { bind: format!("127.0.0.1:{zp}") }
+                let zp = if a.base_zmq_port == 0 {
+                    0
+                } else {
+                    a.base_zmq_port.saturating_add(i as u16)
+                };
+                Sink::Zmq {
+                    bind: format!("127.0.0.1:{zp}"),
+                }
             }
             "binary" => Sink::Binary {
                 router: a.router_events.clone().unwrap_or_default(),
@@ -265,8 +289,13 @@ fn register(router: &str, token: &str, spec: &WorkerSpec, url: &str) -> Result<(
             if let Some(o) = v.as_object_mut() {
                 o.remove("url");
             }
-            eprintln!("note: {router} refused `url`; registered {} without it", spec.id);
-            post(&v).map(|_| ()).map_err(|e| format!("register {}: {e}", spec.id))
+            eprintln!(
+                "note: {router} refused `url`; registered {} without it",
+                spec.id
+            );
+            post(&v)
+                .map(|_| ())
+                .map_err(|e| format!("register {}: {e}", spec.id))
         }
         Err(e) => Err(format!("register {} at {addr}: {e}", spec.id)),
     }

@@ -72,8 +72,10 @@ impl Body for SimBody {
 fn json_response(status: StatusCode, v: &Value) -> Response<SimBody> {
     let mut r = Response::new(SimBody::Full(Full::new(Bytes::from(v.to_string()))));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
     r
 }
 
@@ -88,22 +90,38 @@ fn error(status: StatusCode, msg: &str) -> Response<SimBody> {
 }
 
 /// Handles one request.
-pub async fn handle(ctx: Arc<WorkerCtx>, req: Request<Incoming>) -> Result<Response<SimBody>, BoxError> {
+pub async fn handle(
+    ctx: Arc<WorkerCtx>,
+    req: Request<Incoming>,
+) -> Result<Response<SimBody>, BoxError> {
     let path = req.uri().path().to_string();
     let api = match (req.method(), path.as_str()) {
-        (&Method::GET, "/health") => return Ok(Response::new(SimBody::Full(Full::new(Bytes::new())))),
+        (&Method::GET, "/health") => {
+            return Ok(Response::new(SimBody::Full(Full::new(Bytes::new()))))
+        }
         (&Method::GET, "/v1/models") => return Ok(json_response(StatusCode::OK, &models(&ctx))),
         (&Method::GET, "/stats") | (&Method::GET, "/metrics") => {
             return Ok(json_response(StatusCode::OK, &stats(&ctx)))
         }
         (&Method::POST, "/v1/completions") => Api::Completions,
         (&Method::POST, "/v1/chat/completions") => Api::Chat,
-        _ => return Ok(error(StatusCode::NOT_FOUND, &format!("no route for {path}"))),
+        _ => {
+            return Ok(error(
+                StatusCode::NOT_FOUND,
+                &format!("no route for {path}"),
+            ))
+        }
     };
     let body = match Limited::new(req.into_body(), ctx.max_body).collect().await {
         Ok(b) => b.to_bytes(),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
-            return Ok(error(StatusCode::PAYLOAD_TOO_LARGE, "request body too large"));
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return Ok(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request body too large",
+            ));
         }
         Err(e) => return Err(e),
     };
@@ -112,12 +130,18 @@ pub async fn handle(ctx: Arc<WorkerCtx>, req: Request<Incoming>) -> Result<Respo
         Err(e) => return Ok(error(StatusCode::BAD_REQUEST, &e)),
     };
     if !r.model.is_empty() && r.model != ctx.model {
-        return Ok(error(StatusCode::NOT_FOUND, &format!("The model `{}` does not exist.", r.model)));
+        return Ok(error(
+            StatusCode::NOT_FOUND,
+            &format!("The model `{}` does not exist.", r.model),
+        ));
     }
     let n = ctx.counter.fetch_add(1, Ordering::Relaxed);
     if ctx.fail_rate > 0.0 && unit(n ^ ctx.port as u64) < ctx.fail_rate {
         lock(&ctx.worker).injected_failure();
-        return Ok(error(StatusCode::INTERNAL_SERVER_ERROR, "injected failure (--fail-rate)"));
+        return Ok(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "injected failure (--fail-rate)",
+        ));
     }
     generate(ctx, r, n).await
 }
@@ -143,7 +167,10 @@ fn stats(ctx: &WorkerCtx) -> Value {
         o.insert("role".into(), json!(ctx.role.name()));
         o.insert("cache_blocks".into(), json!(w.cache().len()));
         o.insert("cache_capacity_blocks".into(), json!(w.cache().capacity()));
-        o.insert("events_dropped".into(), json!(ctx.events.dropped.load(Ordering::Relaxed)));
+        o.insert(
+            "events_dropped".into(),
+            json!(ctx.events.dropped.load(Ordering::Relaxed)),
+        );
     }
     v
 }
@@ -160,7 +187,11 @@ impl Drop for Slot {
     }
 }
 
-async fn generate(ctx: Arc<WorkerCtx>, r: OpenAiRequest, n: u64) -> Result<Response<SimBody>, BoxError> {
+async fn generate(
+    ctx: Arc<WorkerCtx>,
+    r: OpenAiRequest,
+    n: u64,
+) -> Result<Response<SimBody>, BoxError> {
     let now_us = ctx.epoch.elapsed().as_micros() as u64;
     // A decode leg's prompt blocks arrive from the prefill worker: all of them unless
     // `remote_block_ids` says how many.
@@ -172,7 +203,10 @@ async fn generate(ctx: Arc<WorkerCtx>, r: OpenAiRequest, n: u64) -> Result<Respo
     let prefill_leg = r.kv.do_remote_decode;
     let adm = lock(&ctx.worker).admit(&r.tokens, transferred, now_us);
     let Some(adm) = adm else {
-        return Ok(error(StatusCode::TOO_MANY_REQUESTS, "worker at its concurrency limit"));
+        return Ok(error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "worker at its concurrency limit",
+        ));
     };
     ctx.events.send(Job {
         events: adm.events.clone(),
@@ -180,10 +214,25 @@ async fn generate(ctx: Arc<WorkerCtx>, r: OpenAiRequest, n: u64) -> Result<Respo
         tokens: r.tokens.clone(),
     });
     let first_at = Instant::now() + Duration::from_micros(adm.first_token_in_us);
-    let slot = Slot { ctx: ctx.clone(), adm };
+    let slot = Slot {
+        ctx: ctx.clone(),
+        adm,
+    };
     let meta = ResponseMeta {
-        id: format!("{}-{}-{n}", if r.api == Api::Chat { "chatcmpl" } else { "cmpl" }, ctx.id),
-        model: if r.model.is_empty() { ctx.model.clone() } else { r.model.clone() },
+        id: format!(
+            "{}-{}-{n}",
+            if r.api == Api::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
+            ctx.id
+        ),
+        model: if r.model.is_empty() {
+            ctx.model.clone()
+        } else {
+            r.model.clone()
+        },
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -220,11 +269,19 @@ async fn generate(ctx: Arc<WorkerCtx>, r: OpenAiRequest, n: u64) -> Result<Respo
             sleep_until(t).await;
             if die > 0 && i >= die {
                 lock(&_slot.ctx.worker).injected_failure();
-                let _ = tx.send(Err("injected failure (--die-after-chunks)".into())).await;
+                let _ = tx
+                    .send(Err("injected failure (--die-after-chunks)".into()))
+                    .await;
                 return;
             }
             let last = i + 1 == max_tokens;
-            let c = oa::chunk(r.api, &meta, &oa::output_word(i), i == 0, last.then_some("length"));
+            let c = oa::chunk(
+                r.api,
+                &meta,
+                &oa::output_word(i),
+                i == 0,
+                last.then_some("length"),
+            );
             if tx.send(Ok(Bytes::from(oa::sse(&c)))).await.is_err() {
                 return; // client gone: stop generating
             }
@@ -232,15 +289,26 @@ async fn generate(ctx: Arc<WorkerCtx>, r: OpenAiRequest, n: u64) -> Result<Respo
         }
         let mut tail = String::new();
         if r.include_usage {
-            tail.push_str(&oa::sse(&oa::usage_chunk(r.api, &meta, r.tokens.len(), max_tokens)));
+            tail.push_str(&oa::sse(&oa::usage_chunk(
+                r.api,
+                &meta,
+                r.tokens.len(),
+                max_tokens,
+            )));
         }
         tail.push_str(oa::SSE_DONE);
         let _ = tx.send(Ok(Bytes::from(tail))).await;
     });
     let mut resp = Response::new(SimBody::Chan(rx));
     let h = resp.headers_mut();
-    h.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/event-stream"));
-    h.insert(hyper::header::CACHE_CONTROL, hyper::header::HeaderValue::from_static("no-cache"));
+    h.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        hyper::header::CACHE_CONTROL,
+        hyper::header::HeaderValue::from_static("no-cache"),
+    );
     Ok(resp)
 }
 
