@@ -208,6 +208,27 @@ pub struct ServeArgs {
     /// File of client API keys for the proxy port, one per line.
     #[arg(long, env = "KVROUTE_PROXY_API_KEYS_FILE")]
     pub proxy_api_keys_file: Option<String>,
+    /// HuggingFace tokenizer directory of a model, `MODEL=DIR`, repeatable (env: comma
+    /// separated); replaces the file's `[tokenizers]` when given.
+    #[arg(long = "tokenizer", env = "KVROUTE_TOKENIZERS", value_delimiter = ',', value_parser = parse_pair)]
+    pub tokenizers: Vec<(String, String)>,
+    /// A LoRA adapter's base model, `ADAPTER=BASE`, repeatable (env: comma separated);
+    /// replaces the file's `[lora_adapters]` when given.
+    #[arg(long = "lora-adapter", env = "KVROUTE_LORA_ADAPTERS", value_delimiter = ',', value_parser = parse_pair)]
+    pub lora_adapters: Vec<(String, String)>,
+    #[arg(long, env = "KVROUTE_MAX_PROMPT_TOKENS")]
+    pub max_prompt_tokens: Option<usize>,
+}
+
+/// `KEY=VALUE` with both sides non-empty, split at the first `=` (model names have
+/// none; a directory might).
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => {
+            Ok((k.trim().to_string(), v.trim().to_string()))
+        }
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
 }
 
 fn parse_engine(s: &str) -> Result<crate::engines::config::EngineEndpoint, String> {
@@ -385,6 +406,13 @@ impl ServeArgs {
             s.record = self.record.clone();
         }
         overlay!(s, self, record_max_bytes, record_max_ids);
+        if !self.tokenizers.is_empty() {
+            s.tokenizers = self.tokenizers.iter().cloned().collect();
+        }
+        if !self.lora_adapters.is_empty() {
+            s.lora_adapters = self.lora_adapters.iter().cloned().collect();
+        }
+        overlay!(s.limits, self, max_prompt_tokens);
         self.apply_proxy(s);
     }
 

@@ -16,6 +16,7 @@
 //! - [`engine`]: an in-process router that wires the pure modules together.
 //! - [`ids`]: the one charset and length rule for worker and request ids.
 //! - [`zmtp`]: a bounded ZeroMQ (ZMTP 3.x) client for engine KV events.
+//! - [`tokenize`]: OpenAI request bodies → prompt token ids, as the engine computes them.
 
 pub mod cli;
 pub mod client;
@@ -41,5 +42,6 @@ pub mod settings;
 pub mod sim;
 pub mod snapshot;
 pub mod sync;
+pub mod tokenize;
 pub mod types;
 pub mod zmtp;

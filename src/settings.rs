@@ -77,6 +77,16 @@ pub struct Settings {
     pub proxy_addr: String,
     /// The proxy's timeouts, limits, retries, breaker and client keys (`[proxy]`).
     pub proxy: crate::proxy::config::ProxySettings,
+    /// HuggingFace tokenizer directory per model (`[tokenizers]` table, `model =
+    /// "dir"`; `--tokenizer MODEL=DIR`): `tokenizer.json` plus optional
+    /// `tokenizer_config.json` / `chat_template.jinja` (`crate::tokenize`). Default none.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tokenizers: std::collections::BTreeMap<String, String>,
+    /// LoRA adapters served under their own model name (`[lora_adapters]` table,
+    /// `adapter = "base model"`; `--lora-adapter ADAPTER=BASE`): requests naming the
+    /// adapter use the base model's tokenizer and the adapter's hash space. Default none.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub lora_adapters: std::collections::BTreeMap<String, String>,
 }
 
 /// Bounds that keep memory and latency finite under any input.
@@ -114,6 +124,9 @@ pub struct Limits {
     /// stores beyond it are refused and counted. Default 67,108,864 (2^26: about 2 GiB
     /// of index at 25–32 bytes an entry).
     pub max_index_entries: u64,
+    /// Largest prompt tokenized for routing (tokens); text longer than 16 bytes per
+    /// allowed token is refused before tokenizing. Default 262,144.
+    pub max_prompt_tokens: usize,
 }
 
 impl Default for Limits {
@@ -131,6 +144,7 @@ impl Default for Limits {
             max_hello_bytes: 16 << 10,
             max_engine_message_bytes: 8 << 20,
             max_index_entries: 1 << 26,
+            max_prompt_tokens: crate::tokenize::DEFAULT_MAX_PROMPT_TOKENS,
         }
     }
 }
@@ -163,6 +177,8 @@ impl Default for Settings {
             record_max_ids: 1 << 22,
             proxy_addr: crate::proxy::config::DEFAULT_PROXY_ADDR.into(),
             proxy: Default::default(),
+            tokenizers: Default::default(),
+            lora_adapters: Default::default(),
         }
     }
 }
@@ -285,6 +301,23 @@ impl Settings {
             }
             if self.record_max_bytes == 0 || self.record_max_ids == 0 {
                 return Err("record_max_bytes and record_max_ids must be > 0".into());
+            }
+        }
+        if l.max_prompt_tokens == 0 {
+            return Err("max_prompt_tokens must be > 0".into());
+        }
+        for (model, dir) in &self.tokenizers {
+            if model.is_empty() || dir.is_empty() {
+                return Err(format!(
+                    "tokenizers: {model:?} = {dir:?} needs a model and a directory"
+                ));
+            }
+        }
+        for (adapter, base) in &self.lora_adapters {
+            if !self.tokenizers.contains_key(base) {
+                return Err(format!(
+                    "lora_adapters: {adapter:?} names base model {base:?}, which has no tokenizer"
+                ));
             }
         }
         Ok(())

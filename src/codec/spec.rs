@@ -35,12 +35,13 @@ pub(crate) fn read_spec(r: &mut Reader<'_>) -> Result<WorkerSpec, CodecError> {
 const EXT_URL: u8 = 0x01;
 
 /// The optional extensions after `spec.epoch` (the spec ends its frame): none from a
-/// client that predates them; else tagged fields, `0x01` the upstream URL. An unknown
-/// tag is refused (its length is unknowable).
+/// client that predates them; else tagged fields, `0x01` the upstream URL. Any other
+/// byte is left unread, so the frame fails as `TrailingBytes` (an unknown extension's
+/// length is unknowable).
 fn read_extensions(r: &mut Reader<'_>) -> Result<Option<String>, CodecError> {
     let mut url = None;
-    while r.remaining() > 0 {
-        r.enum_u8("spec.ext", |t| (t == EXT_URL).then_some(()))?;
+    while r.peek_u8() == Some(EXT_URL) {
+        r.u8("spec.ext")?;
         url = Some(r.string("spec.url")?);
     }
     Ok(url)

@@ -32,6 +32,11 @@ impl<'a> Reader<'a> {
         self.payload.len() - self.pos
     }
 
+    /// The next byte, not consumed.
+    pub(crate) fn peek_u8(&self) -> Option<u8> {
+        self.payload.get(self.pos).copied()
+    }
+
     /// A `Malformed` error at `offset`.
     pub(crate) fn error_at(&self, offset: usize, field: &'static str, p: Problem) -> CodecError {
         CodecError::Malformed {

@@ -144,6 +144,18 @@ pub fn validate_all(engines: &[EngineEndpoint]) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_compact_form_takes_the_proxy_url() {
+        let e =
+            EngineEndpoint::parse_compact("worker_id=w1,endpoint=tcp://h:5557,url=http://h:8000")
+                .unwrap();
+        assert_eq!(e.spec().url.as_deref(), Some("http://h:8000"));
+        let bad =
+            EngineEndpoint::parse_compact("worker_id=w1,endpoint=tcp://h:5557,url=https://h:1")
+                .unwrap();
+        assert!(bad.validate().is_err());
+    }
+
     use super::*;
 
     #[test]

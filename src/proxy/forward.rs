@@ -127,7 +127,8 @@ pub async fn completions(core: Rc<Core>, endpoint: Endpoint, req: Request<Incomi
         }
     };
     let t0 = Instant::now();
-    let tokens = match super::prompt::prompt_tokens(endpoint, &creq.model, &creq.body) {
+    let tok = sh.tokenizers.get().map(|t| &**t);
+    let tokens = match super::prompt::prompt_tokens(tok, endpoint, &creq.model, &creq.body) {
         Ok(t) => t,
         Err(e) => {
             refused(&core, "bad_request");
@@ -251,9 +252,18 @@ impl Job {
             // Routed by load only; the prompt's size is estimated from its bytes.
             None => (None, Some(Vec::new()), Some((self.raw.len() / 4) as u32)),
         };
+        // A LoRA adapter named as the model: its base model's workers, in the
+        // adapter's hash space (`tokenize::Tokenizers::route_request`).
+        let tok = self.core.shared.tokenizers.get();
+        let model = tok.map_or(self.creq.model.as_str(), |t| t.base_model(&self.creq.model));
+        let lora_name = match (&self.tokens, tok) {
+            (Some(_), Some(t)) => t.lora_for(&self.creq.model).map(str::to_string),
+            _ => None,
+        };
         RouteRequest {
             request_id: rid.to_string(),
-            model: (!self.creq.model.is_empty()).then(|| self.creq.model.clone()),
+            model: (!model.is_empty()).then(|| model.to_string()),
+            lora_name,
             tokens,
             block_hashes,
             input_tokens,

@@ -1,10 +1,12 @@
 //! Token ids of a request's prompt: the one call site of tokenization.
 //!
-//! Until the tokenizer module (`tokenize`, per-model `tokenizer.json` and chat
-//! templates) is merged, this handles completions whose `prompt` is already token ids
-//! — a list of integers, or a list of such lists (a batch, routed by its first prompt)
-//! — and answers `Ok(None)` for everything else: the request is then routed by load
-//! only (counted in `kvroute_proxy_untokenized_total`), never refused.
+//! With the service's tokenizers (`crate::tokenize`: per-model `tokenizer.json` and
+//! chat templates, `--tokenizer MODEL=DIR`) the prompt is rendered and tokenized as the
+//! engine does it. Without them (a build or caller with none) this handles completions
+//! whose `prompt` is already token ids — a list of integers, or a list of such lists (a
+//! batch, routed by its first prompt). `Ok(None)` in either case means no tokenizer for
+//! the model: the request is routed by load only (counted in
+//! `kvroute_proxy_untokenized_total`), never refused.
 
 use super::request::Endpoint;
 use serde_json::Value;
@@ -22,7 +24,28 @@ impl std::fmt::Display for PromptError {
 /// Most token ids read from one prompt (the router's hash limit caps them later).
 pub const MAX_PROMPT_TOKENS: usize = 1 << 21;
 
+/// Through the model's tokenizer when `tok` has one (else as [`token_ids`]).
 pub fn prompt_tokens(
+    tok: Option<&crate::tokenize::Tokenizers>,
+    endpoint: Endpoint,
+    model: &str,
+    body: &Value,
+) -> Result<Option<Vec<u32>>, PromptError> {
+    match tok {
+        Some(t) => {
+            let e = match endpoint {
+                Endpoint::Completions => crate::tokenize::Endpoint::Completions,
+                Endpoint::Chat => crate::tokenize::Endpoint::Chat,
+            };
+            t.prompt_tokens(e, model, body)
+                .map_err(|e| PromptError(e.0))
+        }
+        None => token_ids(endpoint, model, body),
+    }
+}
+
+/// Token-id prompts of completions only (no tokenizer needed).
+pub fn token_ids(
     endpoint: Endpoint,
     _model: &str,
     body: &Value,
@@ -64,6 +87,7 @@ mod tests {
     #[test]
     fn token_prompts_are_read_and_text_needs_a_tokenizer() {
         let c = Endpoint::Completions;
+        let prompt_tokens = token_ids;
         assert_eq!(
             prompt_tokens(c, "m", &json!({"prompt": [1, 2, 3]})).unwrap(),
             Some(vec![1, 2, 3])

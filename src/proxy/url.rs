@@ -40,18 +40,18 @@ impl UpstreamUrl {
             let (h, p) = v6
                 .split_once(']')
                 .ok_or_else(|| format!("url {s:?}: bad IPv6 host"))?;
-            (h.to_string(), p.strip_prefix(':').unwrap_or(""))
+            (h.to_string(), p.strip_prefix(':'))
         } else {
             match authority.rsplit_once(':') {
-                Some((h, p)) => (h.to_string(), p),
-                None => (authority.to_string(), ""),
+                Some((h, p)) => (h.to_string(), Some(p)),
+                None => (authority.to_string(), None),
             }
         };
-        let port = if port.is_empty() {
-            80
-        } else {
-            port.parse::<u16>()
-                .map_err(|_| format!("url {s:?}: bad port {port:?}"))?
+        let port = match port {
+            None => 80,
+            Some(p) => p
+                .parse::<u16>()
+                .map_err(|_| format!("url {s:?}: bad port {p:?}"))?,
         };
         if host.is_empty() || port == 0 {
             return Err(format!("url {s:?} needs a host and a port"));
@@ -99,6 +99,7 @@ mod tests {
             "http://",
             "http://:80",
             "http://a:0",
+            "http://a:",
             "http://a:99999",
             "http://a b:1",
             "http://u@a:1",

@@ -146,6 +146,8 @@ impl Running {
 /// Starts the service and returns once every core listens.
 pub fn start(mut settings: Settings) -> Result<Running, String> {
     settings.validate()?;
+    // Before anything is bound: a missing or broken tokenizer directory stops the start.
+    let tokenizers = Arc::new(crate::tokenize::Tokenizers::from_settings(&settings)?);
     let token = settings.resolve_token()?;
     let worker_tokens = match &settings.worker_tokens_file {
         Some(path) => crate::credentials::load_worker_tokens(path, token.as_deref())?,
@@ -207,6 +209,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         s.attach_budget(shared.budget.clone());
     }
     let _ = shared.proxy.keys.set(proxy_keys);
+    let _ = shared.tokenizers.set(tokenizers);
     if let Some(path) = shared.settings.record.clone() {
         let cfg = recorder::RecordConfig {
             path,

@@ -78,6 +78,9 @@ pub struct Shared {
     pub recorder: std::sync::OnceLock<super::recorder::Recorder>,
     /// The OpenAI proxy's metrics, admission count and client keys (`crate::proxy`).
     pub proxy: crate::proxy::state::ProxyShared,
+    /// The models' tokenizers (`settings.tokenizers`, loaded once at start; set before
+    /// any core runs, so `get()` is Some on every core).
+    pub tokenizers: std::sync::OnceLock<Arc<crate::tokenize::Tokenizers>>,
 }
 
 impl Shared {
@@ -124,6 +127,7 @@ impl Shared {
             status: super::status::StatusState::new(cores, max_workers),
             recorder: std::sync::OnceLock::new(),
             proxy,
+            tokenizers: std::sync::OnceLock::new(),
             settings,
         };
         Ok((Arc::new(shared), readers))

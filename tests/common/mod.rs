@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod ident;
+pub mod proxy;
 pub mod raw;
 pub mod sim;
 pub mod ui;

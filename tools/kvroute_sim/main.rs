@@ -17,6 +17,8 @@
 //! - `tune`: searches the router knobs offline on a workload (seeded, every core, a
 //!   progress bar) and prints the recommended `[router]` TOML with its figures against
 //!   the defaults (`tune.rs`).
+//! - `tokenizer`: writes a small real HF tokenizer directory for `--tokenizer`
+//!   (`tokenizer.rs`).
 //!
 //! - `fleet`: simulated vLLM workers on loopback HTTP ports (OpenAI endpoints, SSE,
 //!   NIXL prefill/decode roles, KV events over ZMQ or the binary protocol;
@@ -33,6 +35,7 @@ mod replay;
 mod restart;
 mod runner;
 mod setup;
+mod tokenizer;
 mod tune;
 
 use clap::{Args, Parser, Subcommand};
@@ -68,6 +71,8 @@ enum Cmd {
     Fleet(fleet::FleetArgs),
     /// Replay a Mooncake trace as OpenAI requests against an HTTP endpoint.
     Replay(replay::ReplayArgs),
+    /// Write a small real HF tokenizer (word tN = token id N) for tests and demos.
+    Tokenizer(tokenizer::TokenizerArgs),
 }
 
 /// Output and knob flags shared by the subcommands.
@@ -205,6 +210,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Tune(a) => tune::tune(a),
         Cmd::Fleet(a) => fleet::run(a),
         Cmd::Replay(a) => replay::run(a),
+        Cmd::Tokenizer(a) => tokenizer::run(a),
     }
 }
 

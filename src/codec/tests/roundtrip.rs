@@ -177,3 +177,43 @@ fn enum_byte_helpers_invert() {
     assert_eq!(Fallback::from_u8(4), None);
     assert_eq!(Stage::from_u8(3), None);
 }
+
+#[test]
+fn the_spec_url_extension_roundtrips_and_is_absent_when_unset() {
+    let mut with = full_spec();
+    with.url = Some("http://10.0.0.5:8000".into());
+    let msgs = vec![
+        RequestMsg::Register {
+            corr: 3,
+            spec: with.clone(),
+        },
+        RequestMsg::Register {
+            corr: 4,
+            spec: full_spec(),
+        },
+    ];
+    assert_stream_roundtrip(&msgs);
+    assert_stream_roundtrip(&[EventMsg::Hello(EventHello {
+        auth_token: "t".into(),
+        spec: with.clone(),
+    })]);
+    // Unset: the old layout exactly (the frame ends after `spec.epoch`); set: one tag
+    // byte and the string after it.
+    let old = encoded(&msgs[1]);
+    let new = encoded(&RequestMsg::Register {
+        corr: 4,
+        spec: with,
+    });
+    let url = b"http://10.0.0.5:8000";
+    assert_eq!(new.len(), old.len() + 1 + 2 + url.len());
+    assert!(new.ends_with(url));
+    // An unknown extension tag is refused, not skipped.
+    let mut bad = new.clone();
+    let tag = bad.len() - url.len() - 3;
+    assert_eq!(bad[tag], 0x01);
+    bad[tag] = 0x7f;
+    let mut dec = FrameDecoder::default();
+    let mut buf = BytesMut::from(&bad[..]);
+    let f = dec.decode(&mut buf).unwrap().unwrap();
+    assert!(RequestMsg::decode(&f).is_err());
+}

@@ -1,0 +1,636 @@
+//! The OpenAI proxy of `kvroute serve` end to end: the real binary, fake OpenAI
+//! workers (tests/py/fake_openai_worker.py) registered with their `url`, and clients
+//! over loopback (ureq, raw TCP, and the official `openai` Python package).
+
+mod common;
+
+use common::proxy::{events, get, post, register, router_active, wait_until, Answer, FakeWorker};
+use common::Server;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::time::Duration;
+
+fn python_ok() -> bool {
+    common::python_has("json", "python3")
+}
+
+fn completion(s: &Server, body: &Value) -> Answer {
+    post(s, "/v1/completions", &body.to_string(), &[])
+}
+
+#[test]
+fn streams_through_and_forwards_the_clients_bytes_unchanged() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(2, &[]);
+    let w = FakeWorker::start("w1", &["--delay-ms", "5"]);
+    register(&s, "w1", "m", "aggregated", &w.url());
+    // Odd spacing, key order and unknown fields: the worker must get these bytes.
+    let sent = r#"{ "model":"m",  "prompt":[1,2,3],"stream":true, "max_tokens":5,
+        "vendor_ext": {"nested": [1, "x", null]}, "top_k": 3 }"#;
+    let a = post(&s, "/v1/completions", sent, &[("x-request-id", "client-7")]);
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.header("x-request-id"), Some("client-7"));
+    assert_eq!(a.header("x-kvroute-worker"), Some("w1"));
+    assert!(a
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let ev = events(&a.body);
+    assert_eq!(ev.len(), 6, "{}", a.body);
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let got = w.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["raw"], sent, "forwarded byte for byte");
+    assert_eq!(got[0]["x_request_id"], "client-7");
+    // A client reusing its id is still a new request to the router.
+    let b = post(&s, "/v1/completions", sent, &[("x-request-id", "client-7")]);
+    assert_eq!(b.status, 200);
+    assert_ne!(
+        a.header("x-kvroute-request-id"),
+        b.header("x-kvroute-request-id")
+    );
+    // Non-streamed chat: the worker's JSON as is.
+    let c = post(
+        &s,
+        "/v1/chat/completions",
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":3}"#,
+        &[],
+    );
+    assert_eq!(c.status, 200);
+    assert_eq!(c.json()["usage"]["completion_tokens"], 3);
+    assert!(a.header("x-request-id").is_some());
+    // Lifecycle from the stream: everything finished, nothing left active.
+    wait_until("load released", || router_active(&s) == 0.0);
+    assert_eq!(
+        s.metric("kvroute_proxy_requests_total{model=\"m\",worker=\"w1\",outcome=\"ok\"}"),
+        3.0
+    );
+    assert_eq!(s.metric("kvroute_proxy_ttft_seconds_count"), 3.0);
+    let (code, models) = get(&s, "/v1/models", None);
+    assert_eq!(code, 200);
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "m");
+    assert_eq!(get(&s, "/health", None).0, 200);
+    // The worker list shows the url.
+    assert_eq!(s.workers()[0]["url"], w.url());
+}
+
+#[test]
+fn the_official_openai_client_works_streamed_and_not() {
+    if !common::python_has("openai", "openai") {
+        return;
+    }
+    let s = Server::start(1, &["--proxy-api-keys", "sk-test"]);
+    let w = FakeWorker::start("w1", &[]);
+    register(&s, "w1", "m", "aggregated", &w.url());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/openai_client.py");
+    let out = std::process::Command::new("python3")
+        .args([script, &format!("http://{}/v1", s.proxy), "sk-test", "m"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(r["chat"], "t0 t1 t2 ");
+    assert_eq!(r["chat_stream"], "t0 t1 t2 ");
+    assert_eq!(r["completion"], "t0 t1 ");
+    assert_eq!(r["completion_stream"], "t0 t1 ");
+    assert_eq!(r["usage_stream"], 2);
+    assert_eq!(w.received().len(), 4);
+}
+
+#[test]
+fn a_shared_prefix_goes_back_to_the_worker_that_cached_it() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(2, &["--block-size", "4"]);
+    let ws: Vec<FakeWorker> = (0..3)
+        .map(|i| FakeWorker::start(&format!("w{i}"), &[]))
+        .collect();
+    for w in &ws {
+        register(&s, &w.id, "m", "aggregated", &w.url());
+    }
+    for round in 0..4u32 {
+        let prefix: Vec<u32> = (0..32).map(|i| round * 1000 + i).collect();
+        let a = completion(
+            &s,
+            &json!({"model": "m", "prompt": prefix, "max_tokens": 2}),
+        );
+        assert_eq!(a.status, 200);
+        let first = a.header("x-kvroute-worker").unwrap().to_string();
+        // That worker reports the prompt's blocks (as its engine would).
+        let mut hashes = Vec::new();
+        kvroute::hash::sequence_hashes_after(None, &prefix, 4, &mut hashes);
+        let before = s.cached(&first);
+        s.store(&first, "device", &hashes);
+        s.wait_until("blocks indexed", |s| s.cached(&first) >= before + 8);
+        let mut longer = prefix.clone();
+        longer.extend([7, 7, 7, 7, 9, 9, 9, 9]);
+        let b = completion(
+            &s,
+            &json!({"model": "m", "prompt": longer, "max_tokens": 2}),
+        );
+        assert_eq!(b.status, 200);
+        assert_eq!(
+            b.header("x-kvroute-worker"),
+            Some(first.as_str()),
+            "round {round}"
+        );
+    }
+}
+
+#[test]
+fn a_killed_worker_is_retried_elsewhere_and_nothing_is_lost() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(
+        1,
+        &["--mode", "round-robin", "--proxy-breaker-threshold", "1"],
+    );
+    let mut ws: Vec<FakeWorker> = (0..3)
+        .map(|i| FakeWorker::start(&format!("w{i}"), &[]))
+        .collect();
+    for w in &ws {
+        register(&s, &w.id, "m", "aggregated", &w.url());
+    }
+    let body = json!({"model": "m", "prompt": [1, 2, 3], "stream": true, "max_tokens": 3});
+    for i in 0..30 {
+        if i == 10 {
+            ws[1].kill();
+        }
+        let a = completion(&s, &body);
+        assert_eq!(a.status, 200, "request {i}: {a:?}");
+        assert_eq!(events(&a.body).last().map(String::as_str), Some("[DONE]"));
+        if i >= 10 {
+            assert_ne!(a.header("x-kvroute-worker"), Some("w1"));
+        }
+    }
+    assert!(s.metric("kvroute_proxy_retries_total") >= 1.0);
+    assert!(s.metric("kvroute_proxy_upstream_errors_total{kind=\"connect\"}") >= 1.0);
+    assert_eq!(s.metric("kvroute_proxy_breaker_open{worker=\"w1\"}"), 1.0);
+    wait_until("load released", || router_active(&s) == 0.0);
+}
+
+#[test]
+fn a_5xx_before_the_first_byte_is_retried_and_says_so() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(1, &["--mode", "round-robin"]);
+    let bad = FakeWorker::start("bad", &["--mode", "fail"]);
+    let good = FakeWorker::start("good", &[]);
+    register(&s, "bad", "m", "aggregated", &bad.url());
+    register(&s, "good", "m", "aggregated", &good.url());
+    let mut retried = 0;
+    for _ in 0..4 {
+        let a = completion(&s, &json!({"model": "m", "prompt": [1], "max_tokens": 2}));
+        assert_eq!(a.status, 200, "{a:?}");
+        assert_eq!(a.header("x-kvroute-worker"), Some("good"));
+        if a.header("x-kvroute-retries") == Some("1") {
+            retried += 1;
+        }
+    }
+    assert!(retried >= 1);
+    assert!(s.metric("kvroute_proxy_upstream_errors_total{kind=\"status_5xx\"}") >= 1.0);
+    // With every worker failing, the client gets a 502 in OpenAI's shape.
+    good.set_mode("fail");
+    let a = completion(&s, &json!({"model": "m", "prompt": [1], "max_tokens": 2}));
+    assert!(a.status == 502 || a.status == 503, "{a:?}");
+    assert!(a.json()["error"]["message"].is_string());
+    wait_until("load released", || router_active(&s) == 0.0);
+}
+
+#[test]
+fn an_upstream_dying_mid_stream_ends_with_an_error_event_and_releases_load() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(1, &[]);
+    let w = FakeWorker::start("w1", &["--mode", "die_mid", "--delay-ms", "20"]);
+    register(&s, "w1", "m", "aggregated", &w.url());
+    let a = completion(
+        &s,
+        &json!({"model": "m", "prompt": [1, 2], "stream": true, "max_tokens": 10}),
+    );
+    assert_eq!(a.status, 200);
+    let ev = events(&a.body);
+    assert_eq!(ev.len(), 3, "{}", a.body);
+    let last: Value = serde_json::from_str(&ev[2]).unwrap();
+    assert!(last["error"]["message"].is_string(), "{}", a.body);
+    wait_until("load released", || {
+        router_active(&s) == 0.0 && s.workers()[0]["active_requests"] == 0
+    });
+    assert_eq!(
+        s.metric("kvroute_proxy_upstream_errors_total{kind=\"mid_stream\"}"),
+        1.0
+    );
+}
+
+#[test]
+fn a_client_that_disconnects_aborts_the_upstream_and_releases_load() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(1, &[]);
+    let w = FakeWorker::start("w1", &["--delay-ms", "100"]);
+    register(&s, "w1", "m", "aggregated", &w.url());
+    let body =
+        json!({"model": "m", "prompt": [1, 2], "stream": true, "max_tokens": 200}).to_string();
+    let mut c = std::net::TcpStream::connect(&s.proxy).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        c,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.windows(6).filter(|w| w == b"data: ").count() < 2 {
+        let n = c.read(&mut buf).unwrap();
+        assert!(n > 0, "closed early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    wait_until("routed and active", || router_active(&s) == 1.0);
+    drop(c);
+    wait_until("upstream aborted", || w.stats()["aborted"] == 1);
+    wait_until("load released", || router_active(&s) == 0.0);
+    assert_eq!(w.stats()["completed"], 0);
+    assert_eq!(
+        s.metric(
+            "kvroute_proxy_requests_total{model=\"m\",worker=\"w1\",outcome=\"client_disconnect\"}"
+        ),
+        1.0
+    );
+}
+
+#[test]
+fn disaggregated_requests_take_the_nixl_flow_and_fall_back_to_decode_only() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(1, &[]);
+    let p = FakeWorker::start("p1", &[]);
+    let d = FakeWorker::start("d1", &[]);
+    register(&s, "p1", "m", "prefill", &p.url());
+    register(&s, "d1", "m", "decode", &d.url());
+    let body = json!({"model": "m", "prompt": [1, 2, 3], "stream": true, "max_tokens": 4,
+                      "stream_options": {"include_usage": true}});
+    let a = completion(&s, &body);
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.header("x-kvroute-worker"), Some("d1"));
+    assert_eq!(a.header("x-kvroute-prefill-fallback"), None);
+    assert_eq!(events(&a.body).last().map(String::as_str), Some("[DONE]"));
+    let pr = p.received();
+    assert_eq!(pr.len(), 1);
+    assert_eq!(pr[0]["body"]["max_tokens"], 1);
+    assert_eq!(pr[0]["body"]["stream"], false);
+    assert!(pr[0]["body"].get("stream_options").is_none());
+    let kv = &pr[0]["body"]["kv_transfer_params"];
+    assert_eq!(kv["do_remote_decode"], true);
+    assert_eq!(kv["do_remote_prefill"], false);
+    assert!(kv["remote_engine_id"].is_null() && kv["remote_port"].is_null());
+    let dr = d.received();
+    assert_eq!(dr.len(), 1);
+    assert_eq!(
+        dr[0]["body"]["kv_transfer_params"]["remote_engine_id"],
+        "p1"
+    );
+    assert_eq!(
+        dr[0]["body"]["kv_transfer_params"]["do_remote_prefill"],
+        true
+    );
+    assert_eq!(dr[0]["body"]["max_tokens"], 4);
+    assert_eq!(dr[0]["body"]["stream"], true);
+    // The prefill worker fails: served decode-only, and the response says so.
+    p.set_mode("fail");
+    let b = completion(&s, &body);
+    assert_eq!(b.status, 200, "{b:?}");
+    assert_eq!(b.header("x-kvroute-prefill-fallback"), Some("1"));
+    assert_eq!(b.header("x-kvroute-worker"), Some("d1"));
+    let dr = d.received();
+    assert_eq!(dr.len(), 2);
+    assert!(dr[1]["body"].get("kv_transfer_params").is_none());
+    assert_eq!(s.metric("kvroute_proxy_prefill_fallbacks_total"), 1.0);
+    wait_until("load released", || router_active(&s) == 0.0);
+}
+
+#[test]
+fn a_model_without_a_tokenizer_is_still_served() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(1, &[]);
+    let w = FakeWorker::start("w1", &[]);
+    register(&s, "w1", "text-model", "aggregated", &w.url());
+    let a = post(
+        &s,
+        "/v1/chat/completions",
+        r#"{"model":"text-model","messages":[{"role":"user","content":"hello"}],"stream":true,"max_tokens":2}"#,
+        &[],
+    );
+    assert_eq!(a.status, 200, "{a:?}");
+    let b = completion(&s, &json!({"model": "text-model", "prompt": "plain text"}));
+    assert_eq!(b.status, 200);
+    assert_eq!(s.metric("kvroute_proxy_untokenized_total"), 2.0);
+    // A model nobody serves: an OpenAI error, not a hang.
+    let c = completion(&s, &json!({"model": "other", "prompt": "x"}));
+    assert!(c.status >= 400, "{c:?}");
+    assert!(c.json()["error"]["message"].is_string());
+}
+
+#[test]
+fn auth_takes_the_service_token_or_a_client_key() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(
+        1,
+        &["--auth-token", "svc-secret", "--proxy-api-keys", "k1,k2"],
+    );
+    let w = FakeWorker::start("w1", &[]);
+    let (code, _) = match ureq::post(&s.url("/v1/workers"))
+        .set("authorization", "Bearer svc-secret")
+        .send_json(json!({"id": "w1", "model": "m", "url": w.url()}))
+    {
+        Ok(r) => (r.status(), ()),
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(code, 201);
+    let body = json!({"model": "m", "prompt": [1], "max_tokens": 1}).to_string();
+    let none = post(&s, "/v1/completions", &body, &[]);
+    assert_eq!(none.status, 401);
+    assert_eq!(none.json()["error"]["code"], "invalid_api_key");
+    let wrong = post(
+        &s,
+        "/v1/completions",
+        &body,
+        &[("authorization", "Bearer k3")],
+    );
+    assert_eq!(wrong.status, 401);
+    for key in ["svc-secret", "k1", "k2"] {
+        let a = post(
+            &s,
+            "/v1/completions",
+            &body,
+            &[("authorization", &format!("Bearer {key}"))],
+        );
+        assert_eq!(a.status, 200, "{key}");
+    }
+    assert_eq!(get(&s, "/v1/models", None).0, 401);
+    assert_eq!(get(&s, "/v1/models", Some("k1")).0, 200);
+    assert_eq!(get(&s, "/health", None).0, 200);
+    // The client's key is not passed to the worker.
+    assert!(w.received().iter().all(|r| r["authorization"].is_null()));
+}
+
+#[test]
+fn body_and_concurrency_limits_answer_413_and_429() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(
+        1,
+        &[
+            "--proxy-max-body-bytes",
+            "2048",
+            "--proxy-max-concurrent",
+            "1",
+        ],
+    );
+    let w = FakeWorker::start("w1", &["--delay-ms", "200"]);
+    register(&s, "w1", "m", "aggregated", &w.url());
+    let big = json!({"model": "m", "prompt": "x".repeat(4096)}).to_string();
+    let a = post(&s, "/v1/completions", &big, &[]);
+    assert_eq!(a.status, 413);
+    assert_eq!(a.json()["error"]["code"], "request_too_large");
+    let proxy = s.proxy.clone();
+    let slow = std::thread::spawn(move || {
+        common::proxy::agent()
+            .post(&format!("http://{proxy}/v1/completions"))
+            .send_string(
+                &json!({"model": "m", "prompt": [1], "stream": true, "max_tokens": 20}).to_string(),
+            )
+            .map(|r| r.into_string().unwrap_or_default())
+            .map_err(|e| e.to_string())
+    });
+    wait_until("first request in flight", || {
+        s.metric("kvroute_proxy_active ") == 1.0
+    });
+    let b = completion(&s, &json!({"model": "m", "prompt": [1], "max_tokens": 1}));
+    assert_eq!(b.status, 429);
+    assert_eq!(b.json()["error"]["type"], "rate_limit_exceeded");
+    let done = slow.join().unwrap().unwrap();
+    assert!(done.contains("[DONE]"));
+    wait_until("admission released", || {
+        s.metric("kvroute_proxy_active ") == 0.0
+    });
+    let c = completion(&s, &json!({"model": "m", "prompt": [1], "max_tokens": 1}));
+    assert_eq!(c.status, 200);
+}
+
+#[test]
+fn garbage_is_refused_with_400_and_the_service_keeps_serving() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(1, &[]);
+    let w = FakeWorker::start("w1", &[]);
+    register(&s, "w1", "m", "aggregated", &w.url());
+    for bad in [
+        "{not json",
+        "[1,2]",
+        r#"{"model": 5}"#,
+        r#"{"model":"m","stream":"yes"}"#,
+        r#"{"model":"m","prompt":[1,-1]}"#,
+        "\u{0}\u{1}\u{2}",
+    ] {
+        let a = post(&s, "/v1/completions", bad, &[]);
+        assert_eq!(a.status, 400, "{bad}: {a:?}");
+        assert!(a.json()["error"]["message"].is_string());
+    }
+    assert_eq!(post(&s, "/v1/nothing", "{}", &[]).status, 404);
+    let ok = completion(&s, &json!({"model": "m", "prompt": [1], "max_tokens": 1}));
+    assert_eq!(ok.status, 200);
+    assert!(w.received().len() == 1, "garbage never reached the worker");
+}
+
+#[test]
+fn chat_prompts_are_tokenized_with_the_models_template_and_keep_their_worker() {
+    if !python_ok() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kvroute-proxy-tok-{}", std::process::id()));
+    kvroute::tokenize::testing::write_dir(&dir, 1000).unwrap();
+    let tok_flag = format!("m={}", dir.display());
+    let s = Server::start(2, &["--block-size", "4", "--tokenizer", &tok_flag]);
+    let tok = kvroute::tokenize::Tokenizers::load(&[("m".into(), dir.clone())]).unwrap();
+    let ws: Vec<FakeWorker> = (0..3)
+        .map(|i| FakeWorker::start(&format!("w{i}"), &[]))
+        .collect();
+    for w in &ws {
+        register(&s, &w.id, "m", "aggregated", &w.url());
+    }
+    for round in 0..3u32 {
+        let system: String = (0..40).map(|i| format!("t{} ", round * 100 + i)).collect();
+        let first = json!({"model": "m", "max_tokens": 2, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": "t1 t2"}]});
+        let a = post(&s, "/v1/chat/completions", &first.to_string(), &[]);
+        assert_eq!(a.status, 200, "{a:?}");
+        let w = a.header("x-kvroute-worker").unwrap().to_string();
+        let ids = tok
+            .prompt_tokens(kvroute::tokenize::Endpoint::Chat, "m", &first)
+            .unwrap()
+            .unwrap();
+        let mut hashes = Vec::new();
+        kvroute::hash::sequence_hashes_after(None, &ids, 4, &mut hashes);
+        let before = s.cached(&w);
+        s.store(&w, "device", &hashes);
+        s.wait_until("blocks indexed", |s| {
+            s.cached(&w) >= before + hashes.len() as u64
+        });
+        let mut second = first.clone();
+        second["messages"].as_array_mut().unwrap().extend([
+            json!({"role": "assistant", "content": "t0 t1"}),
+            json!({"role": "user", "content": "t5 t6 t7"}),
+        ]);
+        let b = post(&s, "/v1/chat/completions", &second.to_string(), &[]);
+        assert_eq!(b.status, 200);
+        assert_eq!(
+            b.header("x-kvroute-worker"),
+            Some(w.as_str()),
+            "round {round}"
+        );
+    }
+    assert_eq!(s.metric("kvroute_proxy_untokenized_total"), 0.0);
+    assert!(s.metric("kvroute_proxy_tokenize_seconds_count") >= 6.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn urls_from_the_binary_handshake_are_proxied_to_and_survive_a_restart() {
+    if !python_ok() {
+        return;
+    }
+    let state = std::env::temp_dir().join(format!("kvroute-proxy-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&state);
+    let state_flag = state.display().to_string();
+    let w = FakeWorker::start("bin-w", &[]);
+    {
+        let s = Server::start(1, &["--state-dir", &state_flag]);
+        // The event Hello carries the url (the spec's optional extension).
+        let mut spec = kvroute::types::WorkerSpec::new("bin-w");
+        spec.model = "m".into();
+        spec.url = Some(w.url());
+        let _events = kvroute::client::EventPublisher::connect(&s.events, spec, "").unwrap();
+        // And the request API's Register.
+        let mut rq = kvroute::client::RequestClient::connect(&s.api, "").unwrap();
+        let mut spec2 = kvroute::types::WorkerSpec::new("reg-w");
+        spec2.model = "m".into();
+        spec2.url = Some("http://127.0.0.1:9".into());
+        rq.register(spec2).unwrap();
+        let ws = s.workers();
+        let url_of = |id: &str| ws.iter().find(|x| x["id"] == id).unwrap()["url"].clone();
+        assert_eq!(url_of("bin-w"), w.url());
+        assert_eq!(url_of("reg-w"), "http://127.0.0.1:9");
+        // reg-w's url refuses connections: requests there are re-routed to bin-w.
+        for _ in 0..3 {
+            let a = completion(
+                &s,
+                &json!({"model": "m", "prompt": [1, 2], "max_tokens": 1}),
+            );
+            assert_eq!(a.status, 200, "{a:?}");
+            assert_eq!(a.header("x-kvroute-worker"), Some("bin-w"));
+        }
+    }
+    // Restarted from the snapshot: the urls are still known.
+    let s = Server::start(1, &["--state-dir", &state_flag]);
+    let ws = s.workers();
+    assert!(
+        ws.iter()
+            .any(|x| x["id"] == "reg-w" && x["url"] == "http://127.0.0.1:9"),
+        "{ws:?}"
+    );
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+#[test]
+fn an_open_breaker_probes_health_and_lets_the_worker_back() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(
+        1,
+        &[
+            "--mode",
+            "round-robin",
+            "--proxy-breaker-threshold",
+            "1",
+            "--proxy-breaker-open-ms",
+            "300",
+        ],
+    );
+    let flaky = FakeWorker::start("flaky", &["--mode", "fail"]);
+    let good = FakeWorker::start("good", &[]);
+    register(&s, "flaky", "m", "aggregated", &flaky.url());
+    register(&s, "good", "m", "aggregated", &good.url());
+    let body = json!({"model": "m", "prompt": [1], "max_tokens": 1});
+    for _ in 0..3 {
+        assert_eq!(completion(&s, &body).status, 200);
+    }
+    assert_eq!(
+        s.metric("kvroute_proxy_breaker_open{worker=\"flaky\"}"),
+        1.0
+    );
+    // While open (and while /health fails), flaky gets nothing.
+    let seen = flaky.received().len();
+    for _ in 0..4 {
+        assert_eq!(
+            completion(&s, &body).header("x-kvroute-worker"),
+            Some("good")
+        );
+    }
+    flaky.set_mode("ok");
+    wait_until("the probe closes the breaker", || {
+        completion(&s, &body);
+        s.metric("kvroute_proxy_breaker_open{worker=\"flaky\"}") == 0.0
+    });
+    wait_until("flaky serves again", || {
+        completion(&s, &body).header("x-kvroute-worker") == Some("flaky")
+    });
+    assert!(flaky.received().len() > seen);
+}
+
+#[test]
+fn a_worker_that_never_answers_times_out_and_is_retried() {
+    if !python_ok() {
+        return;
+    }
+    let s = Server::start(
+        1,
+        &["--mode", "round-robin", "--proxy-request-timeout-ms", "500"],
+    );
+    let hang = FakeWorker::start("hang", &["--mode", "hang"]);
+    let good = FakeWorker::start("good", &[]);
+    register(&s, "hang", "m", "aggregated", &hang.url());
+    register(&s, "good", "m", "aggregated", &good.url());
+    for _ in 0..3 {
+        let a = completion(
+            &s,
+            &json!({"model": "m", "prompt": [1], "stream": true, "max_tokens": 2}),
+        );
+        assert_eq!(a.status, 200, "{a:?}");
+        assert_eq!(a.header("x-kvroute-worker"), Some("good"));
+    }
+    assert!(s.metric("kvroute_proxy_upstream_errors_total{kind=\"timeout\"}") >= 1.0);
+    wait_until("load released", || router_active(&s) == 0.0);
+}
