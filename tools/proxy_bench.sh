@@ -38,6 +38,11 @@ SHORT="--max-input-tokens 256 --max-output-tokens 8"
 HAVE_GW=1
 python3 -c "import sglang_router" 2>/dev/null || { HAVE_GW=0; echo "note: sglang_router not installed, no gateway column" >&2; }
 
+# One tokenizer (word tN = token N, ChatML template) for the router and the workers,
+# so both compute the same block hashes from the same text.
+TOK="$OUT/tok"
+"$BIN/kvroute-sim" tokenizer --out "$TOK" >/dev/null
+
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
@@ -47,7 +52,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 # start_fleet NAME ARGS...: starts a fleet, waits for "ready", sets URLS / ENGINES.
 start_fleet() {
   local name=$1; shift
-  "$BIN/kvroute-sim" fleet "$@" >"$OUT/$name.fleet" 2>&1 &
+  "$BIN/kvroute-sim" fleet --tokenizer "$TOK" "$@" >"$OUT/$name.fleet" 2>&1 &
   FLEET_PID=$!; PIDS+=("$FLEET_PID")
   for _ in $(seq 200); do grep -q '^ready' "$OUT/$name.fleet" && break; sleep 0.05; done
   URLS=$(sed -n 's/^worker .* url=\([^ ]*\).*/\1/p' "$OUT/$name.fleet" | paste -sd' ')
@@ -60,7 +65,7 @@ start_kvroute() {
   local pp hp ep ap args=()
   pp=$(free_port); hp=$(free_port); ep=$(free_port); ap=$(free_port)
   while read -r e; do [ -n "$e" ] && args+=(--engine "$e"); done <<<"$ENGINES"
-  "$BIN/kvroute" serve --cores "$KV_CORES" --proxy-addr "127.0.0.1:$pp" --http-addr "127.0.0.1:$hp" \
+  "$BIN/kvroute" serve --cores "$KV_CORES" --tokenizer "sim-model=$TOK" --proxy-addr "127.0.0.1:$pp" --http-addr "127.0.0.1:$hp" \
     --events-addr "127.0.0.1:$ep" --api-addr "127.0.0.1:$ap" "${args[@]}" >"$OUT/kvroute.log" 2>&1 &
   KV_PID=$!; PIDS+=("$KV_PID")
   for _ in $(seq 200); do curl -sf "127.0.0.1:$pp/health" >/dev/null 2>&1 && break; sleep 0.05; done
@@ -129,14 +134,13 @@ echo "== part 2: hit rate at the workers, $WORKERS workers, $HIT_N requests of $
 hit=(--limit "$HIT_N" --time-scale "$HIT_SCALE" --stream --max-output-tokens 16)
 start_fleet hit-kv --workers "$WORKERS" --time-scale "$HIT_SCALE"
 start_kvroute
-# kvroute routes token-id prompts by their blocks (text needs --tokenizer).
-replay "kvroute  hit (token ids)" "$KV_URL" "$(echo "$URLS" | tr ' ' ',')" "${hit[@]}" --token-ids
+replay "kvroute  hit" "$KV_URL" "$(echo "$URLS" | tr ' ' ',')" "${hit[@]}"
 curl -s "$KV_HTTP/metrics" | grep -E '^kvroute_(engine_stream_total|proxy)' >"$OUT/kvroute.metrics" || true
 stop_pid "$KV_PID"; stop_pid "$FLEET_PID"
 if [ "$HAVE_GW" = 1 ]; then
   start_fleet hit-gw --workers "$WORKERS" --time-scale "$HIT_SCALE" --events none
   start_gateway
-  replay "gateway  hit (text)" "$GW_URL" "$(echo "$URLS" | tr ' ' ',')" "${hit[@]}"
+  replay "gateway  hit" "$GW_URL" "$(echo "$URLS" | tr ' ' ',')" "${hit[@]}"
   stop_pid "$GW_PID"; stop_pid "$FLEET_PID"
 fi
 fi

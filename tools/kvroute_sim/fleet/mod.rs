@@ -87,9 +87,10 @@ pub struct FleetArgs {
     /// empty: every worker.
     #[arg(long, default_value = "")]
     faulty: String,
-    /// Directory of a HF tokenizer (accepted for symmetry with the router; the
-    /// simulated workers read `t{N}` words as token N, which is what
-    /// `kvroute-sim tokenizer` writes).
+    /// Directory of a HF tokenizer (`tokenizer.json` + `tokenizer_config.json`, e.g.
+    /// from `kvroute-sim tokenizer`): prompts are tokenized with it, chat template
+    /// and BOS included, exactly as `kvroute serve --tokenizer` does, so the workers'
+    /// block hashes match the router's. Without it, `t{N}` words are token N.
     #[arg(long)]
     tokenizer: Option<std::path::PathBuf>,
     /// Runtime threads (default: the machine's cores).
@@ -156,6 +157,13 @@ pub fn run(a: FleetArgs) -> Result<(), String> {
         })
         .collect::<Result<_, _>>()?;
     let tm = timing(&a.timing)?;
+    let tokenizers = match &a.tokenizer {
+        Some(dir) => Some(Arc::new(kvroute::tokenize::Tokenizers::load(&[(
+            a.model.clone(),
+            dir.clone(),
+        )])?)),
+        None => None,
+    };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone())
@@ -227,6 +235,7 @@ pub fn run(a: FleetArgs) -> Result<(), String> {
             fail_rate: if is_faulty { a.fail_rate } else { 0.0 },
             die_after_chunks: if is_faulty { a.die_after_chunks } else { 0 },
             worker,
+            tokenizers: tokenizers.clone(),
             events,
             epoch: tokio::time::Instant::now(),
             counter: AtomicU64::new(0),

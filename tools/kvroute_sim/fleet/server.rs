@@ -40,6 +40,8 @@ pub struct WorkerCtx {
     /// Abort each stream after this many chunks (0 = never).
     pub die_after_chunks: u32,
     pub worker: Arc<Mutex<LiveWorker>>,
+    /// `--tokenizer`: prompts are tokenized with it (else `t{N}` words are ids).
+    pub tokenizers: Option<Arc<kvroute::tokenize::Tokenizers>>,
     pub events: Events,
     pub epoch: Instant,
     pub counter: AtomicU64,
@@ -125,10 +127,23 @@ pub async fn handle(
         }
         Err(e) => return Err(e),
     };
-    let r = match oa::parse_request(api, &body, ctx.max_tokens_cap) {
+    let mut r = match oa::parse_request(api, &body, ctx.max_tokens_cap) {
         Ok(r) => r,
         Err(e) => return Ok(error(StatusCode::BAD_REQUEST, &e)),
     };
+    if let Some(t) = &ctx.tokenizers {
+        // Tokenize as the router does (chat template, BOS), so block hashes agree.
+        let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let ep = match api {
+            Api::Completions => kvroute::tokenize::Endpoint::Completions,
+            Api::Chat => kvroute::tokenize::Endpoint::Chat,
+        };
+        match t.prompt_tokens(ep, &ctx.model, &v) {
+            Ok(Some(toks)) => r.tokens = toks,
+            Ok(None) => {}
+            Err(e) => return Ok(error(StatusCode::BAD_REQUEST, &e.0)),
+        }
+    }
     if !r.model.is_empty() && r.model != ctx.model {
         return Ok(error(
             StatusCode::NOT_FOUND,
