@@ -706,13 +706,38 @@ fn with_a_shared_tokenizer_a_repeated_chat_prompt_hits_through_the_proxy() {
         .arg(&dir)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let d = dir.to_str().unwrap();
-    let f = Fleet::start(&["--workers", "2", "--block-size", "4", "--timing", FAST, "--tokenizer", d]);
+    let f = Fleet::start(&[
+        "--workers",
+        "2",
+        "--block-size",
+        "4",
+        "--timing",
+        FAST,
+        "--tokenizer",
+        d,
+    ]);
     let e0 = f.workers[0].engine.clone().unwrap();
     let e1 = f.workers[1].engine.clone().unwrap();
     let tok = format!("sim-model={d}");
-    let s = Server::start(2, &["--block-size", "4", "--engine", &e0, "--engine", &e1, "--tokenizer", &tok]);
+    let s = Server::start(
+        2,
+        &[
+            "--block-size",
+            "4",
+            "--engine",
+            &e0,
+            "--engine",
+            &e1,
+            "--tokenizer",
+            &tok,
+        ],
+    );
     prompt_until_indexed(&f, &s, 0);
     prompt_until_indexed(&f, &s, 1);
     let chat = format!("http://{}/v1/chat/completions", s.proxy);
@@ -720,20 +745,34 @@ fn with_a_shared_tokenizer_a_repeated_chat_prompt_hits_through_the_proxy() {
                       "messages": [{"role": "user", "content": words(100..180)}]});
     let (c, b) = post(&chat, body.clone());
     assert_eq!(c, 200, "{b}");
-    let reqs: Vec<u64> = (0..2).map(|i| f.stats(i)["requests"].as_u64().unwrap()).collect();
-    let cached: Vec<u64> = (0..2).map(|i| f.stats(i)["cached_blocks"].as_u64().unwrap()).collect();
-    let blocks: Vec<u64> = (0..2).map(|i| f.stats(i)["prompt_blocks"].as_u64().unwrap()).collect();
+    let reqs: Vec<u64> = (0..2)
+        .map(|i| f.stats(i)["requests"].as_u64().unwrap())
+        .collect();
+    let cached: Vec<u64> = (0..2)
+        .map(|i| f.stats(i)["cached_blocks"].as_u64().unwrap())
+        .collect();
+    let blocks: Vec<u64> = (0..2)
+        .map(|i| f.stats(i)["prompt_blocks"].as_u64().unwrap())
+        .collect();
     let deadline = Instant::now() + Duration::from_secs(10);
     while s.cached("sim-0") + s.cached("sim-1") < 8 + 20 {
-        assert!(Instant::now() < deadline, "the chat prompt's blocks never reached the router");
+        assert!(
+            Instant::now() < deadline,
+            "the chat prompt's blocks never reached the router"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let (c, b) = post(&chat, body);
     assert_eq!(c, 200, "{b}");
-    let i = (0..2).find(|&i| f.stats(i)["requests"].as_u64().unwrap() > reqs[i]).unwrap();
+    let i = (0..2)
+        .find(|&i| f.stats(i)["requests"].as_u64().unwrap() > reqs[i])
+        .unwrap();
     let hit = f.stats(i)["cached_blocks"].as_u64().unwrap() - cached[i];
     let new_blocks = f.stats(i)["prompt_blocks"].as_u64().unwrap() - blocks[i];
     assert!(new_blocks >= 20, "prompt of {new_blocks} blocks");
-    assert_eq!(hit, new_blocks, "the second chat request was not a full hit on worker {i}");
+    assert_eq!(
+        hit, new_blocks,
+        "the second chat request was not a full hit on worker {i}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

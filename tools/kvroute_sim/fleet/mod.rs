@@ -289,11 +289,11 @@ fn register(router: &str, token: &str, spec: &WorkerSpec, url: &str) -> Result<(
         if !token.is_empty() {
             r = r.set("authorization", &format!("Bearer {token}"));
         }
-        r.send_json(body.clone())
+        r.send_json(body.clone()).map_err(Box::new)
     };
     match post(&v) {
         Ok(_) => Ok(()),
-        Err(ureq::Error::Status(400, _)) => {
+        Err(e) if matches!(*e, ureq::Error::Status(400, _)) => {
             // A router without the proxy does not know `url`: register without it.
             if let Some(o) = v.as_object_mut() {
                 o.remove("url");
