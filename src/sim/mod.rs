@@ -17,6 +17,8 @@
 //! - [`router_impls`]: the engine in-process and a running service over TCP as
 //!   [`driver::RouterApi`]s.
 //! - [`report`]: the per-run report, its text table and an SVG chart.
+//! - [`openai`] and [`live`]: the OpenAI shapes and the wall-clock worker state of
+//!   `kvroute-sim fleet` (simulated vLLM workers over HTTP).
 //! - [`tune`]: the knob search of `kvroute-sim tune` (objective, iterated local search).
 //!
 //! Everything here is pure and single-threaded: time is virtual (µs), the only I/O is
@@ -26,6 +28,8 @@ pub mod azure;
 pub mod bound;
 pub mod cache;
 pub mod driver;
+pub mod live;
+pub mod openai;
 pub mod report;
 pub mod router_impls;
 pub mod service_restart;

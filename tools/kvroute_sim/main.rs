@@ -20,9 +20,18 @@
 //! - `tokenizer`: writes a small real HF tokenizer directory for `--tokenizer`
 //!   (`tokenizer.rs`).
 //!
+//! - `fleet`: simulated vLLM workers on loopback HTTP ports (OpenAI endpoints, SSE,
+//!   NIXL prefill/decode roles, KV events over ZMQ or the binary protocol;
+//!   `fleet/`).
+//! - `replay`: a Mooncake trace replayed as OpenAI requests against any endpoint
+//!   (a worker, kvroute's proxy, another gateway): TTFT / ITL / E2E, stalls and the hit
+//!   rate measured at the workers (`replay.rs`).
+//!
 //! Every figure is computed by `kvroute::sim` (one model for all paths); hit rate is
 //! measured on the simulated workers. Errors are reported, never panics.
 
+mod fleet;
+mod replay;
 mod restart;
 mod runner;
 mod setup;
@@ -58,6 +67,10 @@ enum Cmd {
     Run(RunArgs),
     /// Search the router knobs offline on a workload; print the best `[router]` TOML.
     Tune(tune::TuneArgs),
+    /// Simulated vLLM workers serving the OpenAI endpoints (until SIGINT/SIGTERM).
+    Fleet(fleet::FleetArgs),
+    /// Replay a Mooncake trace as OpenAI requests against an HTTP endpoint.
+    Replay(replay::ReplayArgs),
     /// Write a small real HF tokenizer (word tN = token id N) for tests and demos.
     Tokenizer(tokenizer::TokenizerArgs),
 }
@@ -195,6 +208,8 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Run(a) => run_realtime(a),
         Cmd::Ab(a) => ab(a),
         Cmd::Tune(a) => tune::tune(a),
+        Cmd::Fleet(a) => fleet::run(a),
+        Cmd::Replay(a) => replay::run(a),
         Cmd::Tokenizer(a) => tokenizer::run(a),
     }
 }

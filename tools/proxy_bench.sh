@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Proxy overhead benchmark (docs/PERFORMANCE.md, "Proxy overhead"; issue 18).
+#
+# Starts a simulated vLLM fleet (kvroute-sim fleet), kvroute serve (release build,
+# its OpenAI proxy in front of the fleet, fed the fleet's ZMQ KV events) and SGLang
+# Model Gateway (python -m sglang_router.launch_router --policy cache_aware) on free
+# loopback ports, replays the same trace through each and directly to the worker,
+# stops everything, and prints one table.
+#
+# Part 1, overhead: ONE simulated worker behind each router, so "through the router"
+# minus "direct" is the hop alone: TTFT and E2E p50/p99, streaming, at each rate of
+# $RATES, keep-alive and new-connection clients timed separately; then the most
+# requests/s the machine carries (replay at $MAX_RATE, keep-alive).
+# Part 2, hit rate: $WORKERS workers (fresh caches per router) on the shared
+# conversation trace, hit rate measured at the workers.
+#
+# Needs: cargo build --release --bin kvroute --bin kvroute-sim;
+#        python3 -m pip install sglang-router==0.3.2 (the gateway column is skipped
+#        without it). Env knobs below; e.g. N=2000 RATES="1000" tools/proxy_bench.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-target/release}
+TRACE=${TRACE:-/work/shared/traces/mooncake_conversation_trace.jsonl}
+[ -f "$TRACE" ] || TRACE=tests/data/mooncake_slice.jsonl
+N=${N:-3000}                 # requests per overhead run
+RATES=${RATES:-"1000 5000"}
+MAX_RATE=${MAX_RATE:-20000}
+MAX_N=${MAX_N:-20000}
+WORKERS=${WORKERS:-4}
+HIT_N=${HIT_N:-2000}         # requests of the hit-rate run
+HIT_SCALE=${HIT_SCALE:-20}   # trace time runs this much faster in the hit-rate run
+KV_CORES=${KV_CORES:-2}
+OUT=${OUT:-$(mktemp -d /tmp/proxy_bench.XXXXXX)}; mkdir -p "$OUT"
+# Overhead timing: a cheap worker (E2E ~ 8 decode steps of 2 ms) that is not the
+# bottleneck at 5k requests/s.
+FAST="prefill_base_us=50,prefill_us_per_token=0.2,prefill_attention_us=0,decode_step_base_us=2000,decode_us_per_seq=0"
+SHORT="--max-input-tokens 256 --max-output-tokens 8"
+HAVE_GW=1
+python3 -c "import sglang_router" 2>/dev/null || { HAVE_GW=0; echo "note: sglang_router not installed, no gateway column" >&2; }
+
+# One tokenizer (word tN = token N, ChatML template) for the router and the workers,
+# so both compute the same block hashes from the same text.
+TOK="$OUT/tok"
+"$BIN/kvroute-sim" tokenizer --out "$TOK" >/dev/null
+
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# start_fleet NAME ARGS...: starts a fleet, waits for "ready", sets URLS / ENGINES.
+start_fleet() {
+  local name=$1; shift
+  "$BIN/kvroute-sim" fleet --tokenizer "$TOK" "$@" >"$OUT/$name.fleet" 2>&1 &
+  FLEET_PID=$!; PIDS+=("$FLEET_PID")
+  for _ in $(seq 200); do grep -q '^ready' "$OUT/$name.fleet" && break; sleep 0.05; done
+  URLS=$(sed -n 's/^worker .* url=\([^ ]*\).*/\1/p' "$OUT/$name.fleet" | paste -sd' ')
+  ENGINES=$(grep -o 'engine=[^ ]*' "$OUT/$name.fleet" | cut -d= -f2- || true)
+}
+stop_pid() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+
+# start_kvroute: kvroute serve with the proxy, fed the fleet's ZMQ events; sets KV_URL.
+start_kvroute() {
+  local pp hp ep ap args=()
+  pp=$(free_port); hp=$(free_port); ep=$(free_port); ap=$(free_port)
+  while read -r e; do [ -n "$e" ] && args+=(--engine "$e"); done <<<"$ENGINES"
+  "$BIN/kvroute" serve --cores "$KV_CORES" --tokenizer "sim-model=$TOK" --proxy-addr "127.0.0.1:$pp" --http-addr "127.0.0.1:$hp" \
+    --events-addr "127.0.0.1:$ep" --api-addr "127.0.0.1:$ap" "${args[@]}" >"$OUT/kvroute.log" 2>&1 &
+  KV_PID=$!; PIDS+=("$KV_PID")
+  for _ in $(seq 200); do curl -sf "127.0.0.1:$pp/health" >/dev/null 2>&1 && break; sleep 0.05; done
+  KV_URL="http://127.0.0.1:$pp"; KV_HTTP="127.0.0.1:$hp"
+  sleep 0.5 # ZMQ subscriptions
+}
+
+start_gateway() {
+  local gp mp
+  gp=$(free_port); mp=$(free_port)
+  # shellcheck disable=SC2086
+  python3 -m sglang_router.launch_router --host 127.0.0.1 --port "$gp" --prometheus-port "$mp" \
+    --worker-urls $URLS --policy cache_aware --log-level warn >"$OUT/gateway.log" 2>&1 &
+  GW_PID=$!; PIDS+=("$GW_PID")
+  for _ in $(seq 600); do
+    curl -sf "127.0.0.1:$gp/v1/models" >/dev/null 2>&1 && break; sleep 0.05
+  done
+  GW_URL="http://127.0.0.1:$gp"
+}
+
+# replay LABEL TARGET STATS_URLS ARGS...
+replay() {
+  local label=$1 target=$2 stats=$3; shift 3
+  local f; f="$OUT/$(echo "$label" | tr -s ' /()' '____')"
+  "$BIN/kvroute-sim" replay --trace "$TRACE" --target "$target" --workers-stats "$stats" \
+    --json "$f.json" "$@" >"$f.line" 2>&1 || echo "replay $label failed: $(tail -1 "$f.line")" >&2
+  printf '%-34s %s\n' "$label" "$(python3 - "$f.json" <<'EOF'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("no report:", e); sys.exit()
+h = r["hit_rate"]
+print("%6d req %4d err %4d stale %7.0f rps | TTFT p50 %7.2f p99 %7.2f | E2E p50 %7.2f p99 %7.2f | stall %6.1f | hit %s" % (
+    r["requests"], r["errors"], r.get("stale_connection_retries", 0), r["achieved_rps"], r["ttft_ms"]["p50"], r["ttft_ms"]["p99"],
+    r["e2e_ms"]["p50"], r["e2e_ms"]["p99"], r["max_stall_ms"], "-" if h is None else "%.3f" % h) + ("" if len(r.get("worker_requests", [])) < 2 else " | per worker %s" % r["worker_requests"]))
+EOF
+)"
+}
+
+PARTS=${PARTS:-"1 2"}
+if [[ " $PARTS " == *" 1 "* ]]; then
+echo "== part 1: proxy overhead, one simulated worker (ms; $N requests per row; $OUT)"
+start_fleet one --workers 1 --timing "$FAST" --max-active 4096
+start_kvroute
+[ "$HAVE_GW" = 1 ] && start_gateway
+for rate in $RATES; do
+  for conn in keep-alive new; do
+    flag=(); [ "$conn" = new ] && flag=(--new-connections)
+    common=(--limit "$N" --rate "$rate" --stream $SHORT "${flag[@]}")
+    replay "direct   ${rate}/s $conn" "$URLS" "$URLS" "${common[@]}"
+    replay "kvroute  ${rate}/s $conn" "$KV_URL" "$URLS" "${common[@]}"
+    [ "$HAVE_GW" = 1 ] && replay "gateway  ${rate}/s $conn" "$GW_URL" "$URLS" "${common[@]}"
+  done
+done
+echo "== most requests/s (offered $MAX_RATE/s, keep-alive, $MAX_N requests)"
+common=(--limit "$MAX_N" --rate "$MAX_RATE" --stream $SHORT)
+replay "direct   max" "$URLS" "$URLS" "${common[@]}"
+replay "kvroute  max" "$KV_URL" "$URLS" "${common[@]}"
+[ "$HAVE_GW" = 1 ] && replay "gateway  max" "$GW_URL" "$URLS" "${common[@]}"
+stop_pid "$KV_PID"; [ "$HAVE_GW" = 1 ] && stop_pid "$GW_PID"; stop_pid "$FLEET_PID"
+fi
+if [[ " $PARTS " == *" 2 "* ]]; then
+
+echo "== part 2: hit rate at the workers, $WORKERS workers, $HIT_N requests of $(basename "$TRACE") at ${HIT_SCALE}x"
+hit=(--limit "$HIT_N" --time-scale "$HIT_SCALE" --stream --max-output-tokens 16)
+start_fleet hit-kv --workers "$WORKERS" --time-scale "$HIT_SCALE"
+start_kvroute
+replay "kvroute  hit" "$KV_URL" "$(echo "$URLS" | tr ' ' ',')" "${hit[@]}"
+curl -s "$KV_HTTP/metrics" | grep -E '^kvroute_(engine_stream_total|proxy)' >"$OUT/kvroute.metrics" || true
+stop_pid "$KV_PID"; stop_pid "$FLEET_PID"
+if [ "$HAVE_GW" = 1 ]; then
+  start_fleet hit-gw --workers "$WORKERS" --time-scale "$HIT_SCALE" --events none
+  start_gateway
+  replay "gateway  hit" "$GW_URL" "$(echo "$URLS" | tr ' ' ',')" "${hit[@]}"
+  stop_pid "$GW_PID"; stop_pid "$FLEET_PID"
+fi
+fi
+echo "reports: $OUT"
