@@ -274,7 +274,7 @@ fn hf_conventions_special_tokens_tools_kwargs_and_python_methods() {
     let text = render(&t, body).unwrap();
     assert_eq!(
         text,
-        "<s>|</s>|False|{\"function\": {\"name\": \"w\", \"parameters\": {\"a\": null, \"b\": [1, 2.5, \"é\\n\"]}}, \"type\": \"function\"}|True|False|HIOKZürich!G"
+        "<s>|</s>|False|{\"type\": \"function\", \"function\": {\"name\": \"w\", \"parameters\": {\"b\": [1, 2.5, \"é\\n\"], \"a\": null}}}|True|False|HIOKZürich!G"
     );
 }
 
@@ -290,7 +290,7 @@ fn tojson_matches_python_json_dumps() {
     let text = render(&t, body).unwrap();
     assert_eq!(
         text,
-        "{\n  \"e\": {},\n  \"k\": [\n    \"é\",\n    1\n  ]\n}#{\"e\":{},\"k\":[\"\\u00e9\",1]}#1.0 1e+20 0.5 []"
+        "{\n  \"k\": [\n    \"é\",\n    1\n  ],\n  \"e\": {}\n}#{\"k\":[\"\\u00e9\",1],\"e\":{}}#1.0 1e+20 0.5 []"
     );
 }
 
