@@ -433,3 +433,13 @@ fn generation_tags_are_dropped_and_other_tags_kept() {
         "{% unterminated"
     );
 }
+
+#[test]
+fn tokenizers_are_shared_across_cores() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Tokenizers>();
+    send_sync::<std::sync::Arc<Tokenizers>>();
+    let t = testing::in_memory("m", 10).unwrap();
+    let ids = comp(&t, json!({"prompt": "t1 t9"})).unwrap().unwrap();
+    assert_eq!(ids, vec![extra_id(10, "<s>").unwrap(), 1, 9]);
+}
