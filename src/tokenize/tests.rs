@@ -274,7 +274,7 @@ fn hf_conventions_special_tokens_tools_kwargs_and_python_methods() {
     let text = render(&t, body).unwrap();
     assert_eq!(
         text,
-        "<s>|</s>|False|{\"function\": {\"name\": \"w\", \"parameters\": {\"a\": null, \"b\": [1, 2.5, \"é\\n\"]}}, \"type\": \"function\"}|True|False|HIOKZürich!G"
+        "<s>|</s>|False|{\"type\": \"function\", \"function\": {\"name\": \"w\", \"parameters\": {\"b\": [1, 2.5, \"é\\n\"], \"a\": null}}}|True|False|HIOKZürich!G"
     );
 }
 
@@ -290,7 +290,7 @@ fn tojson_matches_python_json_dumps() {
     let text = render(&t, body).unwrap();
     assert_eq!(
         text,
-        "{\n  \"e\": {},\n  \"k\": [\n    \"é\",\n    1\n  ]\n}#{\"e\":{},\"k\":[\"\\u00e9\",1]}#1.0 1e+20 0.5 []"
+        "{\n  \"k\": [\n    \"é\",\n    1\n  ],\n  \"e\": {}\n}#{\"k\":[\"\\u00e9\",1],\"e\":{}}#1.0 1e+20 0.5 []"
     );
 }
 
@@ -432,4 +432,14 @@ fn generation_tags_are_dropped_and_other_tags_kept() {
         chat::strip_generation_tags("{% unterminated"),
         "{% unterminated"
     );
+}
+
+#[test]
+fn tokenizers_are_shared_across_cores() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Tokenizers>();
+    send_sync::<std::sync::Arc<Tokenizers>>();
+    let t = testing::in_memory("m", 10).unwrap();
+    let ids = comp(&t, json!({"prompt": "t1 t9"})).unwrap().unwrap();
+    assert_eq!(ids, vec![extra_id(10, "<s>").unwrap(), 1, 9]);
 }

@@ -5,8 +5,8 @@
 //! `","` plus newline and indentation with it, no HTML escaping, non-ASCII kept unless
 //! `ensure_ascii`.
 //!
-//! Key order is the order of the value's map: serde_json and minijinja keep maps sorted
-//! by key in this build, so objects come out sorted (python keeps insertion order).
+//! Key order is the order of the value's map: serde_json and minijinja are built with
+//! `preserve_order`, so objects come out in the client's order, as python's dicts do.
 
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Error, ErrorKind, Value};

@@ -107,11 +107,12 @@ if jinja2 is not None:
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     compiled = env.from_string(TEMPLATE)
-    # Keys in sorted order: kvroute's JSON maps are sorted (see tokenize::tojson).
-    tool = {"function": {"description": "Weather in a city", "name": "get_weather",
-                         "parameters": {"properties": {"city": {"type": "string"}},
-                                        "required": ["city"], "type": "object"}},
-            "type": "function"}
+    # Keys in the client's (unsorted) order: tojson must keep it.
+    tool = {"type": "function",
+            "function": {"name": "get_weather", "description": "Weather in a city",
+                         "parameters": {"type": "object",
+                                        "properties": {"city": {"type": "string"}},
+                                        "required": ["city"]}}}
     bodies = [
         {"messages": [{"role": "user", "content": "  Hello there!  "}]},
         {"messages": [{"role": "system", "content": "You are a helpful assistant."},
