@@ -132,6 +132,9 @@ pub struct ServeArgs {
     pub record_max_bytes: Option<u64>,
     #[arg(long, env = "KVROUTE_RECORD_MAX_IDS")]
     pub record_max_ids: Option<usize>,
+    /// Most block hashes a shard applies between two looks at its routing queue.
+    #[arg(long, env = "KVROUTE_INGEST_SLICE_HASHES")]
+    pub ingest_slice_hashes: Option<usize>,
     #[arg(long, env = "KVROUTE_SPECULATIVE_TTL_MS")]
     pub speculative_ttl_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_SPECULATIVE_MAX_BLOCKS")]
@@ -350,6 +353,7 @@ impl ServeArgs {
             s.record = self.record.clone();
         }
         overlay!(s, self, record_max_bytes, record_max_ids);
+        overlay!(s, self, ingest_slice_hashes);
     }
 }
 

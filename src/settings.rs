@@ -8,6 +8,11 @@ use crate::config::RouterConfig;
 use serde::{Deserialize, Serialize};
 
 /// Everything `kvroute serve` can be told.
+/// Default `ingest_slice_hashes`: 128 hashes are ~3–6 µs of shard work, so a routing
+/// query waits at most about that behind ingest, while the look at the urgent inbox
+/// (one atomic load) stays negligible next to the slice.
+pub const DEFAULT_INGEST_SLICE_HASHES: usize = 128;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
@@ -72,6 +77,9 @@ pub struct Settings {
     /// Most distinct hash ids the trace renumbers (its id map's size); the recording
     /// stops when a request needs more. Default 4,194,304.
     pub record_max_ids: usize,
+    /// Most of a shard's block hashes applied between two looks at its urgent inbox
+    /// (routing queries wait behind at most this much ingest; `service::ingest_slice`).
+    pub ingest_slice_hashes: usize,
 }
 
 /// Bounds that keep memory and latency finite under any input.
@@ -156,6 +164,7 @@ impl Default for Settings {
             record: None,
             record_max_bytes: 256 << 20,
             record_max_ids: 1 << 22,
+            ingest_slice_hashes: DEFAULT_INGEST_SLICE_HASHES,
         }
     }
 }
@@ -245,6 +254,9 @@ impl Settings {
             );
         }
         crate::engines::config::validate_all(&self.engines)?;
+        if self.ingest_slice_hashes == 0 {
+            return Err("ingest_slice_hashes must be > 0".into());
+        }
         if self.record.is_some() {
             let bs = self.router.block_size;
             if !crate::record::TOKENS_PER_ID.is_multiple_of(bs) {
