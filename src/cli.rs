@@ -132,6 +132,9 @@ pub struct ServeArgs {
     pub record_max_bytes: Option<u64>,
     #[arg(long, env = "KVROUTE_RECORD_MAX_IDS")]
     pub record_max_ids: Option<usize>,
+    /// Most block hashes a shard applies between two looks at its routing queue.
+    #[arg(long, env = "KVROUTE_INGEST_SLICE_HASHES")]
+    pub ingest_slice_hashes: Option<usize>,
     #[arg(long, env = "KVROUTE_SPECULATIVE_TTL_MS")]
     pub speculative_ttl_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_SPECULATIVE_MAX_BLOCKS")]
@@ -458,6 +461,7 @@ impl ServeArgs {
         if self.proxy_api_keys_file.is_some() {
             p.api_keys_file = self.proxy_api_keys_file.clone();
         }
+        overlay!(s, self, ingest_slice_hashes);
     }
 }
 

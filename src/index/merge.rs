@@ -162,6 +162,7 @@ pub struct MergeResult {
 /// Reusable buffers of a sharded query.
 #[derive(Debug, Default)]
 pub(crate) struct QueryScratch {
+    /// Per shard: the `(position, mix(hash))` it owns.
     pub(crate) items: Vec<Vec<(u32, u64)>>,
     pub(crate) answers: Vec<ShardAnswer>,
 }
@@ -286,47 +287,87 @@ pub fn merge(
     let stamp = *stamp;
     shared_run.clear();
     shared_run.resize(end as usize + 1, 0);
-    cursors.clear();
-    cursors.resize(answers.len(), 0);
 
-    loop {
-        // Next position with matches, over all answers.
-        let mut p = end;
-        for (a, &c) in answers.iter().zip(cursors.iter()) {
-            if let Some(m) = a.matches.get(c) {
-                p = p.min(m.pos);
+    // Applies one match; matches must come in position order (per answer, and across
+    // answers for the same worker).
+    let mut apply = |m: &Match| {
+        let p = m.pos;
+        let t = m.tier as u8;
+        let s = match state.get_mut(m.worker as usize) {
+            Some(s) if s.stamp == stamp => s,
+            _ => {
+                let shared = is_shared(m.worker);
+                if p == 0 && !shared {
+                    touched.push(m.worker);
+                }
+                match first_sight(state, m.worker, stamp, shared) {
+                    Some(s) => s,
+                    None => return,
+                }
+            }
+        };
+        if s.own_end == p {
+            s.extend(p, t);
+        } else if s.shared {
+            if let Some(r) = shared_run.get_mut(p as usize) {
+                *r = 1;
+            }
+        } else if s.own_end == p + 1 && t < s.last_t {
+            s.improve(p, t);
+        }
+    };
+    match answers {
+        // One answer (one shard): its matches are already in position order.
+        [a] => {
+            for m in &a.matches {
+                if m.pos >= end {
+                    break;
+                }
+                apply(m);
             }
         }
-        if p >= end {
-            break;
+        // Two shards (the usual service layout): a two-way merge by position.
+        [a, b] => {
+            let (a, b) = (&a.matches[..], &b.matches[..]);
+            let (mut i, mut j) = (0usize, 0usize);
+            loop {
+                let pa = a.get(i).map_or(u32::MAX, |m| m.pos);
+                let pb = b.get(j).map_or(u32::MAX, |m| m.pos);
+                let p = pa.min(pb);
+                if p >= end {
+                    break;
+                }
+                while let Some(m) = a.get(i).filter(|m| m.pos == p) {
+                    apply(m);
+                    i += 1;
+                }
+                while let Some(m) = b.get(j).filter(|m| m.pos == p) {
+                    apply(m);
+                    j += 1;
+                }
+            }
         }
-        for (a, c) in answers.iter().zip(cursors.iter_mut()) {
-            let rest = a.matches.get(*c..).unwrap_or_default();
-            let k = rest.iter().take_while(|m| m.pos == p).count();
-            *c += k;
-            for m in &rest[..k] {
-                let t = m.tier as u8;
-                let s = match state.get_mut(m.worker as usize) {
-                    Some(s) if s.stamp == stamp => s,
-                    _ => {
-                        let shared = is_shared(m.worker);
-                        if p == 0 && !shared {
-                            touched.push(m.worker);
-                        }
-                        match first_sight(state, m.worker, stamp, shared) {
-                            Some(s) => s,
-                            None => continue,
-                        }
+        _ => {
+            cursors.clear();
+            cursors.resize(answers.len(), 0);
+            loop {
+                // Next position with matches, over all answers.
+                let mut p = end;
+                for (a, &c) in answers.iter().zip(cursors.iter()) {
+                    if let Some(m) = a.matches.get(c) {
+                        p = p.min(m.pos);
                     }
-                };
-                if s.own_end == p {
-                    s.extend(p, t);
-                } else if s.shared {
-                    if let Some(r) = shared_run.get_mut(p as usize) {
-                        *r = 1;
+                }
+                if p >= end {
+                    break;
+                }
+                for (a, c) in answers.iter().zip(cursors.iter_mut()) {
+                    let rest = a.matches.get(*c..).unwrap_or_default();
+                    let k = rest.iter().take_while(|m| m.pos == p).count();
+                    *c += k;
+                    for m in &rest[..k] {
+                        apply(m);
                     }
-                } else if s.own_end == p + 1 && t < s.last_t {
-                    s.improve(p, t);
                 }
             }
         }

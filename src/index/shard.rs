@@ -486,14 +486,57 @@ impl IndexShard {
     /// to the first position with no live holder (scanning stops there: no prefix can
     /// extend past it), or `u32::MAX`. Does not allocate when `out` has capacity.
     pub fn query(&self, items: &[(u32, u64)], out: &mut ShardAnswer) {
+        self.query_by(
+            items.len(),
+            |i| (items[i].0, mix(items[i].1)),
+            |_| true,
+            out,
+        );
+    }
+
+    /// [`IndexShard::query`] of a whole request: position `i` is `hashes[i]` (the
+    /// one-shard case, without building the `(position, hash)` list).
+    pub fn query_seq(&self, hashes: &[u64], out: &mut ShardAnswer) {
+        let n = hashes.len().min(u32::MAX as usize);
+        self.query_by(n, |i| (i as u32, mix(hashes[i])), |_| true, out);
+    }
+
+    /// [`IndexShard::query`] with the keys already mixed (`(position, mix(hash))`, as
+    /// [`super::ShardedIndex::query`] computes them to pick the shard).
+    pub(crate) fn query_keys(&self, items: &[(u32, u64)], out: &mut ShardAnswer) {
+        self.query_by(items.len(), |i| items[i], |_| true, out);
+    }
+
+    /// The query loop over `len` items, `at(i)` giving item `i`'s position and key;
+    /// items whose key fails `own` are skipped. Keys are computed and prefetched
+    /// [`CHUNK`] at a time, then looked up.
+    #[inline(always)]
+    fn query_by(
+        &self,
+        len: usize,
+        at: impl Fn(usize) -> (u32, u64),
+        own: impl Fn(u64) -> bool,
+        out: &mut ShardAnswer,
+    ) {
         out.first_miss = u32::MAX;
+        // One match per position is the common case (one holder per block): room for
+        // that up front keeps the pushes below off the growth path.
+        out.matches.reserve(len);
         let mut keys = [0u64; CHUNK];
-        for chunk in items.chunks(CHUNK) {
-            for (k, &(_, h)) in keys.iter_mut().zip(chunk) {
-                *k = mix(h);
-                self.map.prefetch(*k);
+        let mut start = 0usize;
+        while start < len {
+            let n = CHUNK.min(len - start);
+            for (j, k) in keys.iter_mut().enumerate().take(n) {
+                *k = at(start + j).1;
+                if own(*k) {
+                    self.map.prefetch(*k);
+                }
             }
-            for (&k, &(pos, _)) in keys.iter().zip(chunk) {
+            for (j, &k) in keys.iter().enumerate().take(n) {
+                if !own(k) {
+                    continue;
+                }
+                let pos = at(start + j).0;
                 let before = out.matches.len();
                 if let Some(i) = self.map.find(k) {
                     let hs = self.map.holders(i);
@@ -516,6 +559,7 @@ impl IndexShard {
                     return;
                 }
             }
+            start += n;
         }
     }
 

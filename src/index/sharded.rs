@@ -145,24 +145,40 @@ impl ShardedIndex {
     ) {
         let mut sc = std::mem::take(&mut out.scratch);
         let n = self.shards.len();
-        sc.items.resize_with(n, Vec::new);
         sc.answers.resize_with(n, Default::default);
-        for v in &mut sc.items {
-            v.clear();
-        }
-        // Positions are u32 in answers; a request longer than that cannot be cached
-        // anyway, so positions past u32::MAX are simply not queried.
-        for (pos, &h) in hashes.iter().enumerate().take(u32::MAX as usize) {
-            sc.items[shard_of(h, self.shard_bits)].push((pos as u32, h));
-        }
-        let mut end = u32::MAX;
-        for ((s, items), a) in self.shards.iter().zip(&sc.items).zip(&mut sc.answers) {
+        if n == 1 {
+            // One shard owns every position: no scatter.
+            let a = &mut sc.answers[0];
             a.clear();
-            let upto = items.partition_point(|&(p, _)| p < end);
-            s.query(&items[..upto], a);
-            end = end.min(a.first_miss);
+            self.shards[0].query_seq(hashes, a);
+        } else {
+            sc.items.resize_with(n, Vec::new);
+            for v in &mut sc.items {
+                v.clear();
+                // Keeps the scatter's pushes off the growth path (once grown).
+                v.reserve(hashes.len());
+            }
+            // Positions are u32 in answers; a request longer than that cannot be
+            // cached anyway, so positions past u32::MAX are simply not queried. The
+            // key is mixed once, for the shard (its top bits, `shard_of`) and for the
+            // lookup. (Walking the whole request in every shard and skipping the
+            // positions of others cost more instructions than these lists.)
+            let shift = 64 - self.shard_bits.clamp(1, MAX_SHARD_BITS);
+            for (pos, &h) in hashes.iter().enumerate().take(u32::MAX as usize) {
+                let k = super::mix(h);
+                if let Some(items) = sc.items.get_mut((k >> shift) as usize) {
+                    items.push((pos as u32, k));
+                }
+            }
+            let mut end = u32::MAX;
+            for ((s, items), a) in self.shards.iter().zip(&sc.items).zip(&mut sc.answers) {
+                a.clear();
+                let upto = items.partition_point(|&(p, _)| p < end);
+                s.query_keys(&items[..upto], a);
+                end = end.min(a.first_miss);
+            }
         }
-        merge(hashes.len(), &sc.answers, is_shared, out);
+        merge(hashes.len(), &sc.answers[..n], is_shared, out);
         out.scratch = sc;
     }
 

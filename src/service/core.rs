@@ -6,6 +6,7 @@
 //! full peer mailbox never blocks message handling (and two cores can never deadlock
 //! waiting on each other's queues).
 
+use super::ingest_slice::{IngestCursor, Piece};
 use super::msg::{IndexOp, LifeOp, LifeOutcome, Msg, Reply, Retained, SpecAdd};
 use super::shared::Shared;
 use crate::engine::EngineError;
@@ -370,37 +371,56 @@ impl Core {
         }
     }
 
-    fn apply_index(&self, slot: WorkerSlot, gen: u64, ops: &[IndexOp]) {
+    /// Starts applying an index message slice by slice (`run_loop`); any other
+    /// message is returned as is.
+    pub fn begin_index(&self, msg: Msg) -> Result<IngestCursor, Msg> {
+        let cur = IngestCursor::from_msg(msg)?;
+        // Every core sees every index batch; core 0 notes it for the status page.
+        if self.id == 0 && cur.ops().iter().any(|o| !matches!(o, IndexOp::SetCap(_))) {
+            let now = self.shared.now_ms();
+            self.shared.status.counters.cache_event(cur.slot(), now);
+        }
+        Ok(cur)
+    }
+
+    /// Applies the next slice of `cur`: at most `budget` of this shard's hashes
+    /// (`ingest_slice`). Returns whether more remains. The slot's identity is checked
+    /// before every slice, so a `Forget` handled between two slices drops the rest of
+    /// a batch that was about the previous identity.
+    pub fn apply_index_slice(&self, cur: &mut IngestCursor, budget: usize) -> bool {
+        let slot = cur.slot();
         let current = self
             .shared
             .cells(slot)
             .map(|c| c.gen.load(Ordering::Acquire));
-        if current != Some(gen) {
-            return; // about a previous identity of the slot
+        if current != Some(cur.gen()) {
+            return false; // about a previous identity of the slot
         }
         let mut st = self.st.borrow_mut();
         let st = &mut *st;
         let bits = self.shared.shard_bits;
-        for op in ops {
-            match op {
-                IndexOp::Stored { tier, hashes } => {
-                    hashes.select(self.id, bits, &mut st.scratch);
-                    let o = st.index.stored(slot, *tier, &st.scratch);
+        let id = self.id;
+        let metrics = &self.shared.metrics;
+        let more = cur.step(
+            budget,
+            |hashes, out| hashes.select(id, bits, out),
+            |piece| match piece {
+                Piece::Stored(tier, hashes) => {
+                    let o = st.index.stored(slot, tier, hashes);
                     if o.rejected > 0 {
-                        self.shared.metrics.index_refused(o.rejected, o.over_budget);
+                        metrics.index_refused(o.rejected, o.over_budget);
                     }
                     if !st.speculative.is_empty() {
-                        st.speculative.confirm(slot, &st.scratch);
+                        st.speculative.confirm(slot, hashes);
                     }
                 }
-                IndexOp::Removed { tier, hashes } => {
-                    hashes.select(self.id, bits, &mut st.scratch);
-                    st.index.removed(slot, *tier, &st.scratch);
+                Piece::Removed(tier, hashes) => {
+                    st.index.removed(slot, tier, hashes);
                     if !st.speculative.is_empty() {
-                        st.speculative.drop_hashes(slot, &st.scratch);
+                        st.speculative.drop_hashes(slot, hashes);
                     }
                 }
-                IndexOp::Cleared { tier } => {
+                Piece::Other(IndexOp::Cleared { tier }) => {
                     match tier {
                         Some(t) => st.index.clear_tier(slot, *t),
                         None => {
@@ -411,10 +431,13 @@ impl Core {
                     }
                     st.speculative.clear_worker(slot);
                 }
-                IndexOp::SetCap(cap) => st.index.set_worker_cap(slot, *cap),
-            }
-        }
+                Piece::Other(IndexOp::SetCap(cap)) => st.index.set_worker_cap(slot, *cap),
+                // Operations with hashes always come as `Stored` / `Removed` pieces.
+                Piece::Other(IndexOp::Stored { .. } | IndexOp::Removed { .. }) => {}
+            },
+        );
         st.mark(slot);
+        more
     }
 
     fn forget(&self, slot: WorkerSlot) {
@@ -439,13 +462,10 @@ impl Core {
     /// Handles one message from another core (or our own mailbox).
     pub fn handle(&self, msg: Msg) {
         match msg {
-            Msg::Index { slot, gen, ops } => {
-                // Every core sees every index batch; core 0 notes it for the status page.
-                if self.id == 0 && ops.iter().any(|o| !matches!(o, IndexOp::SetCap(_))) {
-                    let now = self.shared.now_ms();
-                    self.shared.status.counters.cache_event(slot, now);
+            m @ Msg::Index { .. } => {
+                if let Ok(mut cur) = self.begin_index(m) {
+                    while self.apply_index_slice(&mut cur, usize::MAX) {}
                 }
-                self.apply_index(slot, gen, &ops)
             }
             Msg::Forget { slot } => self.forget(slot),
             Msg::Query {

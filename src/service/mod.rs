@@ -26,6 +26,7 @@ pub mod http_clock;
 pub mod hyper_io;
 pub mod index_batch;
 pub mod ingest;
+pub mod ingest_slice;
 pub mod listeners;
 pub mod metrics;
 pub mod msg;

@@ -6,6 +6,10 @@
 //!   blocks, forgets) announced before a bulk message is handled before it: a routing
 //!   query waits behind at most one index batch, and every event source (binary,
 //!   JSON, ZMQ) caps a batch at `index_batch::BATCH_HASHES` hashes;
+//! - within a batch, a shard applies at most `ingest_slice_hashes` of its hashes
+//!   between two looks at its urgent inbox (`ingest_slice`), so a routing query from
+//!   another core waits behind at most one slice of ingest, whatever the batch size;
+//!   bulk messages are still handled one at a time, each to its end, in order;
 //! - the loop yields after every bulk message to the tasks of its queue (a routing
 //!   task whose answer just arrived), and lets the executor poll its rings at least
 //!   every [`BULK_SLICE`] of bulk work, and whenever a socket receive has completed
@@ -61,6 +65,8 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
     let bulk = shared.mailbox(core.id, Lane::Bulk);
     let mut buf = [0u8; 64];
     let mut shutdown_since: Option<std::time::Instant> = None;
+    let slice_hashes = shared.settings.ingest_slice_hashes;
+    let mut spare: Vec<u64> = Vec::new();
     loop {
         let mut n = drain_urgent(&core, urgent).await;
         let mut slice = Instant::now();
@@ -68,8 +74,31 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
             // Whatever was announced before this message goes first (a Forget before
             // the first batch of a slot's new identity, and every routing query).
             n += drain_urgent(&core, urgent).await;
-            core.handle(m);
             n += 1;
+            match core.begin_index(m) {
+                Err(m) => core.handle(m),
+                Ok(mut cur) => {
+                    cur.reuse(std::mem::take(&mut spare));
+                    // Slice by slice: routing work queued meanwhile waits for at most
+                    // `ingest_slice_hashes` of this shard's hashes, not for the batch.
+                    // The next bulk message starts only once this one is done, so
+                    // one worker's batches keep their order (`ingest_slice`).
+                    while core.apply_index_slice(&mut cur, slice_hashes) {
+                        if !urgent.is_empty() {
+                            n += drain_urgent(&core, urgent).await;
+                            // Let the routing tasks those messages woke run.
+                            futures_lite::future::yield_now().await;
+                        }
+                        if slice.elapsed() >= BULK_SLICE {
+                            core.publish();
+                            core.flush();
+                            super::conn::yield_to_poll().await;
+                            slice = Instant::now();
+                        }
+                    }
+                    spare = cur.into_buf();
+                }
+            }
             core.publish();
             core.flush();
             // Unconditional: an urgent message handled above may have woken a local
