@@ -72,6 +72,8 @@ pub struct Settings {
     /// Most distinct hash ids the trace renumbers (its id map's size); the recording
     /// stops when a request needs more. Default 4,194,304.
     pub record_max_ids: usize,
+    /// Router replicas on NATS JetStream (`[cluster]`, `crate::cluster`). Default off.
+    pub cluster: crate::cluster::config::ClusterSettings,
 }
 
 /// Bounds that keep memory and latency finite under any input.
@@ -156,6 +158,7 @@ impl Default for Settings {
             record: None,
             record_max_bytes: 256 << 20,
             record_max_ids: 1 << 22,
+            cluster: Default::default(),
         }
     }
 }
@@ -168,6 +171,7 @@ impl Settings {
 
     pub fn validate(&self) -> Result<(), String> {
         self.router.validate()?;
+        self.cluster.validate()?;
         for (name, addr) in [
             ("events_addr", &self.events_addr),
             ("api_addr", &self.api_addr),

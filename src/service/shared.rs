@@ -76,6 +76,8 @@ pub struct Shared {
     pub status: super::status::StatusState,
     /// `--record`: the trace writer (set once at start).
     pub recorder: std::sync::OnceLock<super::recorder::Recorder>,
+    /// `--cluster`: the bridge to the other replicas (set once at start).
+    pub cluster: std::sync::OnceLock<Arc<super::cluster_bridge::Cluster>>,
 }
 
 impl Shared {
@@ -119,6 +121,7 @@ impl Shared {
             started: Instant::now(),
             status: super::status::StatusState::new(cores, max_workers),
             recorder: std::sync::OnceLock::new(),
+            cluster: std::sync::OnceLock::new(),
             settings,
         };
         Ok((Arc::new(shared), readers))

@@ -447,6 +447,7 @@ impl Stream {
         }
         full.push(batch.take());
         for ops in full.into_iter().filter(|ops| !ops.is_empty()) {
+            super::cluster_bridge::publish_ops(sh, self.slot, &ops);
             let ops: Arc<[IndexOp]> = ops.into();
             for to in 0..sh.cores {
                 let m = Msg::Index {
