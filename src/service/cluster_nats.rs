@@ -152,25 +152,29 @@ async fn setup(
         })
         .await
         .map_err(|e| format!("stream {}: {e}", names.stream))?;
-    let kv = match js.get_key_value(&names.workers_bucket).await {
-        Ok(kv) => kv,
-        Err(_) => match js
-            .create_key_value(kv::Config {
-                bucket: names.workers_bucket.clone(),
-                history: 1,
-                storage: stream::StorageType::File,
-                ..Default::default()
-            })
-            .await
-        {
-            Ok(kv) => kv,
-            // Another replica created it meanwhile.
-            Err(e) => js
-                .get_key_value(&names.workers_bucket)
-                .await
-                .map_err(|e2| format!("bucket {}: {e}; {e2}", names.workers_bucket))?,
-        },
-    };
+    // The bucket's stream as `create_key_value` would make it: that call first asks
+    // for the account info, whose reply from a 2.9 server this client cannot parse.
+    js.get_or_create_stream(stream::Config {
+        name: format!("KV_{}", names.workers_bucket),
+        subjects: vec![format!("$KV.{}.>", names.workers_bucket)],
+        max_messages_per_subject: 1,
+        max_bytes: -1,
+        max_message_size: 1 << 20,
+        storage: stream::StorageType::File,
+        allow_rollup: true,
+        deny_delete: true,
+        deny_purge: false,
+        allow_direct: true,
+        num_replicas: 1,
+        discard: stream::DiscardPolicy::New,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| format!("bucket {}: {e}", names.workers_bucket))?;
+    let kv = js
+        .get_key_value(&names.workers_bucket)
+        .await
+        .map_err(|e| format!("bucket {}: {e}", names.workers_bucket))?;
     Ok((stream, kv))
 }
 

@@ -1,0 +1,211 @@
+//! Router replicas on NATS JetStream (`--cluster`), through the real binaries: a
+//! `nats-server` with JetStream on a free loopback port (tests/common/cluster.rs) and
+//! 2–3 `kvroute serve` replicas. Every wait is a generous poll; no speed is asserted.
+
+mod common;
+
+use common::cluster::{nats_available, NatsServer};
+use common::{hashes, Server};
+use kvroute::client::EventPublisher;
+use kvroute::types::Tier;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+fn worker(id: &str) -> Value {
+    json!({"id": id, "role": "aggregated", "device": "gpu", "model": "m", "capacity_blocks": 100000})
+}
+
+fn replica(nats: &NatsServer, extra: &[&str]) -> Server {
+    let url = nats.url();
+    let mut flags = vec!["--cluster", &url, "--cluster-name", "t"];
+    flags.extend_from_slice(extra);
+    let s = Server::start(1, &flags);
+    wait_ready(&s);
+    s
+}
+
+fn poll(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn readyz(s: &Server) -> (u16, Value) {
+    let (code, body) = s.get("/readyz");
+    (code, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+fn wait_ready(s: &Server) {
+    poll("/readyz 200", 60, || readyz(s).0 == 200);
+}
+
+/// The fleet as a replica reports it: (id, cached blocks), sorted.
+fn fleet(s: &Server) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = s
+        .workers()
+        .iter()
+        .map(|w| {
+            (
+                w["id"].as_str().unwrap_or("").to_string(),
+                w["cached_blocks"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn route(s: &Server, id: &str, h: &[u64]) -> Value {
+    let (code, d) = s.post(
+        "/v1/route",
+        json!({"request_id": id, "model": "m", "block_hashes": h}),
+    );
+    assert_eq!(code, 200, "route: {d}");
+    d
+}
+
+#[test]
+fn ingest_and_registry_on_one_replica_reach_the_others() {
+    if !nats_available() {
+        return;
+    }
+    let nats = NatsServer::start();
+    let a = replica(&nats, &[]);
+    let b = replica(&nats, &[]);
+    let (_, body) = readyz(&a);
+    assert_eq!(body["cluster"]["state"], "ready", "{body}");
+    // Registered on A: visible on B with the same spec.
+    for w in ["w1", "w2", "w3"] {
+        a.register(worker(w));
+    }
+    poll("B sees A's workers", 30, || b.workers().len() == 3);
+    let spec_on = |s: &Server| {
+        s.workers()
+            .into_iter()
+            .find(|w| w["id"] == "w2")
+            .map(|w| (w["model"].clone(), w["capacity_blocks"].clone()))
+    };
+    assert_eq!(spec_on(&a), spec_on(&b));
+    // JSON events on A are routable on B.
+    let h = hashes(7, 12);
+    a.store("w2", "device", &h);
+    poll("B indexes A's JSON events", 30, || b.cached("w2") == 12);
+    let d = route(&b, "r-json", &h);
+    assert_eq!(d["decode_worker"], "w2", "{d}");
+    let (code, _) = b.post("/v1/requests/r-json/finish", json!({}));
+    assert_eq!(code, 200);
+    // Binary events of a worker connected to B are routable on A.
+    let mut spec = common::spec("wb");
+    spec.model = "m".into();
+    let mut p = EventPublisher::connect(&b.events, spec, "").expect("worker connects to B");
+    let hb = hashes(9, 20);
+    p.stored(Tier::Device, None, &hb);
+    p.flush().expect("events sent");
+    poll("A indexes B's binary events", 30, || a.cached("wb") == 20);
+    let d = route(&a, "r-bin", &hb);
+    assert_eq!(d["decode_worker"], "wb", "{d}");
+    // A removal on A leaves B too.
+    let (code, _) = a.delete("/v1/workers/w3");
+    assert_eq!(code, 200);
+    poll("B drops w3", 30, || {
+        !b.workers().iter().any(|w| w["id"] == "w3")
+    });
+    poll("indexes equal", 30, || fleet(&a) == fleet(&b));
+    assert!(a.metric("kvroute_cluster_records_total{outcome=\"applied\"}") >= 1.0);
+    assert!(b.metric("kvroute_cluster_records_total{outcome=\"published\"}") >= 1.0);
+    drop(p);
+}
+
+#[test]
+fn killed_replica_restarts_and_catches_up_before_ready() {
+    if !nats_available() {
+        return;
+    }
+    let nats = NatsServer::start();
+    let state = tempfile::tempdir().expect("temp dir");
+    let dir = state.path().to_str().expect("utf-8 path").to_string();
+    let a = replica(&nats, &[]);
+    let b_flags = ["--state-dir", &dir, "--snapshot-interval-ms", "300"];
+    let b = replica(&nats, &b_flags);
+    for w in ["w1", "w2"] {
+        a.register(worker(w));
+    }
+    a.store("w1", "device", &hashes(1, 30));
+    poll("B indexes w1", 30, || b.cached("w1") == 30);
+    // Let B snapshot what it has, then SIGKILL it.
+    poll("B snapshots", 30, || dir_has_seq(&dir));
+    let mut child = b.into_child();
+    child.kill().expect("SIGKILL B");
+    let _ = child.wait();
+    // A goes on alone, unaffected.
+    a.store("w2", "device", &hashes(2, 40));
+    a.store("w1", "device", &hashes(3, 5));
+    a.register(worker("w3"));
+    a.store("w3", "device", &hashes(4, 8));
+    poll("A indexes", 30, || {
+        a.cached("w3") == 8 && a.cached("w2") == 40
+    });
+    assert_eq!(route(&a, "ra", &hashes(2, 40))["decode_worker"], "w2");
+    // B comes back from its snapshot and replays the rest of the log; once /readyz
+    // says ready, its index equals A's at once (no further waiting).
+    let b = Server::start(
+        1,
+        &[
+            "--cluster",
+            &nats.url(),
+            "--cluster-name",
+            "t",
+            "--state-dir",
+            &dir,
+        ],
+    );
+    wait_ready(&b);
+    assert_eq!(fleet(&b), fleet(&a), "B ready before it caught up");
+    // A third replica with no state at all replays the whole log.
+    let c = replica(&nats, &[]);
+    assert_eq!(fleet(&c), fleet(&a), "C ready before it caught up");
+    assert_eq!(route(&c, "rc", &hashes(4, 8))["decode_worker"], "w3");
+}
+
+fn dir_has_seq(dir: &str) -> bool {
+    std::fs::read_to_string(std::path::Path::new(dir).join("cluster.seq"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .is_some_and(|n| n > 0)
+}
+
+#[test]
+fn nats_restart_mid_run_degrades_then_reconciles() {
+    if !nats_available() {
+        return;
+    }
+    let mut nats = NatsServer::start();
+    let mut a = replica(&nats, &[]);
+    let mut b = replica(&nats, &[]);
+    a.register(worker("w1"));
+    a.register(worker("w2"));
+    a.store("w1", "device", &hashes(1, 10));
+    poll("B indexes w1", 30, || b.cached("w1") == 10);
+    nats.kill();
+    poll("A reports degraded", 60, || {
+        readyz(&a).1["cluster"]["state"] == "degraded"
+    });
+    // While NATS is down: A keeps routing and ingesting locally.
+    let (code, body) = readyz(&a);
+    assert_eq!(code, 200, "degraded is still ready: {body}");
+    a.store("w2", "device", &hashes(2, 16));
+    a.wait_until("A indexes locally", |s| s.cached("w2") == 16);
+    assert_eq!(route(&a, "down", &hashes(2, 16))["decode_worker"], "w2");
+    a.register(worker("w3"));
+    std::thread::sleep(Duration::from_millis(500));
+    nats.restart();
+    // The buffered records and registration reach B; nobody crashed.
+    poll("B reconciles", 90, || fleet(&b) == fleet(&a));
+    assert!(a.alive() && b.alive());
+    poll("A ready again", 60, || {
+        readyz(&a).1["cluster"]["state"] == "ready"
+    });
+    assert_eq!(route(&b, "up", &hashes(2, 16))["decode_worker"], "w2");
+}
