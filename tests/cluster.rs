@@ -209,3 +209,65 @@ fn nats_restart_mid_run_degrades_then_reconciles() {
     });
     assert_eq!(route(&b, "up", &hashes(2, 16))["decode_worker"], "w2");
 }
+
+/// A worker's active requests and decode blocks as a replica sees them.
+fn load_of(s: &Server, id: &str) -> (u64, f64) {
+    s.workers()
+        .into_iter()
+        .find(|w| w["id"] == id)
+        .map(|w| {
+            (
+                w["active_requests"].as_u64().unwrap_or(0),
+                w["decode_blocks"].as_f64().unwrap_or(0.0),
+            )
+        })
+        .unwrap_or((0, 0.0))
+}
+
+#[test]
+fn load_is_shared_and_lifecycle_works_on_any_replica() {
+    if !nats_available() {
+        return;
+    }
+    let nats = NatsServer::start();
+    let a = replica(&nats, &[]);
+    let b = replica(&nats, &[]);
+    a.register(worker("w1"));
+    a.register(worker("w2"));
+    poll("B sees the fleet", 30, || b.workers().len() == 2);
+    // A routes three requests to w1 (pinned); B's view counts them.
+    for i in 0..3 {
+        let (code, d) = a.post(
+            "/v1/route",
+            json!({"request_id": format!("a{i}"), "model": "m", "block_hashes": hashes(100 + i, 16), "mode": "direct", "pin": "w1"}),
+        );
+        assert_eq!(code, 200, "{d}");
+    }
+    poll("B counts A's requests", 30, || load_of(&b, "w1").0 == 3);
+    assert_eq!(load_of(&b, "w1"), load_of(&a, "w1"));
+    // So B, with no cache anywhere, sends a new request to the idle worker.
+    let d = route(&b, "b0", &hashes(500, 16));
+    assert_eq!(d["decode_worker"], "w2", "{d}");
+    poll("A counts B's request", 30, || load_of(&a, "w2").0 == 1);
+    // Lifecycle calls on B for A's requests work, and release the load everywhere.
+    for i in 0..3 {
+        let id = format!("a{i}");
+        let (code, body) = b.post(&format!("/v1/requests/{id}/first_token"), json!({}));
+        assert_eq!(code, 200, "{body}");
+        let (code, body) = b.post(&format!("/v1/requests/{id}/finish"), json!({}));
+        assert_eq!(code, 200, "{body}");
+    }
+    // And A finishes B's request.
+    let (code, body) = a.post("/v1/requests/b0/finish", json!({}));
+    assert_eq!(code, 200, "{body}");
+    for s in [&a, &b] {
+        poll("load released", 30, || {
+            load_of(s, "w1") == (0, 0.0) && load_of(s, "w2") == (0, 0.0)
+        });
+    }
+    // A finished request is gone everywhere: a second finish is unknown on both.
+    for s in [&a, &b] {
+        let (code, _) = s.post("/v1/requests/a0/finish", json!({}));
+        assert_eq!(code, 404);
+    }
+}

@@ -9,6 +9,7 @@
 //! registry is a JetStream KV bucket. See README "Router replicas".
 
 pub mod config;
+pub mod load;
 pub mod names;
 pub mod state;
 pub mod wire;

@@ -38,6 +38,11 @@ impl Names {
         format!("{}.{}", self.events_prefix, worker.replace('.', "%"))
     }
 
+    /// Core NATS subject of the shared-load batches.
+    pub fn load_subject(&self) -> String {
+        format!("{}.load", self.events_prefix.trim_end_matches(".events"))
+    }
+
     pub fn events_filter(&self) -> String {
         format!("{}.>", self.events_prefix)
     }
@@ -62,6 +67,8 @@ mod tests {
         let n = Names::new("prod");
         assert_eq!(n.event_subject("w.1:a"), "kvroute.prod.events.w%1:a");
         assert_eq!(worker_key("a:b"), "w.613a62");
+        assert_eq!(n.load_subject(), "kvroute.prod.load");
+        assert_eq!(n.events_filter(), "kvroute.prod.events.>");
         assert!(check_cluster_name("prod-1_x").is_ok());
         assert!(check_cluster_name("a.b").is_err());
         assert!(check_cluster_name("").is_err());

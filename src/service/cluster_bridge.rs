@@ -56,6 +56,14 @@ pub enum Apply {
     },
     /// A fetch at the stream's tail came back empty.
     Tail,
+    /// A peer replica's load changes (core NATS).
+    Load(Vec<crate::cluster::load::LoadOp>),
+}
+
+/// A peer's routing or lifecycle call, resolved to this replica's slots, for a core.
+pub enum ReplicaOp {
+    Route(crate::load::CarriedRequest),
+    Life(super::msg::LifeOp, String),
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -75,6 +83,8 @@ pub struct ClusterMetrics {
     pub applied_seq: Gauge,
     /// Replicated registry writes applied (put, delete) and refused (conflict).
     pub registry: Family<OutcomeLabel, Counter>,
+    /// Shared-load ops by outcome: published, applied, dropped, unknown_worker.
+    pub load_ops: Family<OutcomeLabel, Counter>,
 }
 
 impl ClusterMetrics {
@@ -104,6 +114,17 @@ impl ClusterMetrics {
             "Replicated registry writes by outcome",
             self.registry.clone(),
         );
+        r.register(
+            "cluster_load_ops",
+            "Shared-load ops (route, lifecycle) by outcome",
+            self.load_ops.clone(),
+        );
+    }
+
+    pub fn load(&self, outcome: &'static str, n: u64) {
+        self.load_ops
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc_by(n);
     }
 
     pub fn record(&self, outcome: &'static str, n: u64) {
@@ -118,6 +139,8 @@ pub struct Cluster {
     /// This incarnation's origin tag: `replica_id/boot`.
     pub origin: String,
     tx: crossbeam::channel::Sender<Out>,
+    /// Load changes to publish (core NATS, batched); full = dropped and counted.
+    load_tx: crossbeam::channel::Sender<crate::cluster::load::LoadOp>,
     /// Woken after every send, so the publisher need not poll.
     pub wake: Arc<tokio::sync::Notify>,
     pub health: Mutex<Health>,
@@ -218,9 +241,11 @@ pub fn start(sh: &Arc<Shared>, restored: bool) -> Result<Vec<std::thread::JoinHa
         _ => 0,
     };
     let (tx, rx) = crossbeam::channel::bounded(cfg.publish_buffer);
+    let (load_tx, load_rx) = crossbeam::channel::bounded(cfg.publish_buffer);
     let cluster = Arc::new(Cluster {
         origin: format!("{replica}/{boot}"),
         tx,
+        load_tx,
         wake: Arc::new(tokio::sync::Notify::new()),
         health: Mutex::new(Health::default()),
         applied_seq: AtomicU64::new(start_after),
@@ -244,7 +269,7 @@ pub fn start(sh: &Arc<Shared>, restored: bool) -> Result<Vec<std::thread::JoinHa
         let (sh, cl) = (sh.clone(), cluster.clone());
         std::thread::Builder::new()
             .name("kvroute-cluster".into())
-            .spawn(move || super::cluster_nats::run(sh, cl, rx, apply_tx))
+            .spawn(move || super::cluster_nats::run(sh, cl, rx, load_rx, apply_tx))
             .map_err(|e| format!("cluster thread: {e}"))?
     };
     let apply = {
@@ -349,6 +374,135 @@ pub fn publish_removal(sh: &Shared, id: &str) {
     }
 }
 
+fn enqueue_load(sh: &Shared, cl: &Cluster, op: crate::cluster::load::LoadOp) {
+    match cl.load_tx.try_send(op) {
+        Ok(()) => cl.wake.notify_one(),
+        Err(_) => sh.metrics.cluster.load("dropped", 1),
+    }
+}
+
+/// Publishes a request this replica routed (no-op without `--cluster`).
+pub fn publish_route(sh: &Shared, req: &crate::load::NewRequest) {
+    let Some(cl) = sh.cluster.get() else {
+        return;
+    };
+    let reg = sh.registry.load();
+    let name = |s: WorkerSlot| reg.get(s).map(|e| e.spec.id.clone());
+    let Some(decode) = name(req.decode_worker) else {
+        return;
+    };
+    let prefill = match req.prefill_worker {
+        Some(p) => match name(p) {
+            Some(n) => Some(n),
+            None => return,
+        },
+        None => None,
+    };
+    let op = crate::cluster::load::LoadOp::Route {
+        id: req.id.clone(),
+        decode,
+        prefill,
+        input_tokens: req.input_tokens,
+        cached_tokens: req.cached_tokens,
+        prompt_blocks: req.prompt_blocks,
+        hashes: req.hashes.clone(),
+        osl: req.expected_output_tokens,
+    };
+    enqueue_load(sh, cl, op);
+}
+
+/// Publishes a lifecycle call this replica answered.
+pub fn publish_life(sh: &Shared, op: super::msg::LifeOp, id: &str) {
+    use super::msg::LifeOp as L;
+    use crate::cluster::load::LoadOp;
+    let Some(cl) = sh.cluster.get() else {
+        return;
+    };
+    let id = id.to_string();
+    let op = match op {
+        L::FirstToken => LoadOp::FirstToken { id },
+        L::Progress(n) => LoadOp::Progress {
+            id,
+            output_tokens: n,
+        },
+        L::Finish => LoadOp::Finish { id },
+        L::PrefillFailed => LoadOp::PrefillFailed { id },
+    };
+    enqueue_load(sh, cl, op);
+}
+
+/// A peer's load change as a core message (`None`: a worker unknown here).
+fn to_replica(sh: &Shared, op: crate::cluster::load::LoadOp) -> Option<(ReplicaOp, Option<usize>)> {
+    use super::msg::LifeOp as L;
+    use crate::cluster::load::LoadOp;
+    Some(match op {
+        LoadOp::Route {
+            id,
+            decode,
+            prefill,
+            input_tokens,
+            cached_tokens,
+            prompt_blocks,
+            hashes,
+            osl,
+        } => {
+            crate::ids::check("request id", &id).ok()?;
+            let reg = sh.registry.load();
+            let decode_worker = reg.slot(&decode)?;
+            let prefill_worker = match prefill {
+                Some(p) => Some(reg.slot(&p)?),
+                None => None,
+            };
+            let owner = sh.owner_of(&id);
+            let c = crate::load::CarriedRequest {
+                id,
+                decode_worker,
+                prefill_worker,
+                input_tokens,
+                cached_tokens,
+                prompt_blocks,
+                hashes,
+                expected_output_tokens: osl,
+                in_prefill: true,
+                output_tokens: 0,
+                age_us: 0,
+                first_token_age_us: None,
+            };
+            (ReplicaOp::Route(c), Some(owner))
+        }
+        LoadOp::FirstToken { id } => (ReplicaOp::Life(L::FirstToken, id), None),
+        LoadOp::Progress { id, output_tokens } => {
+            (ReplicaOp::Life(L::Progress(output_tokens), id), None)
+        }
+        LoadOp::Finish { id } => (ReplicaOp::Life(L::Finish, id), None),
+        LoadOp::PrefillFailed { id } => (ReplicaOp::Life(L::PrefillFailed, id), None),
+    })
+}
+
+fn apply_load(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
+    for op in ops {
+        let Some((rop, to)) = to_replica(sh, op) else {
+            sh.metrics.cluster.load("unknown_worker", 1);
+            continue;
+        };
+        let ok = match (rop, to) {
+            (rop, Some(to)) => control::send_blocking(sh, to, Msg::Replica(Box::new(rop))),
+            (ReplicaOp::Life(op, id), None) => (0..sh.cores).all(|to| {
+                control::send_blocking(
+                    sh,
+                    to,
+                    Msg::Replica(Box::new(ReplicaOp::Life(op, id.clone()))),
+                )
+            }),
+            (ReplicaOp::Route(_), None) => true,
+        };
+        if !ok {
+            return;
+        }
+        sh.metrics.cluster.load("applied", 1);
+    }
+}
+
 /// Whether records of `slot`'s worker were dropped since the last call (its event
 /// connection then asks for a resync, which republishes its whole state).
 pub fn take_lost(sh: &Shared, slot: WorkerSlot) -> bool {
@@ -409,6 +563,7 @@ fn apply_loop(sh: Arc<Shared>, cl: Arc<Cluster>, mut rx: tokio::sync::mpsc::Rece
                 h.on_connected(stream_last);
             }),
             Apply::Tail => cl.with_health(&sh, |h| h.on_tail()),
+            Apply::Load(ops) => apply_load(&sh, ops),
             Apply::Worker(spec) => {
                 let id = spec.id.clone();
                 match control::register_replicated(&sh, spec) {

@@ -19,6 +19,7 @@
 
 use super::cluster_bridge::{Apply, Cluster, Out};
 use super::shared::Shared;
+use crate::cluster::load::{Batcher, LoadBatch, LoadOp};
 use crate::cluster::names::{worker_key, Names};
 use crate::cluster::wire::EventRecord;
 use async_nats::jetstream::{self, consumer, kv, stream};
@@ -39,6 +40,7 @@ pub fn run(
     sh: Arc<Shared>,
     cl: Arc<Cluster>,
     rx: crossbeam::channel::Receiver<Out>,
+    load_rx: crossbeam::channel::Receiver<LoadOp>,
     apply: Sender<Apply>,
 ) {
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -58,7 +60,7 @@ pub fn run(
             }
         };
         tokio::select! {
-            _ = main(sh, cl, rx, apply) => {}
+            _ = main(sh, cl, rx, load_rx, apply) => {}
             _ = stop => {}
         }
     });
@@ -182,6 +184,7 @@ async fn main(
     sh: Arc<Shared>,
     cl: Arc<Cluster>,
     rx: crossbeam::channel::Receiver<Out>,
+    load_rx: crossbeam::channel::Receiver<LoadOp>,
     apply: Sender<Apply>,
 ) {
     let names = Names::new(&sh.settings.cluster.name);
@@ -247,7 +250,21 @@ async fn main(
         names.stream,
         start + 1
     ));
+    let load_subject = names.load_subject();
+    // Subscribed before the replica says it is caught up, so no peer's load change
+    // made after that point is missed.
+    let sub = loop {
+        match client.subscribe(load_subject.clone()).await {
+            Ok(s) => break s,
+            Err(e) => {
+                log(&format!("subscribe {load_subject}: {e}; retrying"));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
     tokio::join!(
+        load_publisher(&sh, &cl, &client, &load_subject, load_rx),
+        load_subscriber(&cl, sub, &apply),
         publisher(&sh, &cl, &js, &kv, &names, rx),
         consume(&sh, &stream, &kv, &names, start, &apply),
         watch_registry(&kv, &apply),
@@ -399,6 +416,68 @@ async fn consume(
             }
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Batches this replica's load changes onto core NATS. While NATS is unreachable
+/// they are dropped (counted): load is transient, and each request's own record stays
+/// exact on the replica that holds it.
+async fn load_publisher(
+    sh: &Shared,
+    cl: &Cluster,
+    client: &async_nats::Client,
+    subject: &str,
+    rx: crossbeam::channel::Receiver<LoadOp>,
+) {
+    let mut b = Batcher::default();
+    let t0 = std::time::Instant::now();
+    let m = &sh.metrics.cluster;
+    loop {
+        while b.len() < crate::cluster::load::MAX_OPS {
+            let Ok(op) = rx.try_recv() else { break };
+            b.push(op, t0.elapsed().as_micros() as u64);
+        }
+        let now = t0.elapsed().as_micros() as u64;
+        if b.due(now) || (!b.is_empty() && rx.is_empty()) {
+            let ops = b.take();
+            let n = ops.len() as u64;
+            if client.connection_state() != async_nats::connection::State::Connected {
+                m.load("dropped", n);
+                continue;
+            }
+            let batch = LoadBatch {
+                origin: cl.origin.clone(),
+                ops,
+            };
+            match client
+                .publish(subject.to_string(), batch.encode().into())
+                .await
+            {
+                Ok(()) => m.load("published", n),
+                Err(_) => m.load("dropped", n),
+            }
+            continue;
+        }
+        if b.is_empty() {
+            let _ = tokio::time::timeout(Duration::from_millis(100), cl.wake.notified()).await;
+        } else {
+            tokio::time::sleep(Duration::from_micros(crate::cluster::load::FLUSH_US)).await;
+        }
+    }
+}
+
+/// Peers' load changes, in arrival order, to the apply thread.
+async fn load_subscriber(cl: &Cluster, mut sub: async_nats::Subscriber, apply: &Sender<Apply>) {
+    while let Some(msg) = sub.next().await {
+        let Ok(batch) = LoadBatch::decode(&msg.payload) else {
+            continue;
+        };
+        if batch.origin == cl.origin {
+            continue;
+        }
+        if apply.send(Apply::Load(batch.ops)).await.is_err() {
+            return;
+        }
     }
 }
 
