@@ -134,6 +134,11 @@ fn killed_replica_restarts_and_catches_up_before_ready() {
     }
     a.store("w1", "device", &hashes(1, 30));
     poll("B indexes w1", 30, || b.cached("w1") == 30);
+    // In-flight requests: two routed by A, one by B.
+    pinned(&a, "k1", "w1");
+    pinned(&a, "k2", "w2");
+    pinned(&b, "k3", "w1");
+    poll("B counts A's load", 30, || load_of(&b, "w1").0 == 2);
     // Let B snapshot what it has, then SIGKILL it.
     poll("B snapshots", 30, || dir_has_seq(&dir));
     let mut child = b.into_child();
@@ -147,6 +152,10 @@ fn killed_replica_restarts_and_catches_up_before_ready() {
     poll("A indexes", 30, || {
         a.cached("w3") == 8 && a.cached("w2") == 40
     });
+    // Load changes while B is away: one request ends, one starts.
+    let (code, _) = a.post("/v1/requests/k1/finish", json!({}));
+    assert_eq!(code, 200);
+    pinned(&a, "k4", "w3");
     assert_eq!(route(&a, "ra", &hashes(2, 40))["decode_worker"], "w2");
     // B comes back from its snapshot and replays the rest of the log; once /readyz
     // says ready, its index equals A's at once (no further waiting).
@@ -163,10 +172,32 @@ fn killed_replica_restarts_and_catches_up_before_ready() {
     );
     wait_ready(&b);
     assert_eq!(fleet(&b), fleet(&a), "B ready before it caught up");
+    for w in ["w1", "w2", "w3"] {
+        assert_eq!(load_of(&b, w), load_of(&a, w), "B's load of {w} once ready");
+    }
+    assert_eq!(
+        load_of(&a, "w1").0,
+        1,
+        "k3 (routed by the killed B) lives on in A"
+    );
+    // B's restored copy of k1, which ended while B was away, was released.
+    let (code, _) = b.post("/v1/requests/k1/finish", json!({}));
+    assert_eq!(code, 404);
     // A third replica with no state at all replays the whole log.
     let c = replica(&nats, &[]);
     assert_eq!(fleet(&c), fleet(&a), "C ready before it caught up");
+    for w in ["w1", "w2", "w3"] {
+        assert_eq!(load_of(&c, w), load_of(&a, w), "C's load of {w} once ready");
+    }
     assert_eq!(route(&c, "rc", &hashes(4, 8))["decode_worker"], "w3");
+}
+
+fn pinned(s: &Server, id: &str, w: &str) {
+    let (code, d) = s.post(
+        "/v1/route",
+        json!({"request_id": id, "model": "m", "block_hashes": hashes(900, 8), "mode": "direct", "pin": w}),
+    );
+    assert_eq!(code, 200, "{d}");
 }
 
 fn dir_has_seq(dir: &str) -> bool {

@@ -31,6 +31,16 @@ pub enum LoadOp {
         hashes: Vec<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         osl: Option<u32>,
+        /// The rest is the request's progress, sent only by a load sync (a fresh
+        /// route is in prefill, with no output, age 0).
+        #[serde(default = "yes", skip_serializing_if = "is_true")]
+        in_prefill: bool,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        output_tokens: u32,
+        #[serde(default, skip_serializing_if = "is_zero64")]
+        age_us: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        first_token_age_us: Option<u64>,
     },
     FirstToken {
         id: String,
@@ -54,6 +64,49 @@ pub struct LoadBatch {
     /// The publishing replica's incarnation (receivers skip their own).
     pub origin: String,
     pub ops: Vec<LoadOp>,
+    /// A load-sync answer continues in another message.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub more: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+fn is_true(b: &bool) -> bool {
+    *b
+}
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+fn is_zero64(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Cuts a load-sync answer into batches of at most `max_bytes` of ops (roughly:
+/// each op's JSON length is counted), the last one with `more == false`.
+pub fn chunk(origin: &str, ops: Vec<LoadOp>, max_bytes: usize) -> Vec<LoadBatch> {
+    let mut out = Vec::new();
+    let mut cur = Vec::new();
+    let mut bytes = 0;
+    for op in ops {
+        let n = serde_json::to_vec(&op).map_or(0, |v| v.len()) + 1;
+        if bytes + n > max_bytes && !cur.is_empty() {
+            out.push(LoadBatch {
+                origin: origin.to_string(),
+                ops: std::mem::take(&mut cur),
+                more: true,
+            });
+            bytes = 0;
+        }
+        bytes += n;
+        cur.push(op);
+    }
+    out.push(LoadBatch {
+        origin: origin.to_string(),
+        ops: cur,
+        more: false,
+    });
+    out
 }
 
 impl LoadBatch {
@@ -121,6 +174,10 @@ mod tests {
                     prompt_blocks: 4,
                     hashes: vec![1, 2, 3, 4],
                     osl: Some(8),
+                    in_prefill: true,
+                    output_tokens: 0,
+                    age_us: 0,
+                    first_token_age_us: None,
                 },
                 LoadOp::Progress {
                     id: "q".into(),
@@ -128,7 +185,14 @@ mod tests {
                 },
                 LoadOp::Finish { id: "q".into() },
             ],
+            more: false,
         };
+        // A fresh route leaves the progress fields out.
+        let text = String::from_utf8(b.encode()).unwrap();
+        assert!(
+            !text.contains("in_prefill") && !text.contains("more"),
+            "{text}"
+        );
         assert_eq!(LoadBatch::decode(&b.encode()), Ok(b));
         assert!(LoadBatch::decode(b"{\"origin\":\"x\",\"ops\":[{\"op\":\"boom\"}]}").is_err());
         assert!(LoadBatch::decode(&vec![b' '; MAX_BATCH_BYTES + 1]).is_err());
@@ -144,5 +208,17 @@ mod tests {
         assert!(bt.due(0));
         assert_eq!(bt.take().len(), MAX_OPS);
         assert!(bt.is_empty());
+        let ops: Vec<LoadOp> = (0..100)
+            .map(|i| LoadOp::Finish {
+                id: format!("r{i}"),
+            })
+            .collect();
+        let parts = chunk("o", ops.clone(), 200);
+        assert!(parts.len() > 1);
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.more));
+        assert!(!parts[parts.len() - 1].more);
+        let joined: Vec<LoadOp> = parts.into_iter().flat_map(|p| p.ops).collect();
+        assert_eq!(joined, ops);
+        assert_eq!(chunk("o", vec![], 10).len(), 1);
     }
 }

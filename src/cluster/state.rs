@@ -125,6 +125,8 @@ pub struct Health {
     pub backlog: u64,
     /// Records dropped because the publish buffer was full (reconciled by resync).
     pub dropped: u64,
+    /// The peers' in-flight requests were taken over (load sync) at start.
+    pub load_synced: bool,
 }
 
 impl Health {
@@ -163,7 +165,7 @@ impl Health {
     }
 
     pub fn phase(&self) -> Phase {
-        if !self.caught_up {
+        if !self.caught_up || !self.load_synced {
             if self.target.is_none() {
                 Phase::Connecting
             } else {
@@ -176,9 +178,10 @@ impl Health {
         }
     }
 
-    /// `/readyz`: ready (200) once caught up, with the detail either way.
+    /// `/readyz`: ready (200) once caught up with the log and the peers' load, with
+    /// the detail either way.
     pub fn ready(&self) -> bool {
-        self.caught_up
+        self.caught_up && self.load_synced
     }
 
     pub fn detail(&self) -> serde_json::Value {
@@ -191,6 +194,7 @@ impl Health {
             "publish_backlog": self.backlog,
             "publish_dropped": self.dropped,
             "publish_failing": self.publish_failing,
+            "load_synced": self.load_synced,
         })
     }
 }
@@ -229,6 +233,7 @@ mod tests {
         assert_eq!(h.phase(), Phase::Connecting);
         assert!(!h.ready());
         h.on_connected(10);
+        h.load_synced = true;
         assert_eq!(h.phase(), Phase::CatchingUp);
         h.on_applied(9);
         assert!(!h.ready());
@@ -246,11 +251,27 @@ mod tests {
     }
 
     #[test]
-    fn empty_stream_is_caught_up_at_once() {
+    fn not_ready_before_the_load_sync() {
         let mut h = Health::default();
         h.on_connected(0);
+        assert_eq!(h.phase(), Phase::CatchingUp);
+        assert!(!h.ready());
+        h.load_synced = true;
         assert!(h.ready());
-        let mut h = Health::default();
+    }
+
+    #[test]
+    fn empty_stream_is_caught_up_at_once() {
+        let mut h = Health {
+            load_synced: true,
+            ..Default::default()
+        };
+        h.on_connected(0);
+        assert!(h.ready());
+        let mut h = Health {
+            load_synced: true,
+            ..Default::default()
+        };
         h.on_connected(7);
         h.on_tail();
         assert!(

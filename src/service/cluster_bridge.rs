@@ -58,12 +58,20 @@ pub enum Apply {
     Tail,
     /// A peer replica's load changes (core NATS).
     Load(Vec<crate::cluster::load::LoadOp>),
+    /// The start's load sync: the in-flight requests of the `peers` replicas that
+    /// answered (routes with their progress).
+    LoadSync {
+        ops: Vec<crate::cluster::load::LoadOp>,
+        peers: usize,
+    },
 }
 
 /// A peer's routing or lifecycle call, resolved to this replica's slots, for a core.
 pub enum ReplicaOp {
     Route(crate::load::CarriedRequest),
     Life(super::msg::LifeOp, String),
+    /// Send this core's in-flight requests (a load sync).
+    Carry(tokio::sync::mpsc::UnboundedSender<Vec<crate::load::CarriedRequest>>),
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -407,6 +415,10 @@ pub fn publish_route(sh: &Shared, req: &crate::load::NewRequest) {
         prompt_blocks: req.prompt_blocks,
         hashes: req.hashes.clone(),
         osl: req.expected_output_tokens,
+        in_prefill: true,
+        output_tokens: 0,
+        age_us: 0,
+        first_token_age_us: None,
     };
     enqueue_load(sh, cl, op);
 }
@@ -445,6 +457,10 @@ fn to_replica(sh: &Shared, op: crate::cluster::load::LoadOp) -> Option<(ReplicaO
             prompt_blocks,
             hashes,
             osl,
+            in_prefill,
+            output_tokens,
+            age_us,
+            first_token_age_us,
         } => {
             crate::ids::check("request id", &id).ok()?;
             let reg = sh.registry.load();
@@ -463,10 +479,10 @@ fn to_replica(sh: &Shared, op: crate::cluster::load::LoadOp) -> Option<(ReplicaO
                 prompt_blocks,
                 hashes,
                 expected_output_tokens: osl,
-                in_prefill: true,
-                output_tokens: 0,
-                age_us: 0,
-                first_token_age_us: None,
+                in_prefill,
+                output_tokens,
+                age_us,
+                first_token_age_us,
             };
             (ReplicaOp::Route(c), Some(owner))
         }
@@ -494,13 +510,98 @@ fn apply_load(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
                     Msg::Replica(Box::new(ReplicaOp::Life(op, id.clone()))),
                 )
             }),
-            (ReplicaOp::Route(_), None) => true,
+            (ReplicaOp::Route(_) | ReplicaOp::Carry(_), None) => true,
         };
         if !ok {
             return;
         }
         sh.metrics.cluster.load("applied", 1);
     }
+}
+
+/// Every core's in-flight requests (from a plain thread; waits up to 10 s).
+pub fn carry_all(sh: &Shared) -> Option<Vec<crate::load::CarriedRequest>> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for to in 0..sh.cores {
+        let m = Msg::Replica(Box::new(ReplicaOp::Carry(tx.clone())));
+        if !control::send_blocking(sh, to, m) {
+            return None;
+        }
+    }
+    drop(tx);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut all = Vec::new();
+    let mut got = 0;
+    while got < sh.cores && std::time::Instant::now() < deadline {
+        match rx.try_recv() {
+            Ok(v) => {
+                all.extend(v);
+                got += 1;
+            }
+            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                std::thread::sleep(std::time::Duration::from_millis(1))
+            }
+            Err(_) => return None,
+        }
+    }
+    (got == sh.cores).then_some(all)
+}
+
+/// In-flight requests as load ops with worker ids (a load-sync answer).
+pub fn carried_ops(
+    sh: &Shared,
+    all: Vec<crate::load::CarriedRequest>,
+) -> Vec<crate::cluster::load::LoadOp> {
+    let reg = sh.registry.load();
+    let name = |s: WorkerSlot| reg.get(s).map(|e| e.spec.id.clone());
+    all.into_iter()
+        .filter_map(|c| {
+            let prefill = match c.prefill_worker {
+                Some(p) => Some(name(p)?),
+                None => None,
+            };
+            Some(crate::cluster::load::LoadOp::Route {
+                id: c.id,
+                decode: name(c.decode_worker)?,
+                prefill,
+                input_tokens: c.input_tokens,
+                cached_tokens: c.cached_tokens,
+                prompt_blocks: c.prompt_blocks,
+                hashes: c.hashes,
+                osl: c.expected_output_tokens,
+                in_prefill: c.in_prefill,
+                output_tokens: c.output_tokens,
+                age_us: c.age_us,
+                first_token_age_us: c.first_token_age_us,
+            })
+        })
+        .collect()
+}
+
+/// Takes the peers' in-flight requests over: the ones missing here are admitted, and
+/// the ones held here (restored from a snapshot) that no peer holds any more ended
+/// while this replica was away, so they are released.
+fn load_sync(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
+    use crate::cluster::load::LoadOp;
+    let Some(mine) = carry_all(sh) else {
+        return;
+    };
+    let theirs: std::collections::HashSet<String> = ops
+        .iter()
+        .filter_map(|o| match o {
+            LoadOp::Route { id, .. } => Some(id.clone()),
+            _ => None,
+        })
+        .collect();
+    let mine: std::collections::HashSet<String> = mine.into_iter().map(|c| c.id).collect();
+    for id in mine.iter().filter(|id| !theirs.contains(*id)) {
+        apply_load(sh, vec![LoadOp::Finish { id: id.clone() }]);
+    }
+    let missing: Vec<LoadOp> = ops
+        .into_iter()
+        .filter(|o| matches!(o, LoadOp::Route { id, .. } if !mine.contains(id)))
+        .collect();
+    apply_load(sh, missing);
 }
 
 /// Whether records of `slot`'s worker were dropped since the last call (its event
@@ -564,6 +665,13 @@ fn apply_loop(sh: Arc<Shared>, cl: Arc<Cluster>, mut rx: tokio::sync::mpsc::Rece
             }),
             Apply::Tail => cl.with_health(&sh, |h| h.on_tail()),
             Apply::Load(ops) => apply_load(&sh, ops),
+            Apply::LoadSync { ops, peers } => {
+                if peers > 0 {
+                    load_sync(&sh, ops);
+                }
+                eprintln!("kvroute: cluster: load synced with {peers} peer replica(s)");
+                cl.with_health(&sh, |h| h.load_synced = true);
+            }
             Apply::Worker(spec) => {
                 let id = spec.id.clone();
                 match control::register_replicated(&sh, spec) {

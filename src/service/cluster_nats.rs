@@ -262,7 +262,23 @@ async fn main(
             }
         }
     };
+    let sync_subject = format!("{load_subject}.sync");
+    let sync_sub = loop {
+        match client.subscribe(sync_subject.clone()).await {
+            Ok(s) => break s,
+            Err(e) => {
+                log(&format!("subscribe {sync_subject}: {e}; retrying"));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    let sync = async {
+        let (ops, peers) = sync_request(&client, &sync_subject, &cl.origin).await;
+        let _ = apply.send(Apply::LoadSync { ops, peers }).await;
+    };
     tokio::join!(
+        sync,
+        sync_responder(&sh, &cl, &client, sync_sub),
         load_publisher(&sh, &cl, &client, &load_subject, load_rx),
         load_subscriber(&cl, sub, &apply),
         publisher(&sh, &cl, &js, &kv, &names, rx),
@@ -448,6 +464,7 @@ async fn load_publisher(
             let batch = LoadBatch {
                 origin: cl.origin.clone(),
                 ops,
+                more: false,
             };
             match client
                 .publish(subject.to_string(), batch.encode().into())
@@ -462,6 +479,85 @@ async fn load_publisher(
             let _ = tokio::time::timeout(Duration::from_millis(100), cl.wake.notified()).await;
         } else {
             tokio::time::sleep(Duration::from_micros(crate::cluster::load::FLUSH_US)).await;
+        }
+    }
+}
+
+/// Asks the peers for their in-flight requests (a start's load sync): collects the
+/// answers until every answering peer has sent its last part and no new peer spoke
+/// for a moment (at most 10 s). Returns the ops and how many peers answered.
+async fn sync_request(
+    client: &async_nats::Client,
+    subject: &str,
+    origin: &str,
+) -> (Vec<LoadOp>, usize) {
+    let inbox = client.new_inbox();
+    let Ok(mut sub) = client.subscribe(inbox.clone()).await else {
+        return (Vec::new(), 0);
+    };
+    if client
+        .publish_with_reply(subject.to_string(), inbox, origin.to_string().into())
+        .await
+        .is_err()
+    {
+        return (Vec::new(), 0);
+    }
+    let start = tokio::time::Instant::now();
+    let hard = start + Duration::from_secs(10);
+    let mut quiet = start + Duration::from_millis(1500);
+    let mut open: HashMap<String, bool> = HashMap::new();
+    let mut ops = Vec::new();
+    loop {
+        let until = if open.values().any(|more| *more) {
+            hard
+        } else {
+            quiet.min(hard)
+        };
+        match tokio::time::timeout_at(until, sub.next()).await {
+            Ok(Some(m)) => {
+                let Ok(b) = LoadBatch::decode(&m.payload) else {
+                    continue;
+                };
+                if b.origin == origin {
+                    continue;
+                }
+                open.insert(b.origin, b.more);
+                ops.extend(b.ops);
+                quiet = tokio::time::Instant::now() + Duration::from_millis(300);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    (ops, open.len())
+}
+
+/// Answers peers' load-sync requests with this replica's in-flight requests, in
+/// parts under the NATS payload limit.
+async fn sync_responder(
+    sh: &Arc<Shared>,
+    cl: &Cluster,
+    client: &async_nats::Client,
+    mut sub: async_nats::Subscriber,
+) {
+    while let Some(m) = sub.next().await {
+        let Some(reply) = m.reply.clone() else {
+            continue;
+        };
+        if m.payload.as_ref() == cl.origin.as_bytes() {
+            continue;
+        }
+        let s = sh.clone();
+        let ops = tokio::task::spawn_blocking(move || {
+            super::cluster_bridge::carry_all(&s)
+                .map(|all| super::cluster_bridge::carried_ops(&s, all))
+        })
+        .await
+        .ok()
+        .flatten();
+        let Some(ops) = ops else { continue };
+        let max = (client.server_info().max_payload / 2).clamp(1 << 12, 1 << 19);
+        for part in crate::cluster::load::chunk(&cl.origin, ops, max) {
+            let _ = client.publish(reply.clone(), part.encode().into()).await;
         }
     }
 }

@@ -326,6 +326,10 @@ impl Core {
             ReplicaOp::Life(op, id) => {
                 let _ = self.lifecycle_local(op, &id);
             }
+            ReplicaOp::Carry(tx) => {
+                let now = self.shared.now_us();
+                let _ = tx.send(self.st.borrow().tracker.carry(now));
+            }
         }
     }
 
