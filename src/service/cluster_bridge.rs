@@ -158,6 +158,9 @@ pub struct Cluster {
     pub start_after: u64,
     /// Per slot: a record of this worker was dropped (publish buffer full).
     lost: Box<[AtomicBool]>,
+    /// Per `[[engines]]` entry: this replica holds the engine's lease (it alone
+    /// ingests and publishes that engine's batches; the others discard theirs).
+    pub engine_leases: Box<[AtomicBool]>,
 }
 
 /// The state dir file holding the stream sequence the snapshot beside it covers.
@@ -259,6 +262,12 @@ pub fn start(sh: &Arc<Shared>, restored: bool) -> Result<Vec<std::thread::JoinHa
         applied_seq: AtomicU64::new(start_after),
         start_after,
         lost: (0..sh.settings.limits.max_workers)
+            .map(|_| AtomicBool::new(false))
+            .collect(),
+        engine_leases: sh
+            .settings
+            .engines
+            .iter()
             .map(|_| AtomicBool::new(false))
             .collect(),
     });
@@ -602,6 +611,21 @@ fn load_sync(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
         .filter(|o| matches!(o, LoadOp::Route { id, .. } if !mine.contains(id)))
         .collect();
     apply_load(sh, missing);
+}
+
+/// Whether this replica ingests the ZMQ engine of `worker` now: always without
+/// `--cluster`; with it, only while it holds the engine's lease (so each engine batch
+/// enters the log once, through one replica).
+pub fn engine_may_ingest(sh: &Shared, worker: &str) -> bool {
+    let Some(cl) = sh.cluster.get() else {
+        return true;
+    };
+    sh.settings
+        .engines
+        .iter()
+        .position(|e| e.worker_id == worker)
+        .and_then(|i| cl.engine_leases.get(i))
+        .is_some_and(|f| f.load(Ordering::Acquire))
 }
 
 /// Whether records of `slot`'s worker were dropped since the last call (its event

@@ -277,6 +277,7 @@ async fn main(
         let _ = apply.send(Apply::LoadSync { ops, peers }).await;
     };
     tokio::join!(
+        engine_leases(&sh, &cl, &client, &js, &names),
         sync,
         sync_responder(&sh, &cl, &client, sync_sub),
         load_publisher(&sh, &cl, &client, &load_subject, load_rx),
@@ -574,6 +575,82 @@ async fn load_subscriber(cl: &Cluster, mut sub: async_nats::Subscriber, apply: &
         if apply.send(Apply::Load(batch.ops)).await.is_err() {
             return;
         }
+    }
+}
+
+/// How long an engine lease outlives its last refresh (the bucket's max age).
+pub const LEASE_TTL: Duration = Duration::from_secs(6);
+const LEASE_REFRESH: Duration = Duration::from_secs(2);
+
+/// Holds or waits for the lease of every `[[engines]]` entry (key = the engine's
+/// worker, in bucket `kvroute_NAME_leases` whose entries expire after
+/// [`LEASE_TTL`]): a holder refreshes it (a revision-checked update, so a lease
+/// taken over meanwhile is noticed), a standby tries to create it, which succeeds
+/// only once the holder's entry expired (it died or lost NATS).
+async fn engine_leases(
+    sh: &Shared,
+    cl: &Cluster,
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    names: &Names,
+) {
+    let engines: Vec<String> = sh.settings.engines.iter().map(|e| e.worker_id.clone()).collect();
+    if engines.is_empty() {
+        return;
+    }
+    let bucket = format!("{}_leases", names.workers_bucket.trim_end_matches("_workers"));
+    let kv = loop {
+        let made = js
+            .get_or_create_stream(stream::Config {
+                name: format!("KV_{bucket}"),
+                subjects: vec![format!("$KV.{bucket}.>")],
+                max_messages_per_subject: 1,
+                max_age: LEASE_TTL,
+                max_bytes: -1,
+                storage: stream::StorageType::File,
+                allow_rollup: true,
+                deny_delete: true,
+                allow_direct: true,
+                num_replicas: 1,
+                discard: stream::DiscardPolicy::New,
+                ..Default::default()
+            })
+            .await;
+        match made {
+            Ok(_) => match js.get_key_value(&bucket).await {
+                Ok(kv) => break kv,
+                Err(e) => log(&format!("lease bucket: {e}; retrying")),
+            },
+            Err(e) => log(&format!("lease bucket: {e}; retrying")),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let mut revs: Vec<Option<u64>> = vec![None; engines.len()];
+    loop {
+        for (i, w) in engines.iter().enumerate() {
+            let key = worker_key(w);
+            let me: Bytes = cl.origin.clone().into();
+            let r = match revs[i] {
+                Some(rev) => kv.update(&key, me, rev).await.ok(),
+                None => kv.create(&key, me).await.ok(),
+            };
+            // No answer from NATS decides nothing: while it is unreachable the holder
+            // keeps ingesting locally (and buffering), a standby keeps waiting.
+            if r.is_none() && client.connection_state() != async_nats::connection::State::Connected
+            {
+                continue;
+            }
+            let held = r.is_some();
+            let was = cl.engine_leases[i].swap(held, Ordering::AcqRel);
+            if held != was {
+                log(&format!(
+                    "engine {w:?}: {} its lease",
+                    if held { "this replica holds" } else { "this replica lost" }
+                ));
+            }
+            revs[i] = r;
+        }
+        tokio::time::sleep(LEASE_REFRESH).await;
     }
 }
 

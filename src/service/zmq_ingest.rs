@@ -434,6 +434,12 @@ impl Stream {
         if self.out.is_empty() {
             return true;
         }
+        // `--cluster`: the replica holding this engine's lease ingests it; a standby
+        // stays subscribed (in sequence) and discards, ready to take over.
+        if !super::cluster_bridge::engine_may_ingest(&self.sh, &self.cfg.worker_id) {
+            self.out.clear();
+            return true;
+        }
         let sh = &self.sh;
         // Cut like binary events, so a burst never becomes one long shard batch.
         let mut batch = Batch::default();
