@@ -230,6 +230,23 @@ mod tests {
     }
 
     #[test]
+    fn matches_the_protocol_example() {
+        // docs/PROTOCOL.md §8.1.
+        let r = EventRecord {
+            origin: "r/1".into(),
+            worker: "w".into(),
+            seq: 1,
+            ops: vec![RecOp::Stored {
+                tier: Tier::Device,
+                hashes: vec![5],
+            }],
+        };
+        let mut want = vec![1, 3, b'r', b'/', b'1', 1, b'w', 1, 0, 0, 0, 0, 0, 0, 0];
+        want.extend_from_slice(&[1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(r.encode(), want);
+    }
+
+    #[test]
     fn rejects_every_truncation_and_garbage() {
         let b = sample().encode();
         for n in 0..b.len() {

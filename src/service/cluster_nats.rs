@@ -594,11 +594,19 @@ async fn engine_leases(
     js: &jetstream::Context,
     names: &Names,
 ) {
-    let engines: Vec<String> = sh.settings.engines.iter().map(|e| e.worker_id.clone()).collect();
+    let engines: Vec<String> = sh
+        .settings
+        .engines
+        .iter()
+        .map(|e| e.worker_id.clone())
+        .collect();
     if engines.is_empty() {
         return;
     }
-    let bucket = format!("{}_leases", names.workers_bucket.trim_end_matches("_workers"));
+    let bucket = format!(
+        "{}_leases",
+        names.workers_bucket.trim_end_matches("_workers")
+    );
     let kv = loop {
         let made = js
             .get_or_create_stream(stream::Config {
@@ -645,7 +653,11 @@ async fn engine_leases(
             if held != was {
                 log(&format!(
                     "engine {w:?}: {} its lease",
-                    if held { "this replica holds" } else { "this replica lost" }
+                    if held {
+                        "this replica holds"
+                    } else {
+                        "this replica lost"
+                    }
                 ));
             }
             revs[i] = r;
