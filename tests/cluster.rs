@@ -302,3 +302,73 @@ fn load_is_shared_and_lifecycle_works_on_any_replica() {
         assert_eq!(code, 404);
     }
 }
+
+/// Publishes raw payloads on NATS subjects over the plain text protocol.
+fn nats_pub(nats: &NatsServer, msgs: &[(&str, &[u8])]) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", nats.port)).expect("nats");
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    let mut buf = [0u8; 4096];
+    let _ = s.read(&mut buf); // INFO
+    let mut out = b"CONNECT {\"verbose\":false}\r\n".to_vec();
+    for (subj, payload) in msgs {
+        out.extend_from_slice(format!("PUB {subj} {}\r\n", payload.len()).as_bytes());
+        out.extend_from_slice(payload);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"PING\r\n");
+    s.write_all(&out).expect("publish");
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("PONG") {
+        let n = s.read(&mut buf).expect("PONG");
+        assert!(n > 0, "nats closed");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+#[test]
+fn garbage_on_the_shared_subjects_changes_nothing() {
+    if !nats_available() {
+        return;
+    }
+    let nats = NatsServer::start();
+    let mut a = replica(&nats, &[]);
+    a.register(worker("w1"));
+    a.store("w1", "device", &hashes(1, 4));
+    let huge_count = {
+        // A record claiming 2^32-1 hashes with none behind them.
+        let mut r = vec![1u8, 1, b'x', 2, b'w', b'1'];
+        r.extend_from_slice(&1u64.to_le_bytes());
+        r.extend_from_slice(&1u32.to_le_bytes());
+        r.extend_from_slice(&[0, 0]);
+        r.extend_from_slice(&u32::MAX.to_le_bytes());
+        r
+    };
+    nats_pub(
+        &nats,
+        &[
+            ("kvroute.t.events.w1", b"not a record"),
+            ("kvroute.t.events.w1", &huge_count),
+            ("kvroute.t.events.w1", &[]),
+            ("kvroute.t.load", b"{\"origin\":\"x\",\"ops\":[{\"op\":\"finish\"}]}"),
+            ("kvroute.t.load", b"\xff\xfe"),
+            (
+                "kvroute.t.load",
+                b"{\"origin\":\"x\",\"ops\":[{\"op\":\"route\",\"id\":\"z\",\"decode\":\"nobody\",\"input_tokens\":1,\"cached_tokens\":0,\"prompt_blocks\":1,\"hashes\":[1]}]}",
+            ),
+            ("$KV.kvroute_t_workers.w.7a", b"{\"id\": 5}"),
+        ],
+    );
+    poll("A skipped the bad records", 30, || {
+        a.metric("kvroute_cluster_records_total{outcome=\"undecodable\"}") >= 3.0
+    });
+    poll("A skipped the unknown worker's route", 30, || {
+        a.metric("kvroute_cluster_load_ops_total{outcome=\"unknown_worker\"}") >= 1.0
+    });
+    assert!(a.alive());
+    assert_eq!(fleet(&a), vec![("w1".to_string(), 4)]);
+    // A replica starting now replays the same log and ends in the same state.
+    let b = replica(&nats, &[]);
+    assert_eq!(fleet(&b), fleet(&a));
+    assert_eq!(route(&b, "g", &hashes(1, 4))["decode_worker"], "w1");
+}

@@ -17,7 +17,9 @@
 pub mod api;
 pub mod batch;
 pub mod cluster_bridge;
+pub mod cluster_load;
 pub mod cluster_nats;
+pub mod cluster_peers;
 pub mod conn;
 pub mod conn_slot;
 pub mod control;
