@@ -372,3 +372,119 @@ fn garbage_on_the_shared_subjects_changes_nothing() {
     assert_eq!(fleet(&b), fleet(&a));
     assert_eq!(route(&b, "g", &hashes(1, 4))["decode_worker"], "w1");
 }
+
+/// The vLLM publisher of tests/py (pyzmq + msgspec), one engine: commands on stdin.
+struct Engine {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    port: u16,
+}
+
+impl Engine {
+    fn start() -> Engine {
+        use std::process::{Command, Stdio};
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/vllm_publisher.py");
+        let mut child = Command::new("python3")
+            .args([script, "positional", "int", "0"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn python3");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut e = Engine {
+            child,
+            stdin,
+            stdout,
+            port: 0,
+        };
+        let ready = e.line();
+        let port = ready
+            .strip_prefix("ready ")
+            .and_then(|r| r.split(':').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("publisher did not start: {ready:?}"));
+        e.port = port;
+        e
+    }
+
+    fn line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut s = String::new();
+        self.stdout.read_line(&mut s).expect("publisher output");
+        s.trim().to_owned()
+    }
+
+    fn cmd(&mut self, c: Value) {
+        use std::io::Write;
+        writeln!(self.stdin, "{c}").expect("publisher stdin");
+        self.stdin.flush().expect("publisher stdin");
+        assert_eq!(self.line(), "ok", "publisher command {c}");
+    }
+
+    fn store(&mut self, names: &[&str], tokens: &[u32]) {
+        self.cmd(
+            json!({"op": "store", "engine": 0, "blocks": names, "parent": null,
+            "tokens": tokens, "block_size": 4, "medium": "GPU"}),
+        );
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let _ = writeln!(self.stdin, "{}", json!({"op": "quit"}));
+        let _ = self.stdin.flush();
+        kvroute::process::wait_or_kill(&mut self.child, Duration::from_secs(5));
+    }
+}
+
+fn published(s: &Server) -> f64 {
+    s.metric("kvroute_cluster_records_total{outcome=\"published\"}")
+}
+
+#[test]
+fn one_replica_ingests_each_engine_and_a_standby_takes_over() {
+    if !nats_available() || !common::python_has("zmq, msgspec", "pyzmq msgspec") {
+        return;
+    }
+    let nats = NatsServer::start();
+    let mut engine = Engine::start();
+    let flag = format!(
+        "worker_id=e0,endpoint=tcp://127.0.0.1:{},model=m,capacity_blocks=1000,block_size=4",
+        engine.port
+    );
+    let extra = ["--block-size", "4", "--engine", flag.as_str()];
+    let a = replica(&nats, &extra);
+    let b = replica(&nats, &extra);
+    engine.cmd(json!({"op": "wait_sub", "engine": 0}));
+    let holds = |s: &Server| s.metric("kvroute_cluster_engine_leases") == 1.0;
+    poll("one replica holds the lease", 30, || holds(&a) || holds(&b));
+    // Both replicas subscribe; give the standby's subscription time to land.
+    std::thread::sleep(Duration::from_millis(500));
+    let (holder, standby) = if holds(&a) { (a, b) } else { (b, a) };
+    assert!(!holds(&standby));
+    let toks: Vec<u32> = (0..16).collect();
+    engine.store(&["a0", "a1", "a2", "a3"], &toks);
+    poll("both index the engine", 30, || {
+        holder.cached("e0") == 4 && standby.cached("e0") == 4
+    });
+    // Only the holder put the engine's batches into the log.
+    assert!(published(&holder) >= 1.0);
+    assert_eq!(
+        published(&standby),
+        0.0,
+        "the standby published engine batches"
+    );
+    // The holder dies; the standby takes the lease over once it expired, and ingests.
+    let mut child = holder.into_child();
+    child.kill().expect("SIGKILL the holder");
+    let _ = child.wait();
+    poll("the standby takes over", 60, || holds(&standby));
+    let more: Vec<u32> = (100..108).collect();
+    engine.store(&["b0", "b1"], &more);
+    poll("the standby ingests", 30, || standby.cached("e0") == 6);
+    assert!(published(&standby) >= 1.0);
+}

@@ -87,6 +87,8 @@ pub struct ClusterMetrics {
     pub registry: Family<OutcomeLabel, Counter>,
     /// Shared-load ops by outcome: published, applied, dropped, unknown_worker.
     pub load_ops: Family<OutcomeLabel, Counter>,
+    /// `[[engines]]` whose lease this replica holds (it ingests them).
+    pub engine_leases: Gauge,
 }
 
 impl ClusterMetrics {
@@ -120,6 +122,11 @@ impl ClusterMetrics {
             "cluster_load_ops",
             "Shared-load ops (route, lifecycle) by outcome",
             self.load_ops.clone(),
+        );
+        r.register(
+            "cluster_engine_leases",
+            "ZMQ engines whose lease this replica holds (it alone ingests them)",
+            self.engine_leases.clone(),
         );
     }
 

@@ -250,6 +250,12 @@ pub(super) async fn engine_leases(
             }
             revs[i] = r;
         }
+        let held = cl
+            .engine_leases
+            .iter()
+            .filter(|f| f.load(Ordering::Acquire))
+            .count();
+        sh.metrics.cluster.engine_leases.set(held as i64);
         tokio::time::sleep(LEASE_REFRESH).await;
     }
 }
