@@ -153,6 +153,9 @@ pub struct Cluster {
     /// Woken after every send, so the publisher need not poll.
     pub wake: Arc<tokio::sync::Notify>,
     pub health: Mutex<Health>,
+    /// Records taken from the buffer and not yet acknowledged by NATS (the publisher's
+    /// queue), so a graceful shutdown can wait for them.
+    pub unacked: AtomicU64,
     /// Last stream sequence handed to the cores (saved beside snapshots).
     pub applied_seq: AtomicU64,
     /// Stream sequence to start consuming after (from the restored snapshot).
@@ -192,6 +195,11 @@ impl Cluster {
         }
         self.phase_changed(sh, &h);
         r
+    }
+
+    /// Records not yet in NATS: in the buffer or the publisher's queue.
+    pub fn unpublished(&self) -> u64 {
+        self.tx.len() as u64 + self.unacked.load(Ordering::Acquire)
     }
 
     /// `/readyz`'s `cluster` part and whether it allows ready.
@@ -260,6 +268,7 @@ pub fn start(sh: &Arc<Shared>, restored: bool) -> Result<Vec<std::thread::JoinHa
         load_tx,
         wake: Arc::new(tokio::sync::Notify::new()),
         health: Mutex::new(Health::default()),
+        unacked: AtomicU64::new(0),
         applied_seq: AtomicU64::new(start_after),
         start_after,
         lost: (0..sh.settings.limits.max_workers)

@@ -53,10 +53,16 @@ pub fn run(
     };
     rt.block_on(async move {
         let stop = {
-            let sh = sh.clone();
+            let (sh, cl) = (sh.clone(), cl.clone());
             async move {
-                while !sh.shutdown.load(Ordering::Relaxed) && !sh.stopping.load(Ordering::Relaxed) {
+                while !sh.stopping.load(Ordering::Relaxed) {
                     tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                // A graceful stop: what was accepted goes into the log first, for at
+                // most 3 s (NATS may be down).
+                let until = tokio::time::Instant::now() + Duration::from_secs(3);
+                while cl.unpublished() > 0 && tokio::time::Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
         };
@@ -494,6 +500,7 @@ async fn publisher(
             });
         }
         m.publish_backlog.set((queue.len() + rx.len()) as i64);
+        cl.unacked.store(queue.len() as u64, Ordering::Release);
         if queue.is_empty() {
             let _ = tokio::time::timeout(Duration::from_millis(200), cl.wake.notified()).await;
             continue;
