@@ -152,6 +152,9 @@ pub struct Cluster {
     pub(super) load_tx: crossbeam::channel::Sender<crate::cluster::load::LoadOp>,
     /// Woken after every send, so the publisher need not poll.
     pub wake: Arc<tokio::sync::Notify>,
+    /// The same for the load publisher (one `Notify` per waiter: `notify_one` wakes
+    /// only one of them).
+    pub load_wake: tokio::sync::Notify,
     pub health: Mutex<Health>,
     /// Records taken from the buffer and not yet acknowledged by NATS (the publisher's
     /// queue), so a graceful shutdown can wait for them.
@@ -267,6 +270,7 @@ pub fn start(sh: &Arc<Shared>, restored: bool) -> Result<Vec<std::thread::JoinHa
         tx,
         load_tx,
         wake: Arc::new(tokio::sync::Notify::new()),
+        load_wake: tokio::sync::Notify::new(),
         health: Mutex::new(Health::default()),
         unacked: AtomicU64::new(0),
         applied_seq: AtomicU64::new(start_after),

@@ -22,7 +22,7 @@ pub enum ReplicaOp {
 
 fn enqueue_load(sh: &Shared, cl: &Cluster, op: crate::cluster::load::LoadOp) {
     match cl.load_tx.try_send(op) {
-        Ok(()) => cl.wake.notify_one(),
+        Ok(()) => cl.load_wake.notify_one(),
         Err(_) => sh.metrics.cluster.load("dropped", 1),
     }
 }

@@ -210,7 +210,12 @@ async fn main(
     let (last, start) = loop {
         match stream.get_info().await {
             Ok(i) => {
-                let last = i.state.last_sequence;
+                // No records left (all aged out): nothing to wait for.
+                let last = if i.state.messages == 0 {
+                    0
+                } else {
+                    i.state.last_sequence
+                };
                 // A snapshot sequence past the stream's end: the stream was recreated
                 // (a new NATS store); replay all of it.
                 let start = if cl.start_after > last {
@@ -383,59 +388,55 @@ async fn consume(
                 continue;
             }
         };
-        'fetch: loop {
-            let batch = c
-                .fetch()
-                .max_messages(512)
-                .expires(Duration::from_millis(500))
-                .messages()
-                .await;
-            let mut batch = match batch {
-                Ok(b) => b,
+        // A continuous pull (batches of 200, heartbeats): records arrive as they are
+        // stored. An error (NATS restarted, heartbeats missed) re-creates the consumer
+        // from the next sequence.
+        let mut msgs = match c.messages().await {
+            Ok(m) => m,
+            Err(e) => {
+                log(&format!("consume: {e}; re-creating the consumer"));
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                continue;
+            }
+        };
+        while let Some(m) = msgs.next().await {
+            let m = match m {
+                Ok(m) => m,
                 Err(e) => {
-                    log(&format!("fetch: {e}; re-creating the consumer"));
-                    break 'fetch;
+                    log(&format!("consume: {e}; re-creating the consumer"));
+                    break;
                 }
             };
-            let mut got = 0usize;
-            while let Some(m) = batch.next().await {
-                let m = match m {
-                    Ok(m) => m,
-                    Err(e) => {
-                        log(&format!("fetch: {e}; re-creating the consumer"));
-                        break 'fetch;
-                    }
-                };
-                let Ok(seq) = m.info().map(|i| i.stream_sequence) else {
-                    continue;
-                };
-                if seq < next {
-                    continue;
-                }
-                next = seq + 1;
-                got += 1;
-                let item = match EventRecord::decode(&m.payload) {
-                    Ok(rec) => {
-                        if sh.registry.load().slot(&rec.worker).is_none() {
-                            if let Ok(Some(v)) = kv.get(worker_key(&rec.worker)).await {
-                                if let Some(spec) = parse_spec(&v) {
-                                    let _ = apply.send(Apply::Worker(spec)).await;
-                                }
+            let Ok((seq, pending)) = m.info().map(|i| (i.stream_sequence, i.pending)) else {
+                continue;
+            };
+            if seq < next {
+                continue;
+            }
+            next = seq + 1;
+            let item = match EventRecord::decode(&m.payload) {
+                Ok(rec) => {
+                    if sh.registry.load().slot(&rec.worker).is_none() {
+                        if let Ok(Some(v)) = kv.get(worker_key(&rec.worker)).await {
+                            if let Some(spec) = parse_spec(&v) {
+                                let _ = apply.send(Apply::Worker(spec)).await;
                             }
                         }
-                        Apply::Record { seq, rec }
                     }
-                    Err(e) => {
-                        sh.metrics.cluster.record("undecodable", 1);
-                        log(&format!("record {seq}: {e}; skipped"));
-                        Apply::Skip { seq }
-                    }
-                };
-                if apply.send(item).await.is_err() {
-                    return;
+                    Apply::Record { seq, rec }
                 }
+                Err(e) => {
+                    sh.metrics.cluster.record("undecodable", 1);
+                    log(&format!("record {seq}: {e}; skipped"));
+                    Apply::Skip { seq }
+                }
+            };
+            if apply.send(item).await.is_err() {
+                return;
             }
-            if got == 0 && apply.send(Apply::Tail).await.is_err() {
+            // Nothing left behind this one: caught up even if older records aged out
+            // below the catch-up target.
+            if pending == 0 && apply.send(Apply::Tail).await.is_err() {
                 return;
             }
         }

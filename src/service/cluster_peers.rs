@@ -61,7 +61,7 @@ pub(super) async fn load_publisher(
             continue;
         }
         if b.is_empty() {
-            let _ = tokio::time::timeout(Duration::from_millis(100), cl.wake.notified()).await;
+            let _ = tokio::time::timeout(Duration::from_millis(100), cl.load_wake.notified()).await;
         } else {
             tokio::time::sleep(Duration::from_micros(crate::cluster::load::FLUSH_US)).await;
         }
