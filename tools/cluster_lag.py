@@ -85,9 +85,9 @@ def main():
         wait("B sees the probe", lambda: b"probe" in http("GET", B + "/v1/workers")[1])
         if a.bench:
             procs.append(subprocess.Popen(
-                [a.bench, "--events-addr", reps[0][0], "--api-addr", reps[0][1],
-                 "--http-addr", reps[0][2], "--event-rate", str(a.rate), "--rate", "1",
-                 "--clients", "1", "--secs", str(a.secs)],
+                [a.bench, "--events", reps[0][0], "--api", reps[0][1],
+                 "--http", reps[0][2], "--event-rate", str(a.rate), "--rate", "1",
+                 "--clients", "1", "--duration", str(a.secs)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             time.sleep(3)
 
