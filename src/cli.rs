@@ -135,6 +135,27 @@ pub struct ServeArgs {
     /// Most block hashes a shard applies between two looks at its routing queue.
     #[arg(long, env = "KVROUTE_INGEST_SLICE_HASHES")]
     pub ingest_slice_hashes: Option<usize>,
+    /// Join a replica tier through this NATS server (nats://HOST:PORT).
+    #[arg(long, env = "KVROUTE_CLUSTER")]
+    pub cluster: Option<String>,
+    #[arg(long, env = "KVROUTE_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+    #[arg(long, env = "KVROUTE_CLUSTER_REPLICA_ID")]
+    pub cluster_replica_id: Option<String>,
+    #[arg(long, env = "KVROUTE_CLUSTER_TOKEN")]
+    pub cluster_token: Option<String>,
+    #[arg(long, env = "KVROUTE_CLUSTER_USER")]
+    pub cluster_user: Option<String>,
+    #[arg(long, env = "KVROUTE_CLUSTER_PASSWORD")]
+    pub cluster_password: Option<String>,
+    #[arg(long, env = "KVROUTE_CLUSTER_CREDS_FILE")]
+    pub cluster_creds_file: Option<String>,
+    #[arg(long, env = "KVROUTE_CLUSTER_MAX_AGE_MS")]
+    pub cluster_max_age_ms: Option<u64>,
+    #[arg(long, env = "KVROUTE_CLUSTER_MAX_BYTES")]
+    pub cluster_max_bytes: Option<u64>,
+    #[arg(long, env = "KVROUTE_CLUSTER_PUBLISH_BUFFER")]
+    pub cluster_publish_buffer: Option<usize>,
     #[arg(long, env = "KVROUTE_SPECULATIVE_TTL_MS")]
     pub speculative_ttl_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_SPECULATIVE_MAX_BLOCKS")]
@@ -462,6 +483,34 @@ impl ServeArgs {
             p.api_keys_file = self.proxy_api_keys_file.clone();
         }
         overlay!(s, self, ingest_slice_hashes);
+        self.apply_cluster(&mut s.cluster);
+    }
+
+    /// The `--cluster*` flags over `[cluster]`.
+    fn apply_cluster(&self, c: &mut crate::cluster::config::ClusterSettings) {
+        let opt = |dst: &mut Option<String>, src: &Option<String>| {
+            if src.is_some() {
+                dst.clone_from(src);
+            }
+        };
+        opt(&mut c.url, &self.cluster);
+        opt(&mut c.replica_id, &self.cluster_replica_id);
+        opt(&mut c.token, &self.cluster_token);
+        opt(&mut c.user, &self.cluster_user);
+        opt(&mut c.password, &self.cluster_password);
+        opt(&mut c.creds_file, &self.cluster_creds_file);
+        if let Some(n) = &self.cluster_name {
+            c.name.clone_from(n);
+        }
+        if let Some(v) = self.cluster_max_age_ms {
+            c.max_age_ms = v;
+        }
+        if let Some(v) = self.cluster_max_bytes {
+            c.max_bytes = v;
+        }
+        if let Some(v) = self.cluster_publish_buffer {
+            c.publish_buffer = v;
+        }
     }
 }
 

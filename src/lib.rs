@@ -20,6 +20,7 @@
 
 pub mod cli;
 pub mod client;
+pub mod cluster;
 pub mod codec;
 pub mod config;
 pub mod credentials;

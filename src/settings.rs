@@ -95,6 +95,8 @@ pub struct Settings {
     /// Most of a shard's block hashes applied between two looks at its urgent inbox
     /// (routing queries wait behind at most this much ingest; `service::ingest_slice`).
     pub ingest_slice_hashes: usize,
+    /// Router replicas on NATS JetStream (`[cluster]`, `crate::cluster`). Default off.
+    pub cluster: crate::cluster::config::ClusterSettings,
 }
 
 /// Bounds that keep memory and latency finite under any input.
@@ -188,6 +190,7 @@ impl Default for Settings {
             tokenizers: Default::default(),
             lora_adapters: Default::default(),
             ingest_slice_hashes: DEFAULT_INGEST_SLICE_HASHES,
+            cluster: Default::default(),
         }
     }
 }
@@ -200,6 +203,7 @@ impl Settings {
 
     pub fn validate(&self) -> Result<(), String> {
         self.router.validate()?;
+        self.cluster.validate()?;
         for (name, addr) in [
             ("events_addr", &self.events_addr),
             ("api_addr", &self.api_addr),

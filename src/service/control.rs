@@ -45,7 +45,11 @@ pub async fn register(
 ) -> Result<(Upsert, u64), ApiError> {
     let sh = &core.shared;
     let capacity = spec.capacity_blocks;
+    let published = sh.cluster.get().map(|_| spec.clone());
     let (up, gen) = upsert(sh, spec, origin)?;
+    if let Some(spec) = published {
+        super::cluster_bridge::publish_worker(sh, &spec);
+    }
     let slot = up.slot();
     if let Upsert::NewEpoch(_) = up {
         broadcast(core, |_| Msg::Forget { slot }).await;
@@ -131,7 +135,11 @@ pub fn register_blocking(
     } else {
         Origin::Engine
     };
+    let published = sh.cluster.get().map(|_| spec.clone());
     let (up, gen) = upsert(sh, spec, origin)?;
+    if let Some(spec) = published {
+        super::cluster_bridge::publish_worker(sh, &spec);
+    }
     let slot = up.slot();
     let cap = cap_per_shard(capacity, sh.settings.limits.max_blocks_per_worker, sh.cores);
     let ops: Arc<[IndexOp]> = vec![IndexOp::SetCap(cap)].into();
@@ -195,6 +203,7 @@ pub async fn deregister(core: &Core, id: &str) -> Result<(), ApiError> {
         sh.registry.store(Arc::new(reg));
         slot
     };
+    super::cluster_bridge::publish_removal(sh, id);
     broadcast(core, |_| Msg::Forget { slot }).await;
     sh.metrics.workers.set(sh.registry.load().len() as i64);
     Ok(())
@@ -213,6 +222,7 @@ pub async fn index_ops(core: &Core, slot: WorkerSlot, gen: u64, ops: Vec<IndexOp
     if ops.is_empty() {
         return;
     }
+    super::cluster_bridge::publish_ops(&core.shared, slot, &ops);
     let ops: Arc<[IndexOp]> = ops.into();
     for to in 0..core.shared.cores {
         core.send(
@@ -345,4 +355,61 @@ pub fn worker_status(sh: &Shared, e: &crate::registry::WorkerEntry, now_us: u64)
         ));
     }
     w
+}
+
+/// A registration replicated from another replica (`cluster_bridge`): the registry
+/// write of [`register_blocking`] as a claimable entry ([`Origin::Restored`]: a
+/// worker connecting here later takes it over), not published again.
+pub fn register_replicated(sh: &Shared, spec: WorkerSpec) -> Result<(), ApiError> {
+    let capacity = spec.capacity_blocks;
+    let (up, gen) = upsert(sh, spec, Origin::Restored)?;
+    let slot = up.slot();
+    let cap = cap_per_shard(capacity, sh.settings.limits.max_blocks_per_worker, sh.cores);
+    let ops: Arc<[IndexOp]> = vec![IndexOp::SetCap(cap)].into();
+    for to in 0..sh.cores {
+        if let Upsert::NewEpoch(_) = up {
+            if !send_blocking(sh, to, Msg::Forget { slot }) {
+                return Err(EngineError::BadRequest("shutting down".into()).into());
+            }
+        }
+        let m = Msg::Index {
+            slot,
+            gen,
+            ops: ops.clone(),
+        };
+        if !send_blocking(sh, to, m) {
+            return Err(EngineError::BadRequest("shutting down".into()).into());
+        }
+    }
+    sh.metrics.workers.set(sh.registry.load().len() as i64);
+    Ok(())
+}
+
+/// A removal replicated from another replica: [`deregister`] from a plain thread, not
+/// published again. False if the worker was not registered here.
+pub fn deregister_replicated(sh: &Shared, id: &str) -> bool {
+    let slot = {
+        let Ok(_guard) = sh.registry_write.lock() else {
+            return false;
+        };
+        let mut reg = (**sh.registry.load()).clone();
+        let Some(slot) = reg.remove(id) else {
+            return false;
+        };
+        if let Some(c) = sh.cells(slot) {
+            c.gen.fetch_add(1, Ordering::AcqRel);
+            c.heartbeat.store(false, Ordering::Release);
+            c.connected.store(0, Ordering::Release);
+            c.suspect.store(false, Ordering::Release);
+        }
+        sh.registry.store(Arc::new(reg));
+        slot
+    };
+    for to in 0..sh.cores {
+        if !send_blocking(sh, to, Msg::Forget { slot }) {
+            break;
+        }
+    }
+    sh.metrics.workers.set(sh.registry.load().len() as i64);
+    true
 }

@@ -219,6 +219,7 @@ impl Core {
     }
 
     fn commit(&self, req: NewRequest, retained: Option<Box<Retained>>, spec: Option<SpecAdd>) {
+        super::cluster_bridge::publish_route(&self.shared, &req);
         let hashes: Arc<[u64]> = Arc::from(req.hashes.as_slice());
         let slot = req.decode_worker;
         let id = req.id.clone();
@@ -284,6 +285,40 @@ impl Core {
                 st.speculative.add(sp.slot, &st.scratch, sp.now_us);
             } else if !st.speculative.is_empty() {
                 st.speculative.drop_hashes(sp.slot, &st.scratch);
+            }
+        }
+    }
+
+    /// `--cluster`: applies a peer replica's routing or lifecycle call. A routed
+    /// request is admitted like a restored one (its owner core holds the record, every
+    /// shard its active blocks); a lifecycle call runs wherever the record lives (the
+    /// other cores answer `UnknownRequest` without side effects). Nothing is
+    /// published again.
+    fn apply_replica(&self, op: super::cluster_bridge::ReplicaOp) {
+        use super::cluster_bridge::ReplicaOp;
+        match op {
+            ReplicaOp::Route(c) => {
+                let (slot, prefill) = (c.decode_worker, c.prefill_worker);
+                let hashes: Arc<[u64]> = Arc::from(c.hashes.as_slice());
+                {
+                    let mut st = self.st.borrow_mut();
+                    st.mark(slot);
+                    if let Some(p) = prefill {
+                        st.mark(p);
+                    }
+                    let now = self.shared.now_us();
+                    if st.tracker.restore(c, now).is_err() {
+                        return;
+                    }
+                }
+                self.broadcast_active(slot, true, hashes, None);
+            }
+            ReplicaOp::Life(op, id) => {
+                let _ = self.lifecycle_local(op, &id);
+            }
+            ReplicaOp::Carry(tx) => {
+                let now = self.shared.now_us();
+                let _ = tx.send(self.st.borrow().tracker.carry(now));
             }
         }
     }
@@ -515,6 +550,7 @@ impl Core {
             Msg::Snapshot(collect) => collect.put(self.id, super::persist::dump(self)),
             Msg::Barrier { from, qid } => self.post(from, Msg::Applied { qid }),
             Msg::Applied { qid } => self.complete(qid, Reply::Applied),
+            Msg::Replica(op) => self.apply_replica(*op),
         }
     }
 

@@ -166,6 +166,7 @@ fn check_auth(core: &Core, method: &Method, parts: &[&str], presented: &str) -> 
     }
     let ok = match (method, parts) {
         (_, ["healthz"]) => true,
+        (_, ["readyz"]) => true,
         (&Method::POST, ["v1", "workers", id, "events"])
         | (&Method::DELETE, ["v1", "workers", id]) => creds.may_act_on(presented, id),
         (&Method::POST, ["v1", "workers"]) => creds.principal(presented).is_some(),
@@ -191,6 +192,15 @@ async fn route_http(
     let method = method.clone();
     let resp = match (&method, parts) {
         (&Method::GET, ["healthz"]) => json(StatusCode::OK, &super::persist::healthz(&core.shared)),
+        (&Method::GET, ["readyz"]) => {
+            let (ready, body) = super::cluster_bridge::readyz(&core.shared);
+            let code = if ready {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            json(code, &body)
+        }
         (&Method::GET, ["metrics"]) => {
             let text = super::scrape(&core);
             Response::builder()

@@ -214,6 +214,15 @@ async fn events(
             break;
         }
         cells.last_seen_ms.store(sh.now_ms(), Ordering::Release);
+        // `--cluster`: records of this worker were dropped (publish buffer full), so
+        // the peers' view of it is stale; a re-announce republishes all of it.
+        if super::cluster_bridge::take_lost(sh, slot) && !resync_asked {
+            resync_asked = true;
+            WorkerBound::Resync {
+                reason: resync_reason::SEQUENCE_GAP,
+            }
+            .encode(&mut out);
+        }
         let mut batch = Batch::default();
         let mut full = Vec::new();
         loop {

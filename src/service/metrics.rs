@@ -101,6 +101,8 @@ pub struct Metrics {
     pub record_lines: Counter,
     pub record_dropped: Counter,
     pub record_stopped: Gauge,
+    /// `--cluster`: `kvroute_cluster_*` (`cluster_bridge`).
+    pub cluster: super::cluster_bridge::ClusterMetrics,
 }
 
 impl Default for Metrics {
@@ -154,6 +156,7 @@ impl Metrics {
             record_lines: Counter::default(),
             record_dropped: Counter::default(),
             record_stopped: Gauge::default(),
+            cluster: Default::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -333,6 +336,7 @@ impl Metrics {
                 "1 once the --record trace stopped at a limit or a write error",
                 m.record_stopped.clone(),
             );
+            m.cluster.register(&mut r);
         }
         m
     }

@@ -16,6 +16,10 @@
 
 pub mod api;
 pub mod batch;
+pub mod cluster_bridge;
+pub mod cluster_load;
+pub mod cluster_nats;
+pub mod cluster_peers;
 pub mod conn;
 pub mod conn_slot;
 pub mod control;
@@ -194,6 +198,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     let limits = settings.limits.clone();
     let state = state_dir::load_at_start(&settings, cores, shard_bits)?;
     let restored = state.restored;
+    let restored_state = restored.is_some();
     let persist::RestoredState {
         mut registry,
         mut shards,
@@ -244,6 +249,8 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             c.last_seen_ms.store(0, Ordering::Release);
         }
     }
+    // Before the cores accept anything, so every accepted event is published.
+    let cluster_threads = cluster_bridge::start(&shared, restored_state)?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let mut handles = Vec::new();
     let mut first_err = None;
@@ -322,7 +329,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         shared,
         handles,
         snapshotter: None,
-        engines: Vec::new(),
+        engines: cluster_threads,
         _state_lock: state.lock,
         listeners: bound,
         proxy_listener: proxy_l,
@@ -339,7 +346,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             every,
         ));
     }
-    running.engines = zmq_ingest::start(&running.shared);
+    running.engines.extend(zmq_ingest::start(&running.shared));
     Ok(running)
 }
 

@@ -173,6 +173,8 @@ pub enum Msg {
     Barrier { from: usize, qid: u64 },
     /// Answer to a `Barrier`: the receiver applied everything queued before it.
     Applied { qid: u64 },
+    /// `--cluster`: a peer replica's routing or lifecycle call (`cluster_bridge`).
+    Replica(Box<super::cluster_bridge::ReplicaOp>),
 }
 
 /// Which inbox of a core a message travels in (see `service::lanes`).
@@ -197,7 +199,8 @@ impl Msg {
             | Msg::Active { .. }
             | Msg::Lifecycle { .. }
             | Msg::LifecycleDone { .. }
-            | Msg::Applied { .. } => Lane::Urgent,
+            | Msg::Applied { .. }
+            | Msg::Replica(_) => Lane::Urgent,
         }
     }
 }

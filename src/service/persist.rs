@@ -233,7 +233,13 @@ pub fn take(sh: &Shared, dir: &Path) -> Result<Taken, String> {
 
 /// [`take`], with its outcome recorded in the metrics (and so in `/healthz`).
 pub fn take_recorded(sh: &Shared, dir: &Path) -> Result<Taken, String> {
-    let r = take(sh, dir);
+    let cluster_seq = super::cluster_bridge::seq_before_snapshot(sh);
+    let mut r = take(sh, dir);
+    if let (Ok(_), Some(seq)) = (&r, cluster_seq) {
+        if let Err(e) = super::cluster_bridge::save_seq(dir, seq) {
+            r = Err(e);
+        }
+    }
     let m = &sh.metrics;
     match &r {
         Ok(t) => {

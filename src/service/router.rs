@@ -411,6 +411,9 @@ pub async fn lifecycle(
         }
         r => r,
     };
+    if result.is_ok() {
+        super::cluster_bridge::publish_life(&core.shared, op, id);
+    }
     match result? {
         LifeOutcome::Done => Ok(None),
         LifeOutcome::Reroute(r) => {

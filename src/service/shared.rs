@@ -81,6 +81,8 @@ pub struct Shared {
     /// The models' tokenizers (`settings.tokenizers`, loaded once at start; set before
     /// any core runs, so `get()` is Some on every core).
     pub tokenizers: std::sync::OnceLock<Arc<crate::tokenize::Tokenizers>>,
+    /// `--cluster`: the bridge to the other replicas (set once at start).
+    pub cluster: std::sync::OnceLock<Arc<super::cluster_bridge::Cluster>>,
 }
 
 impl Shared {
@@ -128,6 +130,7 @@ impl Shared {
             recorder: std::sync::OnceLock::new(),
             proxy,
             tokenizers: std::sync::OnceLock::new(),
+            cluster: std::sync::OnceLock::new(),
             settings,
         };
         Ok((Arc::new(shared), readers))

@@ -434,6 +434,12 @@ impl Stream {
         if self.out.is_empty() {
             return true;
         }
+        // `--cluster`: the replica holding this engine's lease ingests it; a standby
+        // stays subscribed (in sequence) and discards, ready to take over.
+        if !super::cluster_bridge::engine_may_ingest(&self.sh, &self.cfg.worker_id) {
+            self.out.clear();
+            return true;
+        }
         let sh = &self.sh;
         // Cut like binary events, so a burst never becomes one long shard batch.
         let mut batch = Batch::default();
@@ -447,6 +453,7 @@ impl Stream {
         }
         full.push(batch.take());
         for ops in full.into_iter().filter(|ops| !ops.is_empty()) {
+            super::cluster_bridge::publish_ops(sh, self.slot, &ops);
             let ops: Arc<[IndexOp]> = ops.into();
             for to in 0..sh.cores {
                 let m = Msg::Index {

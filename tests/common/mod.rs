@@ -2,6 +2,7 @@
 //! talks to it over HTTP (ureq) and the binary protocols (kvroute::client).
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod ident;
 pub mod proxy;
 pub mod raw;

@@ -1,0 +1,130 @@
+//! `[cluster]` settings (flags `--cluster*`, env `KVROUTE_CLUSTER*`): where NATS is,
+//! how to authenticate, the stream's limits. `url` unset (the default) = no cluster:
+//! the router runs exactly as a single node.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// NATS server (`nats://HOST:PORT`, comma-separated for several). Default none.
+    pub url: Option<String>,
+    /// Names the stream, subjects and bucket shared by one tier. Default `kvroute`.
+    pub name: String,
+    /// This replica's id in the log (its records' origin). Default `HOSTNAME-PID`.
+    pub replica_id: Option<String>,
+    /// NATS token authentication. Default none.
+    pub token: Option<String>,
+    /// NATS user/password authentication (both or neither). Default none.
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// NATS credentials file (JWT + NKey seed). Default none.
+    pub creds_file: Option<String>,
+    /// Event records older than this leave the stream. Default 86,400,000 ms (1 day).
+    pub max_age_ms: u64,
+    /// The stream keeps at most this many bytes (oldest records go first).
+    /// Default 1 GiB.
+    pub max_bytes: u64,
+    /// Event records buffered for publication (while NATS is slow or down); when full,
+    /// new records are dropped, counted, and their workers asked to resync.
+    /// Default 65,536.
+    pub publish_buffer: usize,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        ClusterSettings {
+            url: None,
+            name: "kvroute".into(),
+            replica_id: None,
+            token: None,
+            user: None,
+            password: None,
+            creds_file: None,
+            max_age_ms: 86_400_000,
+            max_bytes: 1 << 30,
+            publish_buffer: 65_536,
+        }
+    }
+}
+
+impl ClusterSettings {
+    pub fn enabled(&self) -> bool {
+        self.url.is_some()
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        let Some(url) = &self.url else {
+            return Ok(());
+        };
+        if url.trim().is_empty() {
+            return Err("cluster: the NATS url is empty".into());
+        }
+        super::names::check_cluster_name(&self.name)?;
+        if let Some(id) = &self.replica_id {
+            crate::ids::check("cluster replica_id", id)?;
+        }
+        if self.user.is_some() != self.password.is_some() {
+            return Err("cluster: user and password go together".into());
+        }
+        let methods = [
+            self.token.is_some(),
+            self.user.is_some(),
+            self.creds_file.is_some(),
+        ];
+        if methods.iter().filter(|m| **m).count() > 1 {
+            return Err("cluster: use one of token, user/password, creds_file".into());
+        }
+        if self.max_age_ms == 0 || self.max_bytes == 0 || self.publish_buffer == 0 {
+            return Err("cluster: max_age_ms, max_bytes and publish_buffer must be > 0".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_section() {
+        let s = crate::settings::Settings::from_toml(
+            "[cluster]\nurl = \"nats://127.0.0.1:4222\"\nname = \"prod\"\nmax_age_ms = 1000\n",
+        )
+        .unwrap();
+        assert_eq!(s.cluster.url.as_deref(), Some("nats://127.0.0.1:4222"));
+        assert_eq!(s.cluster.name, "prod");
+        assert_eq!(s.cluster.max_age_ms, 1000);
+        assert_eq!(s.cluster.max_bytes, 1 << 30);
+        s.validate().unwrap();
+        assert!(crate::settings::Settings::from_toml("[cluster]\nbogus = 1\n").is_err());
+    }
+
+    #[test]
+    fn defaults_are_off_and_valid() {
+        let c = ClusterSettings::default();
+        assert!(!c.enabled());
+        c.validate().unwrap();
+        let on = ClusterSettings {
+            url: Some("nats://127.0.0.1:4222".into()),
+            ..Default::default()
+        };
+        on.validate().unwrap();
+        let bad = ClusterSettings {
+            user: Some("u".into()),
+            ..on.clone()
+        };
+        assert!(bad.validate().is_err());
+        let bad = ClusterSettings {
+            token: Some("t".into()),
+            creds_file: Some("f".into()),
+            ..on.clone()
+        };
+        assert!(bad.validate().is_err());
+        let bad = ClusterSettings {
+            name: "a.b".into(),
+            ..on
+        };
+        assert!(bad.validate().is_err());
+    }
+}

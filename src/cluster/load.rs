@@ -1,0 +1,224 @@
+//! Shared active load between replicas: what one replica's routing and lifecycle calls
+//! did, published on core NATS (`kvroute.NAME.load`, batched) and applied by the other
+//! replicas to their load view, so each replica's cost counts its peers' requests and
+//! a lifecycle call may reach any replica (every replica holds every request's record).
+//!
+//! Workers travel as ids (slots differ between replicas). A batch is JSON: small,
+//! self-describing, and bounded by the NATS payload limit before it is parsed. Pure:
+//! the batcher decides when to flush; the driver sends.
+
+use serde::{Deserialize, Serialize};
+
+/// Largest load batch a receiver parses.
+pub const MAX_BATCH_BYTES: usize = 1 << 20;
+/// Ops per batch at most; a batch is also flushed after [`FLUSH_US`].
+pub const MAX_OPS: usize = 256;
+pub const FLUSH_US: u64 = 2_000;
+
+/// One load change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LoadOp {
+    /// A routed request, as its record was committed.
+    Route {
+        id: String,
+        decode: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prefill: Option<String>,
+        input_tokens: u32,
+        cached_tokens: u32,
+        prompt_blocks: u32,
+        hashes: Vec<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        osl: Option<u32>,
+        /// The rest is the request's progress, sent only by a load sync (a fresh
+        /// route is in prefill, with no output, age 0).
+        #[serde(default = "yes", skip_serializing_if = "is_true")]
+        in_prefill: bool,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        output_tokens: u32,
+        #[serde(default, skip_serializing_if = "is_zero64")]
+        age_us: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        first_token_age_us: Option<u64>,
+    },
+    FirstToken {
+        id: String,
+    },
+    Progress {
+        id: String,
+        output_tokens: u32,
+    },
+    Finish {
+        id: String,
+    },
+    PrefillFailed {
+        id: String,
+    },
+}
+
+/// What travels in one NATS message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadBatch {
+    /// The publishing replica's incarnation (receivers skip their own).
+    pub origin: String,
+    pub ops: Vec<LoadOp>,
+    /// A load-sync answer continues in another message.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub more: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+fn is_true(b: &bool) -> bool {
+    *b
+}
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+fn is_zero64(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Cuts a load-sync answer into batches of at most `max_bytes` of ops (roughly:
+/// each op's JSON length is counted), the last one with `more == false`.
+pub fn chunk(origin: &str, ops: Vec<LoadOp>, max_bytes: usize) -> Vec<LoadBatch> {
+    let mut out = Vec::new();
+    let mut cur = Vec::new();
+    let mut bytes = 0;
+    for op in ops {
+        let n = serde_json::to_vec(&op).map_or(0, |v| v.len()) + 1;
+        if bytes + n > max_bytes && !cur.is_empty() {
+            out.push(LoadBatch {
+                origin: origin.to_string(),
+                ops: std::mem::take(&mut cur),
+                more: true,
+            });
+            bytes = 0;
+        }
+        bytes += n;
+        cur.push(op);
+    }
+    out.push(LoadBatch {
+        origin: origin.to_string(),
+        ops: cur,
+        more: false,
+    });
+    out
+}
+
+impl LoadBatch {
+    pub fn decode(b: &[u8]) -> Result<LoadBatch, String> {
+        if b.len() > MAX_BATCH_BYTES {
+            return Err(format!("load batch of {} bytes", b.len()));
+        }
+        serde_json::from_slice(b).map_err(|e| e.to_string())
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// Accumulates ops; says when a batch is due.
+#[derive(Default)]
+pub struct Batcher {
+    ops: Vec<LoadOp>,
+    first_us: u64,
+}
+
+impl Batcher {
+    pub fn push(&mut self, op: LoadOp, now_us: u64) {
+        if self.ops.is_empty() {
+            self.first_us = now_us;
+        }
+        self.ops.push(op);
+    }
+
+    /// Whether the pending ops should go out now.
+    pub fn due(&self, now_us: u64) -> bool {
+        !self.ops.is_empty()
+            && (self.ops.len() >= MAX_OPS || now_us.saturating_sub(self.first_us) >= FLUSH_US)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn take(&mut self) -> Vec<LoadOp> {
+        std::mem::take(&mut self.ops)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_round_trip_and_flush_by_size_or_age() {
+        let b = LoadBatch {
+            origin: "r/1".into(),
+            ops: vec![
+                LoadOp::Route {
+                    id: "q".into(),
+                    decode: "w1".into(),
+                    prefill: None,
+                    input_tokens: 64,
+                    cached_tokens: 16,
+                    prompt_blocks: 4,
+                    hashes: vec![1, 2, 3, 4],
+                    osl: Some(8),
+                    in_prefill: true,
+                    output_tokens: 0,
+                    age_us: 0,
+                    first_token_age_us: None,
+                },
+                LoadOp::Progress {
+                    id: "q".into(),
+                    output_tokens: 3,
+                },
+                LoadOp::Finish { id: "q".into() },
+            ],
+            more: false,
+        };
+        // A fresh route leaves the progress fields out.
+        let text = String::from_utf8(b.encode()).unwrap();
+        assert!(
+            !text.contains("in_prefill") && !text.contains("more"),
+            "{text}"
+        );
+        assert_eq!(LoadBatch::decode(&b.encode()), Ok(b));
+        assert!(LoadBatch::decode(b"{\"origin\":\"x\",\"ops\":[{\"op\":\"boom\"}]}").is_err());
+        assert!(LoadBatch::decode(&vec![b' '; MAX_BATCH_BYTES + 1]).is_err());
+        let mut bt = Batcher::default();
+        assert!(!bt.due(0));
+        bt.push(LoadOp::Finish { id: "a".into() }, 100);
+        assert!(!bt.due(100 + FLUSH_US - 1));
+        assert!(bt.due(100 + FLUSH_US));
+        bt.take();
+        for i in 0..MAX_OPS {
+            bt.push(LoadOp::Finish { id: format!("{i}") }, 0);
+        }
+        assert!(bt.due(0));
+        assert_eq!(bt.take().len(), MAX_OPS);
+        assert!(bt.is_empty());
+        let ops: Vec<LoadOp> = (0..100)
+            .map(|i| LoadOp::Finish {
+                id: format!("r{i}"),
+            })
+            .collect();
+        let parts = chunk("o", ops.clone(), 200);
+        assert!(parts.len() > 1);
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.more));
+        assert!(!parts[parts.len() - 1].more);
+        let joined: Vec<LoadOp> = parts.into_iter().flat_map(|p| p.ops).collect();
+        assert_eq!(joined, ops);
+        assert_eq!(chunk("o", vec![], 10).len(), 1);
+    }
+}

@@ -1,0 +1,76 @@
+//! NATS names derived from the cluster name and worker ids. Worker ids may hold `.`
+//! (a subject token separator) and `:@+=` (not allowed in KV keys), so subjects
+//! replace `.` by `%` (not an id byte: injective) and KV keys are hex. Pure.
+
+/// Whether `name` may be a cluster name (one subject token, part of stream and bucket
+/// names): 1..=64 bytes of `A-Z a-z 0-9 _ -`.
+pub fn check_cluster_name(name: &str) -> Result<(), String> {
+    if !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "cluster_name must be 1..=64 bytes of [A-Za-z0-9_-], got {name:?}"
+        ))
+    }
+}
+
+pub struct Names {
+    pub stream: String,
+    pub events_prefix: String,
+    pub workers_bucket: String,
+}
+
+impl Names {
+    pub fn new(cluster: &str) -> Names {
+        Names {
+            stream: format!("KVROUTE_{cluster}_EVENTS"),
+            events_prefix: format!("kvroute.{cluster}.events"),
+            workers_bucket: format!("kvroute_{cluster}_workers"),
+        }
+    }
+
+    pub fn event_subject(&self, worker: &str) -> String {
+        format!("{}.{}", self.events_prefix, worker.replace('.', "%"))
+    }
+
+    /// Core NATS subject of the shared-load batches.
+    pub fn load_subject(&self) -> String {
+        format!("{}.load", self.events_prefix.trim_end_matches(".events"))
+    }
+
+    pub fn events_filter(&self) -> String {
+        format!("{}.>", self.events_prefix)
+    }
+}
+
+/// The KV key of a worker.
+pub fn worker_key(id: &str) -> String {
+    let mut s = String::with_capacity(2 + id.len() * 2);
+    s.push_str("w.");
+    for b in id.bytes() {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        let n = Names::new("prod");
+        assert_eq!(n.event_subject("w.1:a"), "kvroute.prod.events.w%1:a");
+        assert_eq!(worker_key("a:b"), "w.613a62");
+        assert_eq!(n.load_subject(), "kvroute.prod.load");
+        assert_eq!(n.events_filter(), "kvroute.prod.events.>");
+        assert!(check_cluster_name("prod-1_x").is_ok());
+        assert!(check_cluster_name("a.b").is_err());
+        assert!(check_cluster_name("").is_err());
+    }
+}

@@ -1,0 +1,243 @@
+//! Shared active load between replicas, the cores' side (`--cluster`): the routes and
+//! lifecycle calls this replica answers go out through [`publish_route`] /
+//! [`publish_life`] (a `try_send` into a bounded channel, never blocking a core); a
+//! peer's arrive through [`apply_load`] as [`ReplicaOp`] messages to the cores, which
+//! admit a routed request like a restored one and run lifecycle calls wherever the
+//! record lives. [`load_sync`] takes the peers' in-flight requests over at start.
+//! The wire format is `cluster::load`; the NATS side is `cluster_peers`.
+
+use super::cluster_bridge::Cluster;
+use super::control;
+use super::msg::Msg;
+use super::shared::Shared;
+use crate::types::WorkerSlot;
+
+/// A peer's routing or lifecycle call, resolved to this replica's slots, for a core.
+pub enum ReplicaOp {
+    Route(crate::load::CarriedRequest),
+    Life(super::msg::LifeOp, String),
+    /// Send this core's in-flight requests (a load sync).
+    Carry(tokio::sync::mpsc::UnboundedSender<Vec<crate::load::CarriedRequest>>),
+}
+
+fn enqueue_load(sh: &Shared, cl: &Cluster, op: crate::cluster::load::LoadOp) {
+    match cl.load_tx.try_send(op) {
+        Ok(()) => cl.load_wake.notify_one(),
+        Err(_) => sh.metrics.cluster.load("dropped", 1),
+    }
+}
+
+/// Publishes a request this replica routed (no-op without `--cluster`).
+pub fn publish_route(sh: &Shared, req: &crate::load::NewRequest) {
+    let Some(cl) = sh.cluster.get() else {
+        return;
+    };
+    let reg = sh.registry.load();
+    let name = |s: WorkerSlot| reg.get(s).map(|e| e.spec.id.clone());
+    let Some(decode) = name(req.decode_worker) else {
+        return;
+    };
+    let prefill = match req.prefill_worker {
+        Some(p) => match name(p) {
+            Some(n) => Some(n),
+            None => return,
+        },
+        None => None,
+    };
+    let op = crate::cluster::load::LoadOp::Route {
+        id: req.id.clone(),
+        decode,
+        prefill,
+        input_tokens: req.input_tokens,
+        cached_tokens: req.cached_tokens,
+        prompt_blocks: req.prompt_blocks,
+        hashes: req.hashes.clone(),
+        osl: req.expected_output_tokens,
+        in_prefill: true,
+        output_tokens: 0,
+        age_us: 0,
+        first_token_age_us: None,
+    };
+    enqueue_load(sh, cl, op);
+}
+
+/// Publishes a lifecycle call this replica answered.
+pub fn publish_life(sh: &Shared, op: super::msg::LifeOp, id: &str) {
+    use super::msg::LifeOp as L;
+    use crate::cluster::load::LoadOp;
+    let Some(cl) = sh.cluster.get() else {
+        return;
+    };
+    let id = id.to_string();
+    let op = match op {
+        L::FirstToken => LoadOp::FirstToken { id },
+        L::Progress(n) => LoadOp::Progress {
+            id,
+            output_tokens: n,
+        },
+        L::Finish => LoadOp::Finish { id },
+        L::PrefillFailed => LoadOp::PrefillFailed { id },
+    };
+    enqueue_load(sh, cl, op);
+}
+
+/// A peer's load change as a core message (`None`: a worker unknown here).
+fn to_replica(sh: &Shared, op: crate::cluster::load::LoadOp) -> Option<(ReplicaOp, Option<usize>)> {
+    use super::msg::LifeOp as L;
+    use crate::cluster::load::LoadOp;
+    Some(match op {
+        LoadOp::Route {
+            id,
+            decode,
+            prefill,
+            input_tokens,
+            cached_tokens,
+            prompt_blocks,
+            hashes,
+            osl,
+            in_prefill,
+            output_tokens,
+            age_us,
+            first_token_age_us,
+        } => {
+            crate::ids::check("request id", &id).ok()?;
+            let reg = sh.registry.load();
+            let decode_worker = reg.slot(&decode)?;
+            let prefill_worker = match prefill {
+                Some(p) => Some(reg.slot(&p)?),
+                None => None,
+            };
+            let owner = sh.owner_of(&id);
+            let c = crate::load::CarriedRequest {
+                id,
+                decode_worker,
+                prefill_worker,
+                input_tokens,
+                cached_tokens,
+                prompt_blocks,
+                hashes,
+                expected_output_tokens: osl,
+                in_prefill,
+                output_tokens,
+                age_us,
+                first_token_age_us,
+            };
+            (ReplicaOp::Route(c), Some(owner))
+        }
+        LoadOp::FirstToken { id } => (ReplicaOp::Life(L::FirstToken, id), None),
+        LoadOp::Progress { id, output_tokens } => {
+            (ReplicaOp::Life(L::Progress(output_tokens), id), None)
+        }
+        LoadOp::Finish { id } => (ReplicaOp::Life(L::Finish, id), None),
+        LoadOp::PrefillFailed { id } => (ReplicaOp::Life(L::PrefillFailed, id), None),
+    })
+}
+
+pub(super) fn apply_load(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
+    for op in ops {
+        let Some((rop, to)) = to_replica(sh, op) else {
+            sh.metrics.cluster.load("unknown_worker", 1);
+            continue;
+        };
+        let ok = match (rop, to) {
+            (rop, Some(to)) => control::send_blocking(sh, to, Msg::Replica(Box::new(rop))),
+            (ReplicaOp::Life(op, id), None) => (0..sh.cores).all(|to| {
+                control::send_blocking(
+                    sh,
+                    to,
+                    Msg::Replica(Box::new(ReplicaOp::Life(op, id.clone()))),
+                )
+            }),
+            (ReplicaOp::Route(_) | ReplicaOp::Carry(_), None) => true,
+        };
+        if !ok {
+            return;
+        }
+        sh.metrics.cluster.load("applied", 1);
+    }
+}
+
+/// Every core's in-flight requests (from a plain thread; waits up to 10 s).
+pub fn carry_all(sh: &Shared) -> Option<Vec<crate::load::CarriedRequest>> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for to in 0..sh.cores {
+        let m = Msg::Replica(Box::new(ReplicaOp::Carry(tx.clone())));
+        if !control::send_blocking(sh, to, m) {
+            return None;
+        }
+    }
+    drop(tx);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut all = Vec::new();
+    let mut got = 0;
+    while got < sh.cores && std::time::Instant::now() < deadline {
+        match rx.try_recv() {
+            Ok(v) => {
+                all.extend(v);
+                got += 1;
+            }
+            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                std::thread::sleep(std::time::Duration::from_millis(1))
+            }
+            Err(_) => return None,
+        }
+    }
+    (got == sh.cores).then_some(all)
+}
+
+/// In-flight requests as load ops with worker ids (a load-sync answer).
+pub fn carried_ops(
+    sh: &Shared,
+    all: Vec<crate::load::CarriedRequest>,
+) -> Vec<crate::cluster::load::LoadOp> {
+    let reg = sh.registry.load();
+    let name = |s: WorkerSlot| reg.get(s).map(|e| e.spec.id.clone());
+    all.into_iter()
+        .filter_map(|c| {
+            let prefill = match c.prefill_worker {
+                Some(p) => Some(name(p)?),
+                None => None,
+            };
+            Some(crate::cluster::load::LoadOp::Route {
+                id: c.id,
+                decode: name(c.decode_worker)?,
+                prefill,
+                input_tokens: c.input_tokens,
+                cached_tokens: c.cached_tokens,
+                prompt_blocks: c.prompt_blocks,
+                hashes: c.hashes,
+                osl: c.expected_output_tokens,
+                in_prefill: c.in_prefill,
+                output_tokens: c.output_tokens,
+                age_us: c.age_us,
+                first_token_age_us: c.first_token_age_us,
+            })
+        })
+        .collect()
+}
+
+/// Takes the peers' in-flight requests over: the ones missing here are admitted, and
+/// the ones held here (restored from a snapshot) that no peer holds any more ended
+/// while this replica was away, so they are released.
+pub(super) fn load_sync(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
+    use crate::cluster::load::LoadOp;
+    let Some(mine) = carry_all(sh) else {
+        return;
+    };
+    let theirs: std::collections::HashSet<String> = ops
+        .iter()
+        .filter_map(|o| match o {
+            LoadOp::Route { id, .. } => Some(id.clone()),
+            _ => None,
+        })
+        .collect();
+    let mine: std::collections::HashSet<String> = mine.into_iter().map(|c| c.id).collect();
+    for id in mine.iter().filter(|id| !theirs.contains(*id)) {
+        apply_load(sh, vec![LoadOp::Finish { id: id.clone() }]);
+    }
+    let missing: Vec<LoadOp> = ops
+        .into_iter()
+        .filter(|o| matches!(o, LoadOp::Route { id, .. } if !mine.contains(id)))
+        .collect();
+    apply_load(sh, missing);
+}

@@ -1,0 +1,615 @@
+//! The NATS side of the cluster bridge (thread "kvroute-cluster", one tokio
+//! current-thread runtime): connect (token, user/password or creds file; reconnects
+//! forever), make sure the event stream and the registry bucket exist, then run three
+//! tasks until shutdown:
+//! - publisher: drains the publish buffer in order; event records go to
+//!   `kvroute.NAME.events.WORKER` with a `Nats-Msg-Id` of `origin.worker.seq` (so a
+//!   retried publish is deduplicated by JetStream), registrations to the KV bucket. A
+//!   failure retries from the first unacknowledged item, keeping per-worker order;
+//!   meanwhile the replica is degraded and the buffer absorbs new records.
+//! - consumer: an ephemeral pull consumer from the sequence after the restored
+//!   snapshot's (or the start), re-created from the next sequence after any error
+//!   (NATS restart), handing records in stream order to the apply thread. Records of a
+//!   worker this replica does not know yet are preceded by its KV registration.
+//! - registry watcher: every put/delete of the bucket, to the apply thread.
+//!
+//! On every (re)connection the replica republishes its own registrations (those that
+//! came through its doors), the reconcile path for registry writes made while NATS
+//! was down.
+
+use super::cluster_bridge::{Apply, Cluster, Out};
+use super::cluster_peers as peers;
+use super::shared::Shared;
+use crate::cluster::load::LoadOp;
+use crate::cluster::names::{worker_key, Names};
+use crate::cluster::wire::EventRecord;
+use async_nats::jetstream::{self, consumer, kv, stream};
+use bytes::Bytes;
+use futures_lite::StreamExt;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc::Sender;
+
+fn log(msg: &str) {
+    eprintln!("kvroute: cluster: {msg}");
+}
+
+/// The thread's body; returns at shutdown.
+pub fn run(
+    sh: Arc<Shared>,
+    cl: Arc<Cluster>,
+    rx: crossbeam::channel::Receiver<Out>,
+    load_rx: crossbeam::channel::Receiver<LoadOp>,
+    apply: Sender<Apply>,
+) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return log(&format!("cannot start the runtime: {e}; cluster off")),
+    };
+    rt.block_on(async move {
+        let stop = {
+            let (sh, cl) = (sh.clone(), cl.clone());
+            async move {
+                while !sh.stopping.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                // A graceful stop: what was accepted goes into the log first, for at
+                // most 3 s (NATS may be down).
+                let until = tokio::time::Instant::now() + Duration::from_secs(3);
+                while cl.unpublished() > 0 && tokio::time::Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        tokio::select! {
+            _ = main(sh, cl, rx, load_rx, apply) => {}
+            _ = stop => {}
+        }
+    });
+}
+
+async fn connect(sh: &Arc<Shared>, cl: &Arc<Cluster>) -> async_nats::Client {
+    let cfg = &sh.settings.cluster;
+    let url = cfg.url.clone().unwrap_or_default();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let (s, c) = (sh.clone(), cl.clone());
+        let mut opts = async_nats::ConnectOptions::new()
+            .name(format!("kvroute {}", cl.origin))
+            .connection_timeout(Duration::from_secs(2))
+            .max_reconnects(None)
+            .reconnect_delay_callback(|n| Duration::from_millis((100 * n as u64).min(1000)))
+            .event_callback(move |e| {
+                let (s, c) = (s.clone(), c.clone());
+                async move { on_event(&s, &c, e) }
+            });
+        if let Some(t) = &cfg.token {
+            opts = opts.token(t.clone());
+        }
+        if let (Some(u), Some(p)) = (&cfg.user, &cfg.password) {
+            opts = opts.user_and_password(u.clone(), p.clone());
+        }
+        if let Some(f) = &cfg.creds_file {
+            opts = match opts.credentials_file(f).await {
+                Ok(o) => o,
+                Err(e) => {
+                    log(&format!("creds file {f}: {e}; retrying"));
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    continue;
+                }
+            };
+        }
+        let addrs: Vec<&str> = url.split(',').map(str::trim).collect();
+        let addrs: Vec<async_nats::ServerAddr> =
+            addrs.iter().filter_map(|a| a.parse().ok()).collect();
+        match opts.connect(addrs.as_slice()).await {
+            Ok(c) => return c,
+            Err(e) => {
+                log(&format!("cannot reach NATS at {url}: {e}; retrying"));
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+fn on_event(sh: &Arc<Shared>, cl: &Arc<Cluster>, e: async_nats::Event) {
+    match e {
+        async_nats::Event::Connected => {
+            log("connected to NATS");
+            cl.with_health(sh, |h| h.connected = true);
+            republish_own(sh);
+        }
+        async_nats::Event::Disconnected => {
+            log("lost NATS");
+            cl.with_health(sh, |h| h.on_disconnected());
+        }
+        _ => {}
+    }
+}
+
+/// Queues this replica's own registrations for publication again.
+fn republish_own(sh: &Shared) {
+    let reg = sh.registry.load();
+    for e in reg.iter() {
+        if e.origin != crate::registry::Origin::Restored {
+            super::cluster_bridge::publish_worker(sh, &e.spec);
+        }
+    }
+}
+
+async fn setup(
+    sh: &Shared,
+    js: &jetstream::Context,
+    names: &Names,
+) -> Result<(stream::Stream, kv::Store), String> {
+    let cfg = &sh.settings.cluster;
+    let stream = js
+        .get_or_create_stream(stream::Config {
+            name: names.stream.clone(),
+            subjects: vec![names.events_filter()],
+            max_age: Duration::from_millis(cfg.max_age_ms),
+            max_bytes: cfg.max_bytes.min(i64::MAX as u64) as i64,
+            storage: stream::StorageType::File,
+            discard: stream::DiscardPolicy::Old,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("stream {}: {e}", names.stream))?;
+    // The bucket's stream as `create_key_value` would make it: that call first asks
+    // for the account info, whose reply from a 2.9 server this client cannot parse.
+    js.get_or_create_stream(stream::Config {
+        name: format!("KV_{}", names.workers_bucket),
+        subjects: vec![format!("$KV.{}.>", names.workers_bucket)],
+        max_messages_per_subject: 1,
+        max_bytes: -1,
+        max_message_size: 1 << 20,
+        storage: stream::StorageType::File,
+        allow_rollup: true,
+        deny_delete: true,
+        deny_purge: false,
+        allow_direct: true,
+        num_replicas: 1,
+        discard: stream::DiscardPolicy::New,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| format!("bucket {}: {e}", names.workers_bucket))?;
+    let kv = js
+        .get_key_value(&names.workers_bucket)
+        .await
+        .map_err(|e| format!("bucket {}: {e}", names.workers_bucket))?;
+    Ok((stream, kv))
+}
+
+async fn main(
+    sh: Arc<Shared>,
+    cl: Arc<Cluster>,
+    rx: crossbeam::channel::Receiver<Out>,
+    load_rx: crossbeam::channel::Receiver<LoadOp>,
+    apply: Sender<Apply>,
+) {
+    let names = Names::new(&sh.settings.cluster.name);
+    let client = connect(&sh, &cl).await;
+    cl.with_health(&sh, |h| h.connected = true);
+    let js = jetstream::new(client.clone());
+    let (stream, kv) = loop {
+        match setup(&sh, &js, &names).await {
+            Ok(x) => break x,
+            Err(e) => {
+                log(&format!("{e}; retrying"));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    let (last, start) = loop {
+        match stream.get_info().await {
+            Ok(i) => {
+                // No records left (all aged out): nothing to wait for.
+                let last = if i.state.messages == 0 {
+                    0
+                } else {
+                    i.state.last_sequence
+                };
+                // A snapshot sequence past the stream's end: the stream was recreated
+                // (a new NATS store); replay all of it.
+                let start = if cl.start_after > last {
+                    log(&format!(
+                        "snapshot covers sequence {} but the stream ends at {last}: replaying it all",
+                        cl.start_after
+                    ));
+                    0
+                } else {
+                    cl.start_after
+                };
+                break (last, start);
+            }
+            Err(e) => {
+                log(&format!("stream info: {e}; retrying"));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    cl.applied_seq.store(start, Ordering::Release);
+    // The fleet first, then the catch-up target: the apply thread handles both in
+    // order, so the replica is ready only once it knows every registered worker.
+    loop {
+        match registry_sync(&kv, &apply).await {
+            Ok(()) => break,
+            Err(e) => {
+                log(&format!("registry sync: {e}; retrying"));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+    if apply
+        .send(Apply::Connected {
+            stream_last: last,
+            start,
+        })
+        .await
+        .is_err()
+    {
+        return;
+    }
+    log(&format!(
+        "stream {} holds up to sequence {last}; applying from {}",
+        names.stream,
+        start + 1
+    ));
+    let load_subject = names.load_subject();
+    // Subscribed before the replica says it is caught up, so no peer's load change
+    // made after that point is missed.
+    let sub = loop {
+        match client.subscribe(load_subject.clone()).await {
+            Ok(s) => break s,
+            Err(e) => {
+                log(&format!("subscribe {load_subject}: {e}; retrying"));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    let sync_subject = format!("{load_subject}.sync");
+    let sync_sub = loop {
+        match client.subscribe(sync_subject.clone()).await {
+            Ok(s) => break s,
+            Err(e) => {
+                log(&format!("subscribe {sync_subject}: {e}; retrying"));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    let sync = async {
+        let (ops, peers) = peers::sync_request(&client, &sync_subject, &cl.origin).await;
+        let _ = apply.send(Apply::LoadSync { ops, peers }).await;
+    };
+    tokio::join!(
+        peers::engine_leases(&sh, &cl, &client, &js, &names),
+        sync,
+        peers::sync_responder(&sh, &cl, &client, sync_sub),
+        peers::load_publisher(&sh, &cl, &client, &load_subject, load_rx),
+        peers::load_subscriber(&cl, sub, &apply),
+        publisher(&sh, &cl, &js, &kv, &names, rx),
+        consume(&sh, &stream, &kv, &names, start, &apply),
+        watch_registry(&kv, &apply),
+    );
+}
+
+fn parse_spec(v: &[u8]) -> Option<crate::types::WorkerSpec> {
+    serde_json::from_slice(v).ok()
+}
+
+fn id_of_key(key: &str) -> Option<String> {
+    let hex = key.strip_prefix("w.")?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
+async fn registry_sync(kv: &kv::Store, apply: &Sender<Apply>) -> Result<(), String> {
+    let mut keys = kv.keys().await.map_err(|e| e.to_string())?;
+    let mut all = Vec::new();
+    while let Some(k) = keys.next().await {
+        all.push(k.map_err(|e| e.to_string())?);
+    }
+    for k in all {
+        if let Some(v) = kv.get(&k).await.map_err(|e| e.to_string())? {
+            if let Some(spec) = parse_spec(&v) {
+                let _ = apply.send(Apply::Worker(spec)).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn watch_registry(kv: &kv::Store, apply: &Sender<Apply>) {
+    loop {
+        match kv.watch_all().await {
+            Ok(mut w) => {
+                while let Some(e) = w.next().await {
+                    let Ok(e) = e else { break };
+                    let item = match e.operation {
+                        kv::Operation::Put => parse_spec(&e.value).map(Apply::Worker),
+                        kv::Operation::Delete | kv::Operation::Purge => {
+                            id_of_key(&e.key).map(Apply::Removed)
+                        }
+                    };
+                    if let Some(item) = item {
+                        if apply.send(item).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            Err(e) => log(&format!("registry watch: {e}; retrying")),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn consume(
+    sh: &Shared,
+    stream: &stream::Stream,
+    kv: &kv::Store,
+    names: &Names,
+    start: u64,
+    apply: &Sender<Apply>,
+) {
+    let mut next = start + 1;
+    loop {
+        let cfg = consumer::pull::Config {
+            deliver_policy: if next <= 1 {
+                consumer::DeliverPolicy::All
+            } else {
+                consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: next,
+                }
+            },
+            ack_policy: consumer::AckPolicy::None,
+            filter_subject: names.events_filter(),
+            inactive_threshold: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let c = match stream.create_consumer(cfg).await {
+            Ok(c) => c,
+            Err(e) => {
+                log(&format!("consumer from sequence {next}: {e}; retrying"));
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        // A continuous pull (batches of 200, heartbeats): records arrive as they are
+        // stored. An error (NATS restarted, heartbeats missed) re-creates the consumer
+        // from the next sequence.
+        let mut msgs = match c.messages().await {
+            Ok(m) => m,
+            Err(e) => {
+                log(&format!("consume: {e}; re-creating the consumer"));
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                continue;
+            }
+        };
+        while let Some(m) = msgs.next().await {
+            let m = match m {
+                Ok(m) => m,
+                Err(e) => {
+                    log(&format!("consume: {e}; re-creating the consumer"));
+                    break;
+                }
+            };
+            let Ok((seq, pending)) = m.info().map(|i| (i.stream_sequence, i.pending)) else {
+                continue;
+            };
+            if seq < next {
+                continue;
+            }
+            next = seq + 1;
+            let item = match EventRecord::decode(&m.payload) {
+                Ok(rec) => {
+                    if sh.registry.load().slot(&rec.worker).is_none() {
+                        if let Ok(Some(v)) = kv.get(worker_key(&rec.worker)).await {
+                            if let Some(spec) = parse_spec(&v) {
+                                let _ = apply.send(Apply::Worker(spec)).await;
+                            }
+                        }
+                    }
+                    Apply::Record { seq, rec }
+                }
+                Err(e) => {
+                    sh.metrics.cluster.record("undecodable", 1);
+                    log(&format!("record {seq}: {e}; skipped"));
+                    Apply::Skip { seq }
+                }
+            };
+            if apply.send(item).await.is_err() {
+                return;
+            }
+            // Nothing left behind this one: caught up even if older records aged out
+            // below the catch-up target.
+            if pending == 0 && apply.send(Apply::Tail).await.is_err() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// One item of the publish queue, its sequence assigned once (retries reuse it).
+enum Job {
+    Publish {
+        subject: String,
+        id: String,
+        payload: Bytes,
+    },
+    Put {
+        key: String,
+        value: Bytes,
+    },
+    Delete {
+        key: String,
+    },
+}
+
+async fn publisher(
+    sh: &Shared,
+    cl: &Cluster,
+    js: &jetstream::Context,
+    kv: &kv::Store,
+    names: &Names,
+    rx: crossbeam::channel::Receiver<Out>,
+) {
+    let mut seqs: HashMap<String, u64> = HashMap::new();
+    let mut queue: VecDeque<Job> = VecDeque::new();
+    let mut pause = Duration::from_millis(50);
+    let m = &sh.metrics.cluster;
+    loop {
+        while queue.len() < 512 {
+            let Ok(out) = rx.try_recv() else { break };
+            queue.push_back(match out {
+                Out::Events { worker, ops } => {
+                    let seq = seqs.entry(worker.clone()).or_insert(0);
+                    *seq += 1;
+                    let rec = EventRecord {
+                        origin: cl.origin.clone(),
+                        worker,
+                        seq: *seq,
+                        ops,
+                    };
+                    Job::Publish {
+                        subject: names.event_subject(&rec.worker),
+                        id: format!("{}.{}.{}", rec.origin, rec.worker, rec.seq),
+                        payload: rec.encode().into(),
+                    }
+                }
+                Out::Worker(spec) => Job::Put {
+                    key: worker_key(&spec.id),
+                    value: serde_json::to_vec(&spec).unwrap_or_default().into(),
+                },
+                Out::Removed(id) => Job::Delete {
+                    key: worker_key(&id),
+                },
+            });
+        }
+        m.publish_backlog.set((queue.len() + rx.len()) as i64);
+        cl.unacked.store(queue.len() as u64, Ordering::Release);
+        if queue.is_empty() {
+            let _ = tokio::time::timeout(Duration::from_millis(200), cl.wake.notified()).await;
+            continue;
+        }
+        let ok = match queue.front() {
+            Some(Job::Put { key, value }) => kv
+                .put(key, value.clone())
+                .await
+                .map(|_| 1)
+                .map_err(|e| (0, e.to_string())),
+            Some(Job::Delete { key }) => kv
+                .delete(key)
+                .await
+                .map(|_| 1)
+                .map_err(|e| (0, e.to_string())),
+            Some(Job::Publish { .. }) => publish_run(js, &queue).await,
+            None => Ok(0),
+        };
+        match ok {
+            Ok(n) => {
+                let mut events = 0u64;
+                for j in queue.drain(..n) {
+                    events += u64::from(matches!(j, Job::Publish { .. }));
+                }
+                m.record("published", events);
+                pause = Duration::from_millis(50);
+                let backlog = (queue.len() + rx.len()) as u64;
+                cl.with_health(sh, |h| {
+                    h.publish_failing = false;
+                    h.backlog = backlog;
+                });
+            }
+            Err((n, e)) => {
+                for _ in queue.drain(..n) {
+                    m.record("published", 1);
+                }
+                let backlog = (queue.len() + rx.len()) as u64;
+                let dropped = m
+                    .records
+                    .get_or_create(&super::cluster_bridge::OutcomeLabel { outcome: "dropped" })
+                    .get();
+                let first = cl.with_health(sh, |h| {
+                    let first = !h.publish_failing;
+                    h.publish_failing = true;
+                    h.backlog = backlog;
+                    h.dropped = dropped;
+                    first
+                });
+                if first {
+                    log(&format!(
+                        "publish failed ({e}); buffering {backlog} records"
+                    ));
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Publishes the run of event records at the front of `queue` (at most 256) and
+/// waits for their acknowledgements: `Ok(n)` all `n` stored, `Err((k, e))` the first
+/// `k` stored and the next one failed.
+async fn publish_run(
+    js: &jetstream::Context,
+    queue: &VecDeque<Job>,
+) -> Result<usize, (usize, String)> {
+    let mut acks = Vec::new();
+    for j in queue.iter().take(256) {
+        let Job::Publish {
+            subject,
+            id,
+            payload,
+        } = j
+        else {
+            break;
+        };
+        let p = jetstream::context::Publish::build()
+            .payload(payload.clone())
+            .message_id(id);
+        match js.send_publish(subject.clone(), p).await {
+            Ok(ack) => acks.push(ack),
+            Err(e) => {
+                if acks.is_empty() {
+                    return Err((0, e.to_string()));
+                }
+                break;
+            }
+        }
+    }
+    let n = acks.len();
+    for (i, ack) in acks.into_iter().enumerate() {
+        if let Err(e) = ack.await {
+            return Err((i, e.to_string()));
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn keys_round_trip() {
+        for id in ["w-1", "a.b:c@d+e=f_g"] {
+            let k = crate::cluster::names::worker_key(id);
+            assert_eq!(super::id_of_key(&k).as_deref(), Some(id));
+        }
+        assert_eq!(super::id_of_key("w.6"), None);
+        assert_eq!(super::id_of_key("x.61"), None);
+    }
+}
