@@ -41,7 +41,7 @@ fn hit_rate_as_routed_and_workers_routed_without_events() {
     s.wait_until("the load-only warning in the log", |s| {
         s.log()
             .iter()
-            .any(|l| l.contains("\"w2\"") && l.contains("no KV cache event"))
+            .any(|l| l.contains("\"w2\"") && l.contains("no KV cache event since it registered"))
     });
     // A second silent decision is counted but not logged again within the minute.
     let (code, _) = s.post(

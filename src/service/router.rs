@@ -357,9 +357,17 @@ fn record_for_status(
                 .get_or_create(&label)
                 .inc();
             if warn {
+                // A worker that never sent one is told apart from one that went quiet:
+                // the first is often just new (its first blocks are still on the way).
+                let when = match c.last_event_ms(slot) {
+                    None => "since it registered".to_string(),
+                    Some(_) => format!(
+                        "in the last {} s",
+                        super::status::model::SILENT_AFTER_MS / 1000
+                    ),
+                };
                 eprintln!(
-                    "kvroute: warning: worker {id:?} is being routed to but sent no KV cache event in the last {} s: its decisions are load-only (check its event connection or engine)",
-                    super::status::model::SILENT_AFTER_MS / 1000
+                    "kvroute: warning: worker {id:?} is being routed to but sent no KV cache event {when}: its decisions are load-only (check its event connection or engine)"
                 );
             }
         }
