@@ -391,7 +391,12 @@ async fn accept_loop<F, Fut>(
         match table.admit(caps, now) {
             slots::Admission::Refuse => {
                 core.shared.metrics.protocol_error("connection_limit");
-                drop(stream);
+                // The proxy answers 429 (`proxy::refuse`); the others drop it.
+                if name == "proxy" {
+                    crate::proxy::refuse::answer(stream);
+                } else {
+                    drop(stream);
+                }
                 continue;
             }
             slots::Admission::Displace { why, .. } => {
