@@ -6,8 +6,10 @@
 //! Guarantees: bounded work per refused connection (its request head is read up to
 //! [`MAX_READ`] bytes, each read and write waits at most [`WAIT`], the socket is then
 //! half-closed and drained so the close does not reset the answer away), and bounded
-//! concurrency: at most [`MAX_REFUSING`] refusals in progress per core; beyond them the
-//! socket is dropped as before.
+//! concurrency: at most 4 × `max_connections` refusals in progress per core (the
+//! accept loop's cap; so a listener holds at most 6 × `max_connections` sockets per
+//! core); beyond them the socket is dropped as before
+//! (`kvroute_protocol_errors_total{kind="connection_limit_dropped"}`).
 
 use super::errors::refused_connection_response;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
@@ -16,12 +18,13 @@ use std::cell::Cell;
 use std::net::Shutdown;
 use std::time::Duration;
 
-/// Refusals answered at once per core.
-pub const MAX_REFUSING: usize = 64;
 /// Bytes read from a refused connection (head, then drain), at most.
 pub const MAX_READ: usize = 64 << 10;
 /// Longest wait for one read or write of a refused connection.
 pub const WAIT: Duration = Duration::from_millis(1000);
+/// Longest wait for the client's close after the answer (the drain): short, so a
+/// refusal storm does not hold its sockets.
+pub const DRAIN: Duration = Duration::from_millis(100);
 
 thread_local! {
     static REFUSING: Cell<usize> = const { Cell::new(0) };
@@ -36,10 +39,10 @@ impl Drop for InProgress {
 }
 
 /// Answers `stream` with a 429 in the background; true if it will be answered (false:
-/// too many refusals in progress, the socket was dropped).
-pub fn answer(stream: TcpStream) -> bool {
+/// `max` refusals in progress, the socket was dropped).
+pub fn answer(stream: TcpStream, max: usize) -> bool {
     let busy = REFUSING.with(|c| {
-        if c.get() >= MAX_REFUSING {
+        if c.get() >= max {
             return true;
         }
         c.set(c.get() + 1);
@@ -60,7 +63,7 @@ pub fn answer(stream: TcpStream) -> bool {
 async fn respond(mut stream: TcpStream) -> std::io::Result<()> {
     stream.set_read_timeout(Some(WAIT))?;
     stream.set_write_timeout(Some(WAIT))?;
-    let mut buf = vec![0u8; 8 << 10];
+    let mut buf = vec![0u8; 4 << 10];
     let mut head: Vec<u8> = Vec::new();
     let mut read = 0usize;
     // The request head (so the answer follows the client's request, not races it).
@@ -80,6 +83,7 @@ async fn respond(mut stream: TcpStream) -> std::io::Result<()> {
     stream.write_all(&refused_connection_response(1)).await?;
     stream.flush().await?;
     stream.shutdown(Shutdown::Write).await?;
+    stream.set_read_timeout(Some(DRAIN))?;
     // Drain what the client still sends until it closes, so our close is no reset.
     while read < MAX_READ {
         let n = stream.read(&mut buf).await?;

@@ -393,7 +393,11 @@ async fn accept_loop<F, Fut>(
                 core.shared.metrics.protocol_error("connection_limit");
                 // The proxy answers 429 (`proxy::refuse`); the others drop it.
                 if name == "proxy" {
-                    crate::proxy::refuse::answer(stream);
+                    if !crate::proxy::refuse::answer(stream, 4 * caps.max_connections) {
+                        core.shared
+                            .metrics
+                            .protocol_error("connection_limit_dropped");
+                    }
                 } else {
                     drop(stream);
                 }
