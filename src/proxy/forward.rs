@@ -358,7 +358,25 @@ impl Job {
                 }
                 Ok(resp) if resp.status() == StatusCode::TOO_MANY_REQUESTS => {
                     let ra = resp.headers().get(hyper::header::RETRY_AFTER);
-                    return Err(retry::busy(ra.map(|v| v.as_bytes())));
+                    let f = retry::busy(ra.map(|v| v.as_bytes()));
+                    // Read the short refusal whole (bounded) so the connection goes
+                    // back to the pool: an overloaded worker should not also get a
+                    // new connection for each retry.
+                    let drained = async {
+                        Limited::new(resp.into_body(), 64 << 10)
+                            .collect()
+                            .await
+                            .is_ok()
+                    }
+                    .or(async {
+                        glommio::timer::sleep(timeout).await;
+                        false
+                    })
+                    .await;
+                    if drained {
+                        pool::put(conn, ps.pool_max_idle);
+                    }
+                    return Err(f);
                 }
                 Ok(resp) => return Ok(Answer { resp, conn }),
                 Err(None) => return Err(Failure::Timeout),
