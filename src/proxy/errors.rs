@@ -22,6 +22,25 @@ pub fn sse_event(code: &str, message: &str) -> Bytes {
     Bytes::from(out)
 }
 
+/// A whole HTTP/1.1 429 response (OpenAI's error shape, `retry-after`, `connection:
+/// close`) for a client connection the proxy has no slot for: written by
+/// `proxy::refuse` instead of dropping the socket.
+pub fn refused_connection_response(retry_after_s: u32) -> Vec<u8> {
+    let b = body(
+        "rate_limit_exceeded",
+        "too_many_connections",
+        "every proxy connection slot is in use; retry later",
+    );
+    let mut out = format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nretry-after: {retry_after_s}\r\nconnection: close\r\n\r\n",
+        b.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(&b);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -31,5 +50,16 @@ mod tests {
         assert_eq!(v["error"]["code"], "c");
         let e = super::sse_event("x", "broke");
         assert!(e.starts_with(b"data: {\"error\"") && e.ends_with(b"\n\n"));
+    }
+
+    #[test]
+    fn refused_connection_is_a_complete_429() {
+        let r = String::from_utf8(super::refused_connection_response(2)).unwrap();
+        let (head, body) = r.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 429 "));
+        assert!(head.contains("\r\nretry-after: 2") && head.contains("connection: close"));
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["error"]["code"], "too_many_connections");
     }
 }

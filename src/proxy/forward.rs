@@ -8,6 +8,11 @@
 //! re-routes) whose load is released (`finish`) as soon as the attempt fails, so a
 //! failed worker never keeps load; the final response says how many re-routes it took
 //! (`x-kvroute-retries`) and `kvroute_proxy_retries_total` counts them.
+//!
+//! Overload is answered, never dropped: `max_concurrent` reached, or every worker tried
+//! answering 429 (at its limit), gives the client a 429 in OpenAI's error shape with a
+//! `retry-after` header (`overloaded`); a worker's 429 is re-routed like a 5xx but is
+//! not held against its breaker.
 
 use super::body::{self, ProxyBody, Streamed};
 use super::breaker::Allow;
@@ -47,6 +52,21 @@ pub fn error(status: StatusCode, kind: &str, code: &str, msg: &str) -> Resp {
         .unwrap_or_else(|_| Response::new(ProxyBody::full(Bytes::new())))
 }
 
+/// A 429 in OpenAI's shape with `retry-after: secs`: the proxy is overloaded.
+pub fn overloaded(code: &str, msg: &str, secs: u32) -> Resp {
+    let mut r = error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limit_exceeded",
+        code,
+        msg,
+    );
+    r.headers_mut().insert(
+        hyper::header::RETRY_AFTER,
+        hyper::header::HeaderValue::from(secs),
+    );
+    r
+}
+
 fn refused(core: &Core, kind: &'static str) {
     core.shared
         .proxy
@@ -71,11 +91,10 @@ pub async fn completions(core: Rc<Core>, endpoint: Endpoint, req: Request<Incomi
     let started = Instant::now();
     let Some(admitted) = ProxyShared::admit(&sh, ps.max_concurrent) else {
         refused(&core, "too_many");
-        return error(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_exceeded",
+        return overloaded(
             "too_many_requests",
             &format!("more than {} proxied requests in flight", ps.max_concurrent),
+            1,
         );
     };
     let limit = ps.max_body_bytes;
@@ -302,6 +321,11 @@ impl Job {
             .upstream_errors
             .get_or_create(&KindLabel { kind: f.label() })
             .inc();
+        // At its limit is not unhealthy: opening its breaker (and dropping its pooled
+        // connections) under load would turn a 429 into 502/503 for everyone.
+        if retry::is_busy(f) {
+            return;
+        }
         breaker_failure(&self.core, worker);
         if let Some(u) = worker_url(&self.core, worker) {
             pool::forget(&u.authority);
@@ -331,6 +355,28 @@ impl Job {
             match sent {
                 Ok(resp) if retry::is_failure_status(resp.status().as_u16()) => {
                     return Err(Failure::Status(resp.status().as_u16()))
+                }
+                Ok(resp) if resp.status() == StatusCode::TOO_MANY_REQUESTS => {
+                    let ra = resp.headers().get(hyper::header::RETRY_AFTER);
+                    let f = retry::busy(ra.map(|v| v.as_bytes()));
+                    // Read the short refusal whole (bounded) so the connection goes
+                    // back to the pool: an overloaded worker should not also get a
+                    // new connection for each retry.
+                    let drained = async {
+                        Limited::new(resp.into_body(), 64 << 10)
+                            .collect()
+                            .await
+                            .is_ok()
+                    }
+                    .or(async {
+                        glommio::timer::sleep(timeout).await;
+                        false
+                    })
+                    .await;
+                    if drained {
+                        pool::put(conn, ps.pool_max_idle);
+                    }
+                    return Err(f);
                 }
                 Ok(resp) => return Ok(Answer { resp, conn }),
                 Err(None) => return Err(Failure::Timeout),
@@ -454,6 +500,14 @@ impl Job {
     }
 
     fn gave_up(&self, last: Option<&(String, Failure)>) -> Resp {
+        if let Some((w, Failure::Busy(secs))) = last {
+            refused(&self.core, "workers_busy");
+            return overloaded(
+                "workers_busy",
+                &format!("every worker tried is at its limit (last: {w}); retry later"),
+                *secs,
+            );
+        }
         self.count_failed();
         let msg = match last {
             Some((w, f)) => format!(
@@ -497,6 +551,9 @@ impl Job {
         } else {
             "service_unavailable"
         };
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            return overloaded(code, &e.to_string(), 1);
+        }
         error(status, kind, code, &e.to_string())
     }
 }

@@ -18,7 +18,8 @@
 //! and the glommio/hyper driver (`service` feature): `io` (hyper over glommio streams,
 //! client side), `pool` (per-core keep-alive connections per worker), `body` (the
 //! streamed response and its lifecycle), `forward` (route → legs → retries), `health` (breakers per core, probes), `server`
-//! (the listener's routes and auth), `state` (metrics and the shared admission count).
+//! (the listener's routes and auth), `state` (metrics and the shared admission count),
+//! `refuse` (a 429 for a connection the listener has no slot for).
 
 pub mod breaker;
 pub mod config;
@@ -40,6 +41,8 @@ pub mod health;
 pub mod io;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod pool;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod refuse;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod server;
 #[cfg(all(target_os = "linux", feature = "service"))]

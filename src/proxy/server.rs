@@ -121,11 +121,20 @@ pub async fn handle(core: Rc<Core>, req: Request<Incoming>) -> Resp {
     }
 }
 
+/// How long after its last response a proxy client's keep-alive connection is still
+/// in use, so never displaced for a new connection (`service::slots`). A client under
+/// load sends its next request within this; displacing it at once (as the JSON API
+/// may) closed keep-alive connections with a request already on the wire, which the
+/// client saw as a connection error instead of an answer.
+pub const KEEPALIVE_IN_USE_MS: u64 = 2_000;
+
 /// One client connection on the proxy port: hyper over `service::hyper_io` (the
 /// listener's header, idle and write deadlines and its connection slot), like the
-/// JSON API's.
+/// JSON API's, except that a keep-alive connection is not displaced while in use
+/// ([`KEEPALIVE_IN_USE_MS`]).
 pub async fn serve(core: Rc<Core>, stream: glommio::net::TcpStream, slot: Rc<Slot>) {
     let conn = hyper_io::HttpConn::new(core.shared.clone(), slot);
+    conn.set_min_idle_ms(KEEPALIVE_IN_USE_MS);
     let io = hyper_io::HyperIo::new(stream, conn.clone());
     let svc = hyper::service::service_fn(move |req| {
         let (core, conn) = (core.clone(), conn.clone());

@@ -77,7 +77,7 @@ impl ProxyMetrics {
         );
         r.register(
             "proxy_refused",
-            "Proxy requests refused before routing, by kind (unauthorized, too_large, too_many, bad_request, no_worker)",
+            "Proxy requests refused before routing, by kind (unauthorized, too_large, too_many, bad_request, no_worker, workers_busy: every worker tried answered 429)",
             self.refused.clone(),
         );
         r.register(
@@ -97,7 +97,7 @@ impl ProxyMetrics {
         );
         r.register(
             "proxy_upstream_errors",
-            "Upstream failures by kind (connect, connect_timeout, reset, timeout, status_5xx, mid_stream, prefill)",
+            "Upstream failures by kind (connect, connect_timeout, reset, timeout, status_5xx, busy: a worker's 429, mid_stream, prefill)",
             self.upstream_errors.clone(),
         );
         r.register(

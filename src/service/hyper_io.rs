@@ -34,6 +34,9 @@ pub struct HttpConn {
     timeouts: Timeouts,
     pub slot: Rc<Slot>,
     shared: Arc<Shared>,
+    /// How long after its last response a keep-alive connection still counts as in
+    /// use (not displaceable); 0 = displaceable as soon as it is idle.
+    min_idle_ms: Cell<u64>,
 }
 
 impl HttpConn {
@@ -51,7 +54,14 @@ impl HttpConn {
             timeouts,
             slot,
             shared,
+            min_idle_ms: Cell::new(0),
         })
+    }
+
+    /// Keeps the connection from being displaced until it has been idle `ms` (a
+    /// keep-alive client between two requests is still using it).
+    pub fn set_min_idle_ms(&self, ms: u64) {
+        self.min_idle_ms.set(ms);
     }
 
     fn now_ms(&self) -> u64 {
@@ -70,7 +80,7 @@ impl HttpConn {
             match c.idle_since() {
                 Some(since_ms) => Activity::Idle {
                     since_ms,
-                    min_idle_ms: 0,
+                    min_idle_ms: self.min_idle_ms.get(),
                 },
                 None => Activity::Busy,
             }

@@ -398,7 +398,16 @@ async fn accept_loop<F, Fut>(
         match table.admit(caps, now) {
             slots::Admission::Refuse => {
                 core.shared.metrics.protocol_error("connection_limit");
-                drop(stream);
+                // The proxy answers 429 (`proxy::refuse`); the others drop it.
+                if name == "proxy" {
+                    if !crate::proxy::refuse::answer(stream, 4 * caps.max_connections) {
+                        core.shared
+                            .metrics
+                            .protocol_error("connection_limit_dropped");
+                    }
+                } else {
+                    drop(stream);
+                }
                 continue;
             }
             slots::Admission::Displace { why, .. } => {

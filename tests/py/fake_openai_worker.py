@@ -8,7 +8,7 @@ chunk, `--delay-ms` between chunks, `max_tokens` honoured, a usage chunk when
 vLLM NIXL flow: a request whose `kv_transfer_params.do_remote_decode` is true answers
 with `kv_transfer_params` naming this worker.
 
-Test hooks: POST /_mode {"mode": ...} switches the mode (ok | fail | hang | die_mid),
+Test hooks: POST /_mode {"mode": ...} switches the mode (ok | fail | hang | die_mid | busy: 429 with retry-after 3),
 GET /_stats says what it received ({"received": [...bodies and headers...],
 "aborted": n, "completed": n, "active": n}). `--mode` sets the starting mode.
 Prints "PORT <n>" on stdout once listening (bind port 0).
@@ -100,6 +100,18 @@ class Handler(BaseHTTPRequestHandler):
             return
         if mode == "hang":
             time.sleep(3600)
+            return
+        if mode == "busy":
+            # At its limit, as vLLM / the simulated fleet say it: 429 + retry-after.
+            body = json.dumps({"error": {"message": "worker at its limit",
+                                         "type": "rate_limit_exceeded"}}).encode()
+            self.send_response(429)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.send_header("retry-after", "3")
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
             return
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 4)
         n = max(1, min(n, 256))
