@@ -35,16 +35,17 @@ pub(crate) fn read_spec(r: &mut Reader<'_>) -> Result<WorkerSpec, CodecError> {
 const EXT_URL: u8 = 0x01;
 
 /// The optional extensions after `spec.epoch` (the spec ends its frame): none from a
-/// client that predates them; else tagged fields, `0x01` the upstream URL. Any other
-/// byte is left unread, so the frame fails as `TrailingBytes` (an unknown extension's
-/// length is unknowable).
+/// client that predates them; else tagged fields, `0x01` the upstream URL, at most
+/// once. Any other byte (a repeated tag included) is left unread, so the frame fails as
+/// `TrailingBytes` (an unknown extension's length is unknowable), and the encoding
+/// stays canonical: one spec, one byte string (the `event_frames` fuzz target found
+/// two URL tags decoding to the spec of one).
 fn read_extensions(r: &mut Reader<'_>) -> Result<Option<String>, CodecError> {
-    let mut url = None;
-    while r.peek_u8() == Some(EXT_URL) {
-        r.u8("spec.ext")?;
-        url = Some(r.string("spec.url")?);
+    if r.peek_u8() != Some(EXT_URL) {
+        return Ok(None);
     }
-    Ok(url)
+    r.u8("spec.ext")?;
+    Ok(Some(r.string("spec.url")?))
 }
 
 /// Writes the fields in the order [`read_spec`] reads them.

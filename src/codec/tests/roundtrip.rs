@@ -216,4 +216,12 @@ fn the_spec_url_extension_roundtrips_and_is_absent_when_unset() {
     let mut buf = BytesMut::from(&bad[..]);
     let f = dec.decode(&mut buf).unwrap().unwrap();
     assert!(RequestMsg::decode(&f).is_err());
+    // The URL tag twice is refused too: the last one winning would decode two byte
+    // strings to one spec (the encoding must stay canonical; found by `event_frames`).
+    let mut buf = BytesMut::from(&new[..]);
+    let f = dec.decode(&mut buf).unwrap().unwrap();
+    assert!(RequestMsg::decode(&f).is_ok());
+    let mut twice = f.payload.to_vec();
+    twice.extend_from_slice(&[0x01, 0, 0]);
+    assert!(RequestMsg::decode(&Frame::new(f.kind, twice)).is_err());
 }
