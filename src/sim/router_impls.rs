@@ -142,6 +142,16 @@ pub struct ServiceRouter {
     pub on_finish: Option<Box<dyn FnMut()>>,
     /// A planned router restart and what happened around it.
     pub(super) restart: RestartState,
+    /// Further router replicas (one NATS-replicated router, see `--cluster`): route
+    /// calls go round-robin over `api` (replica 0) and these; each request's lifecycle
+    /// calls go to the replica that routed it.
+    more_apis: Vec<RequestClient>,
+    /// Event ports of every replica: worker `i` (registration order) publishes to
+    /// replica `i % n`, so the others learn its blocks only through the replicated log.
+    more_events: Vec<String>,
+    next_replica: usize,
+    /// Request id → replica that routed it (only with more than one replica).
+    routed_on: HashMap<String, usize>,
 }
 
 fn err(e: ClientError) -> String {
@@ -178,7 +188,72 @@ impl ServiceRouter {
             lag_us: Vec::new(),
             on_finish: None,
             restart: RestartState::default(),
+            more_apis: Vec::new(),
+            more_events: Vec::new(),
+            next_replica: 0,
+            routed_on: HashMap::new(),
         })
+    }
+
+    /// Like [`ServiceRouter::connect`] against several replicas of one router (same
+    /// `--cluster`): `apis[i]` and `events[i]` are replica `i`'s request and event
+    /// ports. Route calls go round-robin over the replicas, lifecycle calls to the
+    /// replica that routed, and each worker's event connection to one replica.
+    pub fn connect_replicas(
+        apis: &[String],
+        events: &[String],
+        auth_token: &str,
+        epoch: u64,
+        pace: Option<Pace>,
+    ) -> Result<ServiceRouter, String> {
+        let (Some(api0), Some(ev0)) = (apis.first(), events.first()) else {
+            return Err("no router replica given".into());
+        };
+        if apis.len() != events.len() {
+            return Err(format!(
+                "{} request ports but {} event ports: give one of each per replica",
+                apis.len(),
+                events.len()
+            ));
+        }
+        let mut r = ServiceRouter::connect(api0, ev0, auth_token, epoch, pace)?;
+        for a in &apis[1..] {
+            r.more_apis
+                .push(RequestClient::connect(a, auth_token).map_err(err)?);
+        }
+        r.more_events = events[1..].to_vec();
+        Ok(r)
+    }
+
+    /// How many router replicas this client spreads its calls over.
+    pub fn replicas(&self) -> usize {
+        1 + self.more_apis.len()
+    }
+
+    /// Replica `i`'s request client (0 is `api`).
+    pub(super) fn client(&mut self, i: usize) -> &mut RequestClient {
+        match i.checked_sub(1).and_then(|j| self.more_apis.get_mut(j)) {
+            Some(c) => c,
+            None => &mut self.api,
+        }
+    }
+
+    /// The replica that routed request `id` (lifecycle calls go there).
+    pub(super) fn replica_of(&self, id: &str) -> usize {
+        self.routed_on.get(id).copied().unwrap_or(0)
+    }
+
+    /// Forgets which replica routed `id` (its last lifecycle call is going out).
+    pub(super) fn routed_on_forget(&mut self, id: &str) {
+        self.routed_on.remove(id);
+    }
+
+    /// The event port worker number `i` (registration order) publishes to.
+    fn events_for(&self, i: usize) -> &str {
+        match (i % self.replicas()).checked_sub(1) {
+            Some(j) => &self.more_events[j],
+            None => &self.events_addr,
+        }
     }
 
     /// Restarts the router at a model time (see `sim::service_restart`).
@@ -253,9 +328,9 @@ impl RouterApi for ServiceRouter {
             ..spec.clone()
         };
         let capacity = spec.capacity_blocks;
+        let addr = self.events_for(self.pubs.len()).to_string();
         let conn =
-            EventPublisher::connect(self.events_addr.as_str(), spec.clone(), &self.auth_token)
-                .map_err(err)?;
+            EventPublisher::connect(addr.as_str(), spec.clone(), &self.auth_token).map_err(err)?;
         self.pubs.insert(
             spec.id.clone(),
             Publisher {
@@ -303,8 +378,13 @@ impl RouterApi for ServiceRouter {
             return Err("router restarting: no decision (request lost)".into());
         }
         let req = route_request(q);
+        let replica = self.next_replica % self.replicas();
+        self.next_replica = self.next_replica.wrapping_add(1);
+        if self.replicas() > 1 {
+            self.routed_on.insert(q.id.clone(), replica);
+        }
         let t0 = Instant::now();
-        let d = self.api.route(&req);
+        let d = self.client(replica).route(&req);
         self.latencies_us.push(t0.elapsed().as_secs_f64() * 1e6);
         let d = d.map_err(err)?;
         if let Some(p) = self.pubs.get_mut(&d.decode_worker) {

@@ -202,10 +202,15 @@ impl ServiceRouter {
     }
 
     fn call(&mut self, op: Life, id: &str) -> Result<(), String> {
+        let replica = self.replica_of(id);
+        if matches!(op, Life::Finish) {
+            self.routed_on_forget(id);
+        }
+        let api = self.client(replica);
         match op {
-            Life::FirstToken => self.api.first_token(id),
-            Life::Progress(n) => self.api.progress(id, n),
-            Life::Finish => self.api.finish(id),
+            Life::FirstToken => api.first_token(id),
+            Life::Progress(n) => api.progress(id, n),
+            Life::Finish => api.finish(id),
         }
         .map_err(|e| e.to_string())
     }

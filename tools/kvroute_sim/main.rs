@@ -132,13 +132,17 @@ struct AbArgs {
 struct RunArgs {
     #[command(flatten)]
     c: Common,
-    /// The running router's request port (or use --spawn-router).
+    /// The running router's request port (or use --spawn-router). Several, comma-
+    /// separated, are replicas of one router (`serve --cluster`): route calls go
+    /// round-robin over them, lifecycle calls to the replica that routed.
     #[arg(
         long,
         requires = "router_events",
         required_unless_present = "spawn_router"
     )]
     router_api: Option<String>,
+    /// The running router's event port; with several replicas one per replica, in the
+    /// same order (worker i publishes to replica i mod N).
     #[arg(long, requires = "router_api")]
     router_events: Option<String>,
     /// Start `PATH serve` (with the --knobs as flags) on free loopback ports for the run.
@@ -425,10 +429,11 @@ fn emit(
     print!("{}", device_table(reports));
     for (r, p) in reports.iter().zip(pacings) {
         println!(
-            "{}: real time x{} in {:.1} s wall; pacing lag p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs",
+            "{}: real time x{} in {:.1} s wall over {} router replica(s); pacing lag p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs",
             r.name(),
             p.time_scale,
             p.wall_s,
+            p.replicas,
             p.lag_p50_us,
             p.lag_p99_us,
             p.lag_max_us

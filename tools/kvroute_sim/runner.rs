@@ -54,6 +54,8 @@ pub struct RouterAddrs {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Pacing {
     pub time_scale: f64,
+    /// Router replicas the calls were spread over (1 without `--cluster`).
+    pub replicas: usize,
     pub wall_s: f64,
     /// How late paced calls went out, µs of wall time (p50 / p99 / max).
     pub lag_p50_us: f64,
@@ -88,9 +90,11 @@ pub fn realtime(
         start: Instant::now() + Duration::from_millis(300),
         time_scale,
     };
-    let mut r = ServiceRouter::connect(
-        &addrs.api,
-        &addrs.events,
+    // Comma-separated addresses are replicas of one router (`serve --cluster`).
+    let list = |s: &str| -> Vec<String> { s.split(',').map(|a| a.trim().to_string()).collect() };
+    let mut r = ServiceRouter::connect_replicas(
+        &list(&addrs.api),
+        &list(&addrs.events),
         &addrs.auth_token,
         epoch,
         Some(pace),
@@ -127,6 +131,7 @@ pub fn realtime(
         rep,
         Pacing {
             time_scale,
+            replicas: r.replicas(),
             wall_s: wall.elapsed().as_secs_f64(),
             lag_p50_us: lag.p50,
             lag_p99_us: lag.p99,
