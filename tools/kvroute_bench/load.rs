@@ -281,11 +281,11 @@ pub fn run(
     pid: Option<u32>,
     label: String,
 ) -> std::result::Result<Result, String> {
-    let (events, api, http) = (
-        addrs.events.as_str(),
-        addrs.api.as_str(),
-        addrs.http.as_str(),
-    );
+    let http = addrs.http.as_str();
+    // Comma-separated addresses are replicas of one router (`serve --cluster`): worker
+    // `w` publishes to replica `w mod N`, request connection `c` talks to `c mod N`.
+    let evs: Vec<&str> = addrs.events.split(',').map(str::trim).collect();
+    let apis: Vec<&str> = addrs.api.split(',').map(str::trim).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -309,6 +309,7 @@ pub fn run(
         }
         for w in 0..args.workers {
             let (stop, sent, rc) = (stop.clone(), sent.clone(), reconnects.clone());
+            let events = evs[w % evs.len()];
             pubs.push(s.spawn(move || publisher(args, events, w, &stop, &sent, &rc)));
         }
         // Register at least one worker before routing starts.
@@ -320,6 +321,7 @@ pub fn run(
         let base = sent.load(Ordering::Relaxed);
         for c in 0..args.connections {
             let stop = stop.clone();
+            let api = apis[c % apis.len()];
             piped.push(s.spawn(move || {
                 crate::pipelined::connection(args, api, c, args.connections, &stop)
             }));
@@ -337,6 +339,7 @@ pub fn run(
         for c in 0..blocking {
             let (stop, errors, kinds, lost) =
                 (stop.clone(), errors.clone(), kinds.clone(), lost.clone());
+            let api = apis[c % apis.len()];
             clients.push(s.spawn(move || {
                 let mut lat = Vec::new();
                 let r = client(args, api, c, &stop, &mut lat, &errors, &kinds, &lost);

@@ -28,10 +28,12 @@ use std::time::{Duration, Instant};
     about = "Service benchmark for kvroute (loopback)"
 )]
 pub struct Args {
-    /// Event address of a running router (ignored with --spawn).
+    /// Event address of a running router (ignored with --spawn); several, comma-
+    /// separated, are replicas of one router (`serve --cluster`), one per --api entry.
     #[arg(long, default_value = "127.0.0.1:7400")]
     pub events: String,
-    /// Binary API address of a running router (ignored with --spawn).
+    /// Binary API address of a running router (ignored with --spawn); several, comma-
+    /// separated, are replicas: request connection c talks to replica c mod N.
     #[arg(long, default_value = "127.0.0.1:7401")]
     pub api: String,
     /// HTTP address of a running router (ignored with --spawn; used by --http-clients).
