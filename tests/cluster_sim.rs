@@ -105,7 +105,10 @@ fn sim_spreads_over_two_replicas_and_events_reach_both() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Each replica ingested some workers' events itself (published them to the log)
+    // and applied the other's.
     for s in [&a, &b] {
+        assert!(s.metric("kvroute_cluster_records_total{outcome=\"published\"}") >= 1.0);
         assert!(s.metric("kvroute_cluster_records_total{outcome=\"applied\"}") >= 1.0);
     }
 }
