@@ -73,7 +73,7 @@ def main():
             addrs = [f"127.0.0.1:{p}" for p in ports]
             procs.append(subprocess.Popen(
                 [a.kvroute, "serve", "--cores", str(a.cores), "--events-addr", addrs[0],
-                 "--api-addr", addrs[1], "--http-addr", addrs[2],
+                 "--api-addr", addrs[1], "--http-addr", addrs[2], "--proxy-addr", "off",
                  "--cluster", f"nats://127.0.0.1:{np}", "--cluster-name", "lag"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             reps.append(addrs)
@@ -95,6 +95,13 @@ def main():
             ws = json.loads(http("GET", B + "/v1/workers")[1])
             return next(w["cached_blocks"] for w in ws if w["id"] == "probe")
 
+        def events(url):
+            # KV events applied by that replica (its own ingest and the log's records).
+            text = http("GET", url + "/metrics")[1].decode()
+            return sum(float(l.split()[-1]) for l in text.splitlines()
+                       if l.startswith("kvroute_events_total{"))
+
+        ev0, t_start = (events(A), events(B)), time.perf_counter()
         lags = []
         base = cached()
         for i in range(a.samples):
@@ -107,11 +114,14 @@ def main():
                 if time.perf_counter() - t0 > 30:
                     sys.exit("a probe block never reached B")
             lags.append((time.perf_counter() - t0) * 1000)
+        took = time.perf_counter() - t_start
+        rates = [round((events(u) - e) / took) for u, e in zip((A, B), ev0)]
         lags.sort()
         q = lambda p: lags[min(len(lags) - 1, int(p * len(lags)))]
         print(json.dumps({"samples": len(lags), "p50_ms": round(q(0.5), 2),
                           "p99_ms": round(q(0.99), 2), "max_ms": round(lags[-1], 2),
-                          "background_block_events_per_s": a.rate if a.bench else 0}))
+                          "background_block_events_per_s": a.rate if a.bench else 0,
+                          "applied_events_per_s_a_b": rates}))
     finally:
         for p in reversed(procs):
             p.terminate()
