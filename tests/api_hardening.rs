@@ -329,13 +329,7 @@ fn ids_outside_the_rule_are_refused_at_every_door() {
 #[test]
 fn engine_worker_ids_outside_the_rule_stop_the_start() {
     use std::process::{Command, Stdio};
-    let port = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
+    let port = common::free_port;
     for id in ["e/1", "e?1", "e#1"] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
             .args(["serve", "--cores", "1", "--proxy-addr", "off"])

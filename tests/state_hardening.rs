@@ -26,8 +26,7 @@ fn state_dir(name: &str) -> (PathBuf, String) {
 }
 
 fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    format!("127.0.0.1:{}", l.local_addr().unwrap().port())
+    format!("127.0.0.1:{}", common::free_port())
 }
 
 /// Runs `kvroute serve` expected to refuse to start: its exit status and stderr. Killed

@@ -27,7 +27,29 @@ pub struct Server {
     log: Option<Arc<Mutex<Vec<String>>>>,
 }
 
+/// A free loopback port for a server the test starts, below Linux's ephemeral range
+/// (32768+). A port 0 pick is free only until someone else takes it: the kernel hands
+/// the same ephemeral numbers to every outgoing connection, and with many tests
+/// connecting in parallel one of them took a just-picked port before the router bound
+/// it ("address in use", seen in CI). Below the range, only another explicit pick can
+/// collide, and the picks of one process never repeat (a process-wide sequence, salted
+/// by pid and time so that parallel processes start apart).
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let salt = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ (u64::from(std::process::id()) << 16);
+    for _ in 0..4000 {
+        let i = NEXT.fetch_add(1, Ordering::Relaxed);
+        // 7919 is prime, so the sequence visits all 12,000 ports before repeating.
+        let port = 20_000 + ((salt % 12_000 + i * 7919) % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

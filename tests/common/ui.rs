@@ -76,10 +76,7 @@ impl Browser {
     }
 
     fn start(driver: &PathBuf, chromium: &PathBuf) -> Result<Browser, String> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
+        let port = super::free_port();
         let child = Command::new(driver)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
