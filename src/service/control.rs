@@ -140,6 +140,14 @@ pub fn register_blocking(
     if let Some(spec) = published {
         super::cluster_bridge::publish_worker(sh, &spec);
     }
+    announce_blocking(sh, &up, gen, capacity)?;
+    Ok((up, gen))
+}
+
+/// After a registry write from a plain thread: every core forgets the slot's old
+/// identity (a new epoch) and takes its per-shard capacity, through [`send_blocking`];
+/// then the worker gauge. Errors if shutdown started before the messages were delivered.
+fn announce_blocking(sh: &Shared, up: &Upsert, gen: u64, capacity: u64) -> Result<(), ApiError> {
     let slot = up.slot();
     let cap = cap_per_shard(capacity, sh.settings.limits.max_blocks_per_worker, sh.cores);
     let ops: Arc<[IndexOp]> = vec![IndexOp::SetCap(cap)].into();
@@ -159,7 +167,7 @@ pub fn register_blocking(
         }
     }
     sh.metrics.workers.set(sh.registry.load().len() as i64);
-    Ok((up, gen))
+    Ok(())
 }
 
 /// Enqueues to core `to` from a thread outside the executors, sleeping briefly while its
@@ -363,26 +371,7 @@ pub fn worker_status(sh: &Shared, e: &crate::registry::WorkerEntry, now_us: u64)
 pub fn register_replicated(sh: &Shared, spec: WorkerSpec) -> Result<(), ApiError> {
     let capacity = spec.capacity_blocks;
     let (up, gen) = upsert(sh, spec, Origin::Restored)?;
-    let slot = up.slot();
-    let cap = cap_per_shard(capacity, sh.settings.limits.max_blocks_per_worker, sh.cores);
-    let ops: Arc<[IndexOp]> = vec![IndexOp::SetCap(cap)].into();
-    for to in 0..sh.cores {
-        if let Upsert::NewEpoch(_) = up {
-            if !send_blocking(sh, to, Msg::Forget { slot }) {
-                return Err(EngineError::BadRequest("shutting down".into()).into());
-            }
-        }
-        let m = Msg::Index {
-            slot,
-            gen,
-            ops: ops.clone(),
-        };
-        if !send_blocking(sh, to, m) {
-            return Err(EngineError::BadRequest("shutting down".into()).into());
-        }
-    }
-    sh.metrics.workers.set(sh.registry.load().len() as i64);
-    Ok(())
+    announce_blocking(sh, &up, gen, capacity)
 }
 
 /// A removal replicated from another replica: [`deregister`] from a plain thread, not
