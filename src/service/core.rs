@@ -5,25 +5,30 @@
 //! synchronous; messages they produce go to an outbox that the run loop flushes, so a
 //! full peer mailbox never blocks message handling (and two cores can never deadlock
 //! waiting on each other's queues).
+//!
+//! The per-core operations live in submodules by concern: `index` (applying KV-event
+//! batches, forgetting a worker), `requests` (commit, lifecycle calls, active-block
+//! fan-out, replica calls) and `wait` (tasks waiting for replies).
 
-use super::ingest_slice::{IngestCursor, Piece};
-use super::msg::{IndexOp, LifeOp, LifeOutcome, Msg, Reply, Retained, SpecAdd};
+mod index;
+mod requests;
+mod wait;
+
+pub use wait::WaitReply;
+
+use super::msg::{Msg, Reply, Retained, SpecAdd};
 use super::shared::Shared;
-use crate::engine::EngineError;
 use crate::index::{IndexShard, PendingShard, ShardAnswer};
-use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker, NewRequest};
+use crate::load::{ActiveBlocksShard, LoadTracker, NewRequest};
 use crate::sync::board::Published;
 use crate::types::{Tier, WorkerSlot};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
+use wait::Waiter;
 
 /// [`Core::local_query`]'s answer: index matches, active-block reuse, pending
 /// (position, worker) pairs, and whether the checked id is free here.
@@ -63,12 +68,6 @@ impl CoreState {
     fn knows(&self, id: &str) -> bool {
         self.pending.contains(id) || self.tracker.get(id).is_some()
     }
-}
-
-#[derive(Default)]
-struct Waiter {
-    reply: Option<Reply>,
-    waker: Option<Waker>,
 }
 
 pub struct Core {
@@ -120,31 +119,6 @@ impl Core {
             }
         }
         core
-    }
-
-    // ---- waiting for replies -------------------------------------------------------
-
-    /// Registers a waiter and returns its query id.
-    pub fn new_wait(&self) -> u64 {
-        let q = self.next_qid.get();
-        self.next_qid.set(q + 1);
-        self.waiters.borrow_mut().insert(q, Waiter::default());
-        q
-    }
-
-    /// Resolves when the reply for `qid` has arrived.
-    pub fn wait(&self, qid: u64) -> WaitReply<'_> {
-        WaitReply { core: self, qid }
-    }
-
-    fn complete(&self, qid: u64, reply: Reply) {
-        let mut w = self.waiters.borrow_mut();
-        if let Some(waiter) = w.get_mut(&qid) {
-            waiter.reply = Some(reply);
-            if let Some(k) = waiter.waker.take() {
-                k.wake();
-            }
-        }
     }
 
     // ---- sending -------------------------------------------------------------------
@@ -216,282 +190,6 @@ impl Core {
     pub fn load_count(&self) -> usize {
         let st = self.st.borrow();
         st.tracker.active_requests() + st.pending.len()
-    }
-
-    fn commit(&self, req: NewRequest, retained: Option<Box<Retained>>, spec: Option<SpecAdd>) {
-        super::cluster_bridge::publish_route(&self.shared, &req);
-        let hashes: Arc<[u64]> = Arc::from(req.hashes.as_slice());
-        let slot = req.decode_worker;
-        let id = req.id.clone();
-        {
-            let mut st = self.st.borrow_mut();
-            st.pending.remove(&id);
-            st.mark(slot);
-            if let Some(p) = req.prefill_worker {
-                st.mark(p);
-            }
-            if st.tracker.on_route(req).is_err() {
-                // Reserved ids cannot be duplicates; nothing to undo.
-                return;
-            }
-            if let Some(r) = retained {
-                st.retained.insert(id, *r);
-            }
-        }
-        self.broadcast_active(slot, true, hashes, spec);
-    }
-
-    fn broadcast_active(
-        &self,
-        slot: WorkerSlot,
-        add: bool,
-        hashes: Arc<[u64]>,
-        spec: Option<SpecAdd>,
-    ) {
-        for to in 0..self.shared.cores {
-            if to == self.id {
-                self.apply_active(slot, add, &hashes, spec);
-            } else {
-                self.post(
-                    to,
-                    Msg::Active {
-                        slot,
-                        add,
-                        hashes: hashes.clone(),
-                        spec,
-                    },
-                );
-            }
-        }
-    }
-
-    fn apply_active(&self, slot: WorkerSlot, add: bool, hashes: &[u64], spec: Option<SpecAdd>) {
-        let mut st = self.st.borrow_mut();
-        let st = &mut *st;
-        let bits = self.shared.shard_bits;
-        // Branch-free: shard membership is a coin flip per hash with 2 cores, and the
-        // filtering branch was ~8 % of a core's samples (`--cores 2`, 20k decisions/s).
-        super::msg::select_slice(hashes, self.id, bits, &mut st.scratch);
-        if add {
-            st.active.add(slot, &st.scratch);
-        } else {
-            st.active.remove(slot, &st.scratch);
-        }
-        st.mark(slot);
-        if let Some(sp) = spec {
-            let rest = hashes.get(sp.from as usize..).unwrap_or(&[]);
-            super::msg::select_slice(rest, self.id, bits, &mut st.scratch);
-            if add {
-                st.speculative.add(sp.slot, &st.scratch, sp.now_us);
-            } else if !st.speculative.is_empty() {
-                st.speculative.drop_hashes(sp.slot, &st.scratch);
-            }
-        }
-    }
-
-    /// `--cluster`: applies a peer replica's routing or lifecycle call. A routed
-    /// request is admitted like a restored one (its owner core holds the record, every
-    /// shard its active blocks); a lifecycle call runs wherever the record lives (the
-    /// other cores answer `UnknownRequest` without side effects). Nothing is
-    /// published again.
-    fn apply_replica(&self, op: super::cluster_bridge::ReplicaOp) {
-        use super::cluster_bridge::ReplicaOp;
-        match op {
-            ReplicaOp::Route(c) => {
-                let (slot, prefill) = (c.decode_worker, c.prefill_worker);
-                let hashes: Arc<[u64]> = Arc::from(c.hashes.as_slice());
-                {
-                    let mut st = self.st.borrow_mut();
-                    st.mark(slot);
-                    if let Some(p) = prefill {
-                        st.mark(p);
-                    }
-                    let now = self.shared.now_us();
-                    if st.tracker.restore(c, now).is_err() {
-                        return;
-                    }
-                }
-                self.broadcast_active(slot, true, hashes, None);
-            }
-            ReplicaOp::Life(op, id) => {
-                let _ = self.lifecycle_local(op, &id);
-            }
-            ReplicaOp::Carry(tx) => {
-                let now = self.shared.now_us();
-                let _ = tx.send(self.st.borrow().tracker.carry(now));
-            }
-        }
-    }
-
-    /// Runs a lifecycle call on this core; `UnknownRequest` (without side effects)
-    /// when the request does not live here.
-    pub fn lifecycle_local(&self, op: LifeOp, id: &str) -> Result<LifeOutcome, EngineError> {
-        let now = self.shared.now_us();
-        let map = |e: LifecycleError| match e {
-            LifecycleError::Duplicate => EngineError::Duplicate(id.into()),
-            LifecycleError::UnknownRequest => EngineError::UnknownRequest(id.into()),
-            LifecycleError::InvalidId => {
-                EngineError::BadRequest(format!("invalid request id {id:?}"))
-            }
-        };
-        let mut osl = None;
-        let finished = {
-            let mut st = self.st.borrow_mut();
-            if let Some(info) = st.tracker.get(id) {
-                osl = info.expected_output_tokens;
-                let (d, p) = (info.decode_worker, info.prefill_worker);
-                st.mark(d);
-                if let Some(p) = p {
-                    st.mark(p);
-                }
-            }
-            match op {
-                LifeOp::FirstToken => {
-                    st.tracker.on_first_token(id, now).map_err(map)?;
-                    return Ok(LifeOutcome::Done);
-                }
-                LifeOp::Progress(n) => {
-                    st.tracker.on_progress(id, n, now).map_err(map)?;
-                    return Ok(LifeOutcome::Done);
-                }
-                LifeOp::Finish => {
-                    let f = st.tracker.on_finish(id, now).map_err(map)?;
-                    st.retained.remove(id);
-                    (f, None)
-                }
-                LifeOp::PrefillFailed => {
-                    let kept = st.retained.remove(id);
-                    let f = st.tracker.on_prefill_failed(id, now).map_err(map)?;
-                    (f, kept)
-                }
-            }
-        };
-        let (f, kept) = finished;
-        // A request that ended was prefilled: its worker's events have confirmed its
-        // blocks by now, or will never do so; either way they stop being pending.
-        let spec = SpecAdd {
-            slot: f.prefill_worker.unwrap_or(f.decode_worker),
-            from: 0,
-            now_us: now,
-        };
-        let hashes: Arc<[u64]> = Arc::from(f.hashes.as_slice());
-        if op == LifeOp::Finish {
-            self.record(&f, osl, &hashes);
-        }
-        self.broadcast_active(f.decode_worker, false, hashes, Some(spec));
-        match (op, kept) {
-            (LifeOp::PrefillFailed, Some(r)) => Ok(LifeOutcome::Reroute(Box::new(r))),
-            (LifeOp::PrefillFailed, None) => Err(EngineError::BadRequest(format!(
-                "request {id:?} was not routed to a prefill worker"
-            ))),
-            _ => Ok(LifeOutcome::Done),
-        }
-    }
-
-    /// `--record`: offers the ended request to the trace writer (never blocks).
-    fn record(&self, f: &crate::load::Finished, osl: Option<u32>, hashes: &Arc<[u64]>) {
-        let Some(r) = self.shared.recorder.get() else {
-            return;
-        };
-        let e = crate::record::Ended {
-            routed_at_us: f.routed_at_us,
-            input_tokens: f.input_tokens,
-            output_tokens: f.output_tokens,
-            expected_output_tokens: osl,
-            first_token: f.first_token_us.is_some(),
-            hashes: hashes.clone(),
-        };
-        if !r.offer(e) {
-            self.shared.metrics.record_dropped.inc();
-        }
-    }
-
-    /// Starts applying an index message slice by slice (`run_loop`); any other
-    /// message is returned as is.
-    pub fn begin_index(&self, msg: Msg) -> Result<IngestCursor, Msg> {
-        let cur = IngestCursor::from_msg(msg)?;
-        // Every core sees every index batch; core 0 notes it for the status page.
-        if self.id == 0 && cur.ops().iter().any(|o| !matches!(o, IndexOp::SetCap(_))) {
-            let now = self.shared.now_ms();
-            self.shared.status.counters.cache_event(cur.slot(), now);
-        }
-        Ok(cur)
-    }
-
-    /// Applies the next slice of `cur`: at most `budget` of this shard's hashes
-    /// (`ingest_slice`). Returns whether more remains. The slot's identity is checked
-    /// before every slice, so a `Forget` handled between two slices drops the rest of
-    /// a batch that was about the previous identity.
-    pub fn apply_index_slice(&self, cur: &mut IngestCursor, budget: usize) -> bool {
-        let slot = cur.slot();
-        let current = self
-            .shared
-            .cells(slot)
-            .map(|c| c.gen.load(Ordering::Acquire));
-        if current != Some(cur.gen()) {
-            return false; // about a previous identity of the slot
-        }
-        let mut st = self.st.borrow_mut();
-        let st = &mut *st;
-        let bits = self.shared.shard_bits;
-        let id = self.id;
-        let metrics = &self.shared.metrics;
-        let more = cur.step(
-            budget,
-            |hashes, out| hashes.select(id, bits, out),
-            |piece| match piece {
-                Piece::Stored(tier, hashes) => {
-                    let o = st.index.stored(slot, tier, hashes);
-                    if o.rejected > 0 {
-                        metrics.index_refused(o.rejected, o.over_budget);
-                    }
-                    if !st.speculative.is_empty() {
-                        st.speculative.confirm(slot, hashes);
-                    }
-                }
-                Piece::Removed(tier, hashes) => {
-                    st.index.removed(slot, tier, hashes);
-                    if !st.speculative.is_empty() {
-                        st.speculative.drop_hashes(slot, hashes);
-                    }
-                }
-                Piece::Other(IndexOp::Cleared { tier }) => {
-                    match tier {
-                        Some(t) => st.index.clear_tier(slot, *t),
-                        None => {
-                            for t in Tier::ALL {
-                                st.index.clear_tier(slot, t);
-                            }
-                        }
-                    }
-                    st.speculative.clear_worker(slot);
-                }
-                Piece::Other(IndexOp::SetCap(cap)) => st.index.set_worker_cap(slot, *cap),
-                // Operations with hashes always come as `Stored` / `Removed` pieces.
-                Piece::Other(IndexOp::Stored { .. } | IndexOp::Removed { .. }) => {}
-            },
-        );
-        st.mark(slot);
-        more
-    }
-
-    fn forget(&self, slot: WorkerSlot) {
-        let mut st = self.st.borrow_mut();
-        st.index.clear_worker(slot);
-        st.active.clear_worker(slot);
-        st.speculative.clear_worker(slot);
-        for f in st.tracker.remove_worker(slot) {
-            st.retained.remove(&f.id);
-            // The decode worker's active blocks live in every shard: other shards drop
-            // them on their own Forget (clear_worker) when decode_worker == slot; a
-            // request that only prefilled on `slot` keeps its decode-side blocks.
-            if f.decode_worker != slot {
-                drop(st);
-                self.broadcast_active(f.decode_worker, false, Arc::from(f.hashes.as_slice()), None);
-                st = self.st.borrow_mut();
-            }
-        }
-        st.mark(slot);
     }
 
     /// Handles one message from another core (or our own mailbox).
@@ -590,42 +288,6 @@ impl Core {
                 .status
                 .counters
                 .publish_tiers(self.id, slot, tiers);
-        }
-    }
-}
-
-/// Future of [`Core::wait`].
-pub struct WaitReply<'a> {
-    core: &'a Core,
-    qid: u64,
-}
-
-impl Future for WaitReply<'_> {
-    type Output = Reply;
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Reply> {
-        let mut w = self.core.waiters.borrow_mut();
-        match w.get_mut(&self.qid) {
-            Some(waiter) => match waiter.reply.take() {
-                Some(r) => {
-                    w.remove(&self.qid);
-                    Poll::Ready(r)
-                }
-                None => {
-                    waiter.waker = Some(cx.waker().clone());
-                    Poll::Pending
-                }
-            },
-            // Never registered: cannot happen through the public API.
-            None => Poll::Pending,
-        }
-    }
-}
-
-impl Drop for WaitReply<'_> {
-    fn drop(&mut self) {
-        // A cancelled wait (connection closed) must not leak its slot.
-        if let Ok(mut w) = self.core.waiters.try_borrow_mut() {
-            w.remove(&self.qid);
         }
     }
 }

@@ -1,0 +1,217 @@
+//! Requests on one core: committing a routed request, lifecycle calls (first token,
+//! progress, finish, prefill failure), the active-block updates they fan out to every
+//! shard, the `--record` trace offer, and a peer replica's routing / lifecycle calls
+//! (`--cluster`).
+//!
+//! Guarantees: a request's active blocks are added on every shard when it is committed
+//! and removed on every shard when it ends, exactly once; a lifecycle call for a request
+//! that does not live on this core answers `UnknownRequest` without side effects; a
+//! replica's calls are applied but never published again.
+
+use super::Core;
+use crate::engine::EngineError;
+use crate::load::{LifecycleError, NewRequest};
+use crate::service::msg::{LifeOp, LifeOutcome, Msg, Retained, SpecAdd};
+use crate::types::WorkerSlot;
+use std::sync::Arc;
+
+impl Core {
+    pub(super) fn commit(
+        &self,
+        req: NewRequest,
+        retained: Option<Box<Retained>>,
+        spec: Option<SpecAdd>,
+    ) {
+        crate::service::cluster_bridge::publish_route(&self.shared, &req);
+        let hashes: Arc<[u64]> = Arc::from(req.hashes.as_slice());
+        let slot = req.decode_worker;
+        let id = req.id.clone();
+        {
+            let mut st = self.st.borrow_mut();
+            st.pending.remove(&id);
+            st.mark(slot);
+            if let Some(p) = req.prefill_worker {
+                st.mark(p);
+            }
+            if st.tracker.on_route(req).is_err() {
+                // Reserved ids cannot be duplicates; nothing to undo.
+                return;
+            }
+            if let Some(r) = retained {
+                st.retained.insert(id, *r);
+            }
+        }
+        self.broadcast_active(slot, true, hashes, spec);
+    }
+
+    pub(super) fn broadcast_active(
+        &self,
+        slot: WorkerSlot,
+        add: bool,
+        hashes: Arc<[u64]>,
+        spec: Option<SpecAdd>,
+    ) {
+        for to in 0..self.shared.cores {
+            if to == self.id {
+                self.apply_active(slot, add, &hashes, spec);
+            } else {
+                self.post(
+                    to,
+                    Msg::Active {
+                        slot,
+                        add,
+                        hashes: hashes.clone(),
+                        spec,
+                    },
+                );
+            }
+        }
+    }
+
+    pub(super) fn apply_active(
+        &self,
+        slot: WorkerSlot,
+        add: bool,
+        hashes: &[u64],
+        spec: Option<SpecAdd>,
+    ) {
+        let mut st = self.st.borrow_mut();
+        let st = &mut *st;
+        let bits = self.shared.shard_bits;
+        // Branch-free: shard membership is a coin flip per hash with 2 cores, and the
+        // filtering branch was ~8 % of a core's samples (`--cores 2`, 20k decisions/s).
+        crate::service::msg::select_slice(hashes, self.id, bits, &mut st.scratch);
+        if add {
+            st.active.add(slot, &st.scratch);
+        } else {
+            st.active.remove(slot, &st.scratch);
+        }
+        st.mark(slot);
+        if let Some(sp) = spec {
+            let rest = hashes.get(sp.from as usize..).unwrap_or(&[]);
+            crate::service::msg::select_slice(rest, self.id, bits, &mut st.scratch);
+            if add {
+                st.speculative.add(sp.slot, &st.scratch, sp.now_us);
+            } else if !st.speculative.is_empty() {
+                st.speculative.drop_hashes(sp.slot, &st.scratch);
+            }
+        }
+    }
+
+    /// `--cluster`: applies a peer replica's routing or lifecycle call. A routed
+    /// request is admitted like a restored one (its owner core holds the record, every
+    /// shard its active blocks); a lifecycle call runs wherever the record lives (the
+    /// other cores answer `UnknownRequest` without side effects). Nothing is
+    /// published again.
+    pub(super) fn apply_replica(&self, op: crate::service::cluster_bridge::ReplicaOp) {
+        use crate::service::cluster_bridge::ReplicaOp;
+        match op {
+            ReplicaOp::Route(c) => {
+                let (slot, prefill) = (c.decode_worker, c.prefill_worker);
+                let hashes: Arc<[u64]> = Arc::from(c.hashes.as_slice());
+                {
+                    let mut st = self.st.borrow_mut();
+                    st.mark(slot);
+                    if let Some(p) = prefill {
+                        st.mark(p);
+                    }
+                    let now = self.shared.now_us();
+                    if st.tracker.restore(c, now).is_err() {
+                        return;
+                    }
+                }
+                self.broadcast_active(slot, true, hashes, None);
+            }
+            ReplicaOp::Life(op, id) => {
+                let _ = self.lifecycle_local(op, &id);
+            }
+            ReplicaOp::Carry(tx) => {
+                let now = self.shared.now_us();
+                let _ = tx.send(self.st.borrow().tracker.carry(now));
+            }
+        }
+    }
+
+    /// Runs a lifecycle call on this core; `UnknownRequest` (without side effects)
+    /// when the request does not live here.
+    pub fn lifecycle_local(&self, op: LifeOp, id: &str) -> Result<LifeOutcome, EngineError> {
+        let now = self.shared.now_us();
+        let map = |e: LifecycleError| match e {
+            LifecycleError::Duplicate => EngineError::Duplicate(id.into()),
+            LifecycleError::UnknownRequest => EngineError::UnknownRequest(id.into()),
+            LifecycleError::InvalidId => {
+                EngineError::BadRequest(format!("invalid request id {id:?}"))
+            }
+        };
+        let mut osl = None;
+        let finished = {
+            let mut st = self.st.borrow_mut();
+            if let Some(info) = st.tracker.get(id) {
+                osl = info.expected_output_tokens;
+                let (d, p) = (info.decode_worker, info.prefill_worker);
+                st.mark(d);
+                if let Some(p) = p {
+                    st.mark(p);
+                }
+            }
+            match op {
+                LifeOp::FirstToken => {
+                    st.tracker.on_first_token(id, now).map_err(map)?;
+                    return Ok(LifeOutcome::Done);
+                }
+                LifeOp::Progress(n) => {
+                    st.tracker.on_progress(id, n, now).map_err(map)?;
+                    return Ok(LifeOutcome::Done);
+                }
+                LifeOp::Finish => {
+                    let f = st.tracker.on_finish(id, now).map_err(map)?;
+                    st.retained.remove(id);
+                    (f, None)
+                }
+                LifeOp::PrefillFailed => {
+                    let kept = st.retained.remove(id);
+                    let f = st.tracker.on_prefill_failed(id, now).map_err(map)?;
+                    (f, kept)
+                }
+            }
+        };
+        let (f, kept) = finished;
+        // A request that ended was prefilled: its worker's events have confirmed its
+        // blocks by now, or will never do so; either way they stop being pending.
+        let spec = SpecAdd {
+            slot: f.prefill_worker.unwrap_or(f.decode_worker),
+            from: 0,
+            now_us: now,
+        };
+        let hashes: Arc<[u64]> = Arc::from(f.hashes.as_slice());
+        if op == LifeOp::Finish {
+            self.record(&f, osl, &hashes);
+        }
+        self.broadcast_active(f.decode_worker, false, hashes, Some(spec));
+        match (op, kept) {
+            (LifeOp::PrefillFailed, Some(r)) => Ok(LifeOutcome::Reroute(Box::new(r))),
+            (LifeOp::PrefillFailed, None) => Err(EngineError::BadRequest(format!(
+                "request {id:?} was not routed to a prefill worker"
+            ))),
+            _ => Ok(LifeOutcome::Done),
+        }
+    }
+
+    /// `--record`: offers the ended request to the trace writer (never blocks).
+    fn record(&self, f: &crate::load::Finished, osl: Option<u32>, hashes: &Arc<[u64]>) {
+        let Some(r) = self.shared.recorder.get() else {
+            return;
+        };
+        let e = crate::record::Ended {
+            routed_at_us: f.routed_at_us,
+            input_tokens: f.input_tokens,
+            output_tokens: f.output_tokens,
+            expected_output_tokens: osl,
+            first_token: f.first_token_us.is_some(),
+            hashes: hashes.clone(),
+        };
+        if !r.offer(e) {
+            self.shared.metrics.record_dropped.inc();
+        }
+    }
+}
