@@ -58,6 +58,19 @@ pub fn worker_key(id: &str) -> String {
     s
 }
 
+/// The worker id of a KV key made by [`worker_key`]; `None` for any other key.
+pub fn worker_id_of_key(key: &str) -> Option<String> {
+    let hex = key.strip_prefix("w.")?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,5 +85,15 @@ mod tests {
         assert!(check_cluster_name("prod-1_x").is_ok());
         assert!(check_cluster_name("a.b").is_err());
         assert!(check_cluster_name("").is_err());
+    }
+
+    #[test]
+    fn keys_round_trip() {
+        for id in ["w-1", "a.b:c@d+e=f_g"] {
+            let k = worker_key(id);
+            assert_eq!(worker_id_of_key(&k).as_deref(), Some(id));
+        }
+        assert_eq!(worker_id_of_key("w.6"), None);
+        assert_eq!(worker_id_of_key("x.61"), None);
     }
 }
