@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod fleet;
 pub mod ident;
 pub mod proxy;
 pub mod raw;
