@@ -221,4 +221,62 @@ mod tests {
         assert_eq!(joined, ops);
         assert_eq!(chunk("o", vec![], 10).len(), 1);
     }
+
+    /// The JSON of route ops, byte for byte (peers of other builds parse it): a fresh
+    /// route leaves its progress and absent optional fields out; a load-sync route
+    /// carries them all.
+    #[test]
+    fn route_op_json_is_pinned() {
+        let fresh = LoadOp::Route {
+            id: "q".into(),
+            decode: "w1".into(),
+            prefill: None,
+            input_tokens: 64,
+            cached_tokens: 16,
+            prompt_blocks: 4,
+            hashes: vec![1, u64::MAX],
+            osl: None,
+            in_prefill: true,
+            output_tokens: 0,
+            age_us: 0,
+            first_token_age_us: None,
+        };
+        let synced = LoadOp::Route {
+            id: "r".into(),
+            decode: "w2".into(),
+            prefill: Some("p1".into()),
+            input_tokens: 10,
+            cached_tokens: 0,
+            prompt_blocks: 1,
+            hashes: vec![],
+            osl: Some(8),
+            in_prefill: false,
+            output_tokens: 3,
+            age_us: 1500,
+            first_token_age_us: Some(700),
+        };
+        let b = LoadBatch {
+            origin: "o".into(),
+            ops: vec![fresh, synced],
+            more: true,
+        };
+        let text = String::from_utf8(b.encode()).unwrap();
+        assert_eq!(
+            text,
+            concat!(
+                r#"{"origin":"o","ops":["#,
+                r#"{"op":"route","id":"q","decode":"w1","input_tokens":64,"cached_tokens":16,"#,
+                r#""prompt_blocks":4,"hashes":[1,18446744073709551615]},"#,
+                r#"{"op":"route","id":"r","decode":"w2","prefill":"p1","input_tokens":10,"#,
+                r#""cached_tokens":0,"prompt_blocks":1,"hashes":[],"osl":8,"in_prefill":false,"#,
+                r#""output_tokens":3,"age_us":1500,"first_token_age_us":700}],"more":true}"#
+            )
+        );
+        assert_eq!(LoadBatch::decode(text.as_bytes()), Ok(b));
+        // Unknown fields in a route are refused, as in every op.
+        let extra = r#"{"origin":"o","ops":[{"op":"route","id":"q","decode":"w","input_tokens":1,"cached_tokens":0,"prompt_blocks":1,"hashes":[],"x":1}]}"#;
+        assert!(LoadBatch::decode(extra.as_bytes()).is_err());
+        let ok = extra.replace(r#","x":1"#, "");
+        assert!(LoadBatch::decode(ok.as_bytes()).is_ok(), "{ok}");
+    }
 }

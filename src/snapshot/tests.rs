@@ -274,3 +274,48 @@ fn check_names_what_cannot_be_restored() {
     s.requests[0].id.clear();
     assert!(e(&s, &expect()).contains("request #0"));
 }
+
+/// The request section's bytes, pinned (snapshots of older builds must still load). The
+/// re-route inputs are JSON of `select::Filters`, whose fields are not this format's.
+#[test]
+fn request_bytes_are_pinned() {
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let s = sample();
+    let reroute = serde_json::to_vec(s.requests[0].reroute.as_ref().unwrap()).unwrap();
+    let mut out = Vec::new();
+    s.requests[0].encode(&mut out);
+    let want = [
+        "0300722d31",       // id
+        "01000000",         // decode worker 1
+        "00000000",         // prefill worker 0
+        "2c010000",         // 300 input tokens
+        "80000000",         // 128 cached
+        "03000000",         // 3 prompt blocks
+        "0b",               // in prefill | OSL | re-route
+        "00000000",         // output tokens
+        "d204000000000000", // age 1234 µs
+        "32000000",         // OSL 50
+        &hex(&(reroute.len() as u32).to_le_bytes()),
+        &hex(&reroute),
+        "03000000050000000000000006000000000000000700000000000000", // hashes 5, 6, 7
+    ]
+    .concat();
+    assert_eq!(hex(&out), want);
+    let mut out = Vec::new();
+    s.requests[1].encode(&mut out);
+    let want = [
+        "0300722d32",       // id
+        "00000000",         // decode worker 0
+        "ffffffff",         // no prefill worker
+        "0a000000",         // 10 input tokens
+        "00000000",         // none cached
+        "01000000",         // 1 prompt block
+        "04",               // first token
+        "11000000",         // 17 output tokens
+        "0000000000000000", // age 0
+        "0900000000000000", // first token 9 µs ago
+        "00000000",         // no hashes
+    ]
+    .concat();
+    assert_eq!(hex(&out), want);
+}
