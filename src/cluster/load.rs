@@ -7,6 +7,7 @@
 //! self-describing, and bounded by the NATS payload limit before it is parsed. Pure:
 //! the batcher decides when to flush; the driver sends.
 
+use crate::load::CarriedRequest;
 use serde::{Deserialize, Serialize};
 
 /// Largest load batch a receiver parses.
@@ -19,29 +20,9 @@ pub const FLUSH_US: u64 = 2_000;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum LoadOp {
-    /// A routed request, as its record was committed.
-    Route {
-        id: String,
-        decode: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        prefill: Option<String>,
-        input_tokens: u32,
-        cached_tokens: u32,
-        prompt_blocks: u32,
-        hashes: Vec<u64>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        osl: Option<u32>,
-        /// The rest is the request's progress, sent only by a load sync (a fresh
-        /// route is in prefill, with no output, age 0).
-        #[serde(default = "yes", skip_serializing_if = "is_true")]
-        in_prefill: bool,
-        #[serde(default, skip_serializing_if = "is_zero")]
-        output_tokens: u32,
-        #[serde(default, skip_serializing_if = "is_zero64")]
-        age_us: u64,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        first_token_age_us: Option<u64>,
-    },
+    /// A routed request, as its record was committed (fresh: its progress fields
+    /// left out), or as a load sync carries it; workers as ids.
+    Route(CarriedRequest<String>),
     FirstToken {
         id: String,
     },
@@ -67,19 +48,6 @@ pub struct LoadBatch {
     /// A load-sync answer continues in another message.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub more: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-fn is_true(b: &bool) -> bool {
-    *b
-}
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-fn is_zero64(n: &u64) -> bool {
-    *n == 0
 }
 
 /// Cuts a load-sync answer into batches of at most `max_bytes` of ops (roughly:
@@ -165,20 +133,20 @@ mod tests {
         let b = LoadBatch {
             origin: "r/1".into(),
             ops: vec![
-                LoadOp::Route {
+                LoadOp::Route(CarriedRequest {
                     id: "q".into(),
-                    decode: "w1".into(),
-                    prefill: None,
+                    decode_worker: "w1".into(),
+                    prefill_worker: None,
                     input_tokens: 64,
                     cached_tokens: 16,
                     prompt_blocks: 4,
                     hashes: vec![1, 2, 3, 4],
-                    osl: Some(8),
+                    expected_output_tokens: Some(8),
                     in_prefill: true,
                     output_tokens: 0,
                     age_us: 0,
                     first_token_age_us: None,
-                },
+                }),
                 LoadOp::Progress {
                     id: "q".into(),
                     output_tokens: 3,
@@ -227,34 +195,34 @@ mod tests {
     /// carries them all.
     #[test]
     fn route_op_json_is_pinned() {
-        let fresh = LoadOp::Route {
+        let fresh = LoadOp::Route(CarriedRequest {
             id: "q".into(),
-            decode: "w1".into(),
-            prefill: None,
+            decode_worker: "w1".into(),
+            prefill_worker: None,
             input_tokens: 64,
             cached_tokens: 16,
             prompt_blocks: 4,
             hashes: vec![1, u64::MAX],
-            osl: None,
+            expected_output_tokens: None,
             in_prefill: true,
             output_tokens: 0,
             age_us: 0,
             first_token_age_us: None,
-        };
-        let synced = LoadOp::Route {
+        });
+        let synced = LoadOp::Route(CarriedRequest {
             id: "r".into(),
-            decode: "w2".into(),
-            prefill: Some("p1".into()),
+            decode_worker: "w2".into(),
+            prefill_worker: Some("p1".into()),
             input_tokens: 10,
             cached_tokens: 0,
             prompt_blocks: 1,
             hashes: vec![],
-            osl: Some(8),
+            expected_output_tokens: Some(8),
             in_prefill: false,
             output_tokens: 3,
             age_us: 1500,
             first_token_age_us: Some(700),
-        };
+        });
         let b = LoadBatch {
             origin: "o".into(),
             ops: vec![fresh, synced],

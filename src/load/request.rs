@@ -1,9 +1,11 @@
 //! Request-level records of the load tracker: what a routing decision hands in
 //! ([`NewRequest`]), what a caller can inspect ([`RequestInfo`]), what it must undo
-//! elsewhere when a request leaves ([`Finished`]), and the tracker's private per-request
+//! elsewhere when a request leaves ([`Finished`]), what carries it into another tracker
+//! ([`CarriedRequest`]: snapshots, peer replicas), and the tracker's private per-request
 //! state with the output-block weighting rule.
 
 use crate::types::WorkerSlot;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// Longest accepted request id, in bytes.
@@ -118,25 +120,106 @@ pub struct RequestInfo {
     pub output_blocks_milli: u64,
 }
 
-/// An active request as carried across a restart (warm-restart snapshots): everything
-/// its accounting is derived from, with times as ages so they survive a new clock.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CarriedRequest {
+/// An active request as carried out of one tracker into another: across a restart
+/// (warm-restart snapshots, `snapshot::SavedRequest`) and to peer replicas (`--cluster`
+/// load batches, `cluster::load::LoadOp::Route`). It holds everything the request's
+/// accounting is derived from, with times as ages so they survive a new clock.
+///
+/// `W` names a worker: a slot of this process's registry (the default, what
+/// [`LoadTracker::restore`](super::LoadTracker::restore) takes), an index into a
+/// snapshot's worker list, or a worker id between replicas (slots differ between
+/// processes); [`CarriedRequest::map_workers`] converts. The serde form is the JSON of
+/// a load batch's route op (docs/PROTOCOL.md): its field names and the fields it leaves
+/// out are that format, pinned by `cluster::load`'s tests.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CarriedRequest<W = WorkerSlot> {
     pub id: String,
-    pub decode_worker: WorkerSlot,
-    pub prefill_worker: Option<WorkerSlot>,
+    #[serde(rename = "decode")]
+    pub decode_worker: W,
+    #[serde(rename = "prefill", default, skip_serializing_if = "Option::is_none")]
+    pub prefill_worker: Option<W>,
     pub input_tokens: u32,
     pub cached_tokens: u32,
     pub prompt_blocks: u32,
     pub hashes: Vec<u64>,
+    #[serde(rename = "osl", default, skip_serializing_if = "Option::is_none")]
     pub expected_output_tokens: Option<u32>,
-    /// Still contributing prefill load (no first token yet).
+    /// Still contributing prefill load (no first token yet). This and the rest are the
+    /// request's progress: a fresh route ([`CarriedRequest::fresh`]) is in prefill,
+    /// with no output, age 0, and its JSON leaves them out.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub in_prefill: bool,
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub output_tokens: u32,
     /// Time since routing when carried (µs).
+    #[serde(default, skip_serializing_if = "is_zero64")]
     pub age_us: u64,
     /// Time since prefill completed when carried (µs), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_token_age_us: Option<u64>,
+}
+
+impl CarriedRequest {
+    /// A request just routed: in prefill, no output, age 0.
+    pub fn fresh(req: &NewRequest) -> CarriedRequest {
+        CarriedRequest {
+            id: req.id.clone(),
+            decode_worker: req.decode_worker,
+            prefill_worker: req.prefill_worker,
+            input_tokens: req.input_tokens,
+            cached_tokens: req.cached_tokens,
+            prompt_blocks: req.prompt_blocks,
+            hashes: req.hashes.clone(),
+            expected_output_tokens: req.expected_output_tokens,
+            in_prefill: true,
+            output_tokens: 0,
+            age_us: 0,
+            first_token_age_us: None,
+        }
+    }
+}
+
+impl<W> CarriedRequest<W> {
+    /// The same request with its workers named by `name`; `None` when `name` has no
+    /// name for one of them.
+    pub fn map_workers<V>(
+        self,
+        mut name: impl FnMut(&W) -> Option<V>,
+    ) -> Option<CarriedRequest<V>> {
+        let decode_worker = name(&self.decode_worker)?;
+        let prefill_worker = match &self.prefill_worker {
+            Some(p) => Some(name(p)?),
+            None => None,
+        };
+        Some(CarriedRequest {
+            id: self.id,
+            decode_worker,
+            prefill_worker,
+            input_tokens: self.input_tokens,
+            cached_tokens: self.cached_tokens,
+            prompt_blocks: self.prompt_blocks,
+            hashes: self.hashes,
+            expected_output_tokens: self.expected_output_tokens,
+            in_prefill: self.in_prefill,
+            output_tokens: self.output_tokens,
+            age_us: self.age_us,
+            first_token_age_us: self.first_token_age_us,
+        })
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+fn is_true(b: &bool) -> bool {
+    *b
+}
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+fn is_zero64(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Private per-request state. Its contributions to the aggregates are always exactly

@@ -33,31 +33,11 @@ pub fn publish_route(sh: &Shared, req: &crate::load::NewRequest) {
         return;
     };
     let reg = sh.registry.load();
-    let name = |s: WorkerSlot| reg.get(s).map(|e| e.spec.id.clone());
-    let Some(decode) = name(req.decode_worker) else {
+    let name = |&s: &WorkerSlot| reg.get(s).map(|e| e.spec.id.clone());
+    let Some(route) = crate::load::CarriedRequest::fresh(req).map_workers(name) else {
         return;
     };
-    let prefill = match req.prefill_worker {
-        Some(p) => match name(p) {
-            Some(n) => Some(n),
-            None => return,
-        },
-        None => None,
-    };
-    let op = crate::cluster::load::LoadOp::Route {
-        id: req.id.clone(),
-        decode,
-        prefill,
-        input_tokens: req.input_tokens,
-        cached_tokens: req.cached_tokens,
-        prompt_blocks: req.prompt_blocks,
-        hashes: req.hashes.clone(),
-        osl: req.expected_output_tokens,
-        in_prefill: true,
-        output_tokens: 0,
-        age_us: 0,
-        first_token_age_us: None,
-    };
+    let op = crate::cluster::load::LoadOp::Route(route);
     enqueue_load(sh, cl, op);
 }
 
@@ -86,42 +66,11 @@ fn to_replica(sh: &Shared, op: crate::cluster::load::LoadOp) -> Option<(ReplicaO
     use super::msg::LifeOp as L;
     use crate::cluster::load::LoadOp;
     Some(match op {
-        LoadOp::Route {
-            id,
-            decode,
-            prefill,
-            input_tokens,
-            cached_tokens,
-            prompt_blocks,
-            hashes,
-            osl,
-            in_prefill,
-            output_tokens,
-            age_us,
-            first_token_age_us,
-        } => {
-            crate::ids::check("request id", &id).ok()?;
+        LoadOp::Route(r) => {
+            crate::ids::check("request id", &r.id).ok()?;
             let reg = sh.registry.load();
-            let decode_worker = reg.slot(&decode)?;
-            let prefill_worker = match prefill {
-                Some(p) => Some(reg.slot(&p)?),
-                None => None,
-            };
-            let owner = sh.owner_of(&id);
-            let c = crate::load::CarriedRequest {
-                id,
-                decode_worker,
-                prefill_worker,
-                input_tokens,
-                cached_tokens,
-                prompt_blocks,
-                hashes,
-                expected_output_tokens: osl,
-                in_prefill,
-                output_tokens,
-                age_us,
-                first_token_age_us,
-            };
+            let owner = sh.owner_of(&r.id);
+            let c = r.map_workers(|w| reg.slot(w))?;
             (ReplicaOp::Route(c), Some(owner))
         }
         LoadOp::FirstToken { id } => (ReplicaOp::Life(L::FirstToken, id), None),
@@ -191,28 +140,9 @@ pub fn carried_ops(
     all: Vec<crate::load::CarriedRequest>,
 ) -> Vec<crate::cluster::load::LoadOp> {
     let reg = sh.registry.load();
-    let name = |s: WorkerSlot| reg.get(s).map(|e| e.spec.id.clone());
+    let name = |&s: &WorkerSlot| reg.get(s).map(|e| e.spec.id.clone());
     all.into_iter()
-        .filter_map(|c| {
-            let prefill = match c.prefill_worker {
-                Some(p) => Some(name(p)?),
-                None => None,
-            };
-            Some(crate::cluster::load::LoadOp::Route {
-                id: c.id,
-                decode: name(c.decode_worker)?,
-                prefill,
-                input_tokens: c.input_tokens,
-                cached_tokens: c.cached_tokens,
-                prompt_blocks: c.prompt_blocks,
-                hashes: c.hashes,
-                osl: c.expected_output_tokens,
-                in_prefill: c.in_prefill,
-                output_tokens: c.output_tokens,
-                age_us: c.age_us,
-                first_token_age_us: c.first_token_age_us,
-            })
-        })
+        .filter_map(|c| c.map_workers(name).map(crate::cluster::load::LoadOp::Route))
         .collect()
 }
 
@@ -227,7 +157,7 @@ pub(super) fn load_sync(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
     let theirs: std::collections::HashSet<String> = ops
         .iter()
         .filter_map(|o| match o {
-            LoadOp::Route { id, .. } => Some(id.clone()),
+            LoadOp::Route(r) => Some(r.id.clone()),
             _ => None,
         })
         .collect();
@@ -237,7 +167,7 @@ pub(super) fn load_sync(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
     }
     let missing: Vec<LoadOp> = ops
         .into_iter()
-        .filter(|o| matches!(o, LoadOp::Route { id, .. } if !mine.contains(id)))
+        .filter(|o| matches!(o, LoadOp::Route(r) if !mine.contains(&r.id)))
         .collect();
     apply_load(sh, missing);
 }

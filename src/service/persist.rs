@@ -198,28 +198,11 @@ pub fn take(sh: &Shared, dir: &Path) -> Result<Taken, String> {
             }
         }
         for (c, reroute) in dump.requests {
-            let index = |s: WorkerSlot| index_of.get(&s).map(|&i| i as u32);
-            let (Some(decode), Some(prefill)) = (
-                index(c.decode_worker),
-                c.prefill_worker.map(index).unwrap_or(Some(u32::MAX)),
-            ) else {
-                continue; // its worker left the registry meanwhile
-            };
-            snap.requests.push(SavedRequest {
-                id: c.id,
-                decode,
-                prefill: (prefill != u32::MAX).then_some(prefill),
-                input_tokens: c.input_tokens,
-                cached_tokens: c.cached_tokens,
-                prompt_blocks: c.prompt_blocks,
-                hashes: c.hashes,
-                expected_output_tokens: c.expected_output_tokens,
-                in_prefill: c.in_prefill,
-                output_tokens: c.output_tokens,
-                age_us: c.age_us,
-                first_token_age_us: c.first_token_age_us,
-                reroute,
-            });
+            let index = |s: &WorkerSlot| index_of.get(s).map(|&i| i as u32);
+            // `None`: its worker left the registry meanwhile.
+            if let Some(request) = c.map_workers(index) {
+                snap.requests.push(SavedRequest { request, reroute });
+            }
         }
     }
     let requests = snap.requests.len();
@@ -366,30 +349,14 @@ pub fn restore(
     let slot = |i: u32| slot_of.get(i as usize).copied().flatten();
     let mut requests = Vec::with_capacity(snap.requests.len());
     for (index, r) in snap.requests.into_iter().enumerate() {
+        let id = r.request.id.clone();
         // `check` verified every worker index; a miss here would be a bug, not data.
-        let (Some(decode_worker), Some(prefill_worker)) = (
-            slot(r.decode),
-            r.prefill.map(|p| slot(p).map(Some)).unwrap_or(Some(None)),
-        ) else {
+        let Some(c) = r.request.map_workers(|&i| slot(i)) else {
             return Err(RestoreError::InvalidRequest {
                 index,
-                id: r.id,
+                id,
                 reason: "names a worker the snapshot does not hold".into(),
             });
-        };
-        let c = CarriedRequest {
-            id: r.id,
-            decode_worker,
-            prefill_worker,
-            input_tokens: r.input_tokens,
-            cached_tokens: r.cached_tokens,
-            prompt_blocks: r.prompt_blocks,
-            hashes: r.hashes,
-            expected_output_tokens: r.expected_output_tokens,
-            in_prefill: r.in_prefill,
-            output_tokens: r.output_tokens,
-            age_us: r.age_us,
-            first_token_age_us: r.first_token_age_us,
         };
         requests.push((c, r.reroute));
     }

@@ -149,7 +149,8 @@ pub fn check(snap: &Snapshot, expect: &Expect) -> Result<(), RestoreError> {
     }
     let workers = snap.workers.len() as u32;
     let mut ids: HashMap<&str, usize> = HashMap::with_capacity(snap.requests.len());
-    for (index, r) in snap.requests.iter().enumerate() {
+    for (index, saved) in snap.requests.iter().enumerate() {
+        let r = &saved.request;
         let invalid = |reason| RestoreError::InvalidRequest {
             index,
             id: r.id.clone(),
@@ -158,7 +159,7 @@ pub fn check(snap: &Snapshot, expect: &Expect) -> Result<(), RestoreError> {
         // The one id rule of every door (`ids`), so a restart accepts exactly the
         // requests a running router could have admitted.
         crate::ids::check("request id", &r.id).map_err(invalid)?;
-        if r.decode >= workers || r.prefill.is_some_and(|p| p >= workers) {
+        if r.decode_worker >= workers || r.prefill_worker.is_some_and(|p| p >= workers) {
             return Err(invalid("names a worker the snapshot does not hold".into()));
         }
         if let Some(&first) = ids.get(r.id.as_str()) {

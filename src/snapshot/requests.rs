@@ -10,25 +10,15 @@
 
 use super::SnapshotError;
 use crate::config::Mode;
+use crate::load::CarriedRequest;
 use crate::select::Filters;
 use serde::{Deserialize, Serialize};
 
-/// An in-flight request as saved: its load-tracker state (`load::CarriedRequest`),
-/// with workers as indices into `Snapshot::workers`.
+/// An in-flight request as saved: its load-tracker state, with workers as indices
+/// into `Snapshot::workers`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SavedRequest {
-    pub id: String,
-    pub decode: u32,
-    pub prefill: Option<u32>,
-    pub input_tokens: u32,
-    pub cached_tokens: u32,
-    pub prompt_blocks: u32,
-    pub hashes: Vec<u64>,
-    pub expected_output_tokens: Option<u32>,
-    pub in_prefill: bool,
-    pub output_tokens: u32,
-    pub age_us: u64,
-    pub first_token_age_us: Option<u64>,
+    pub request: CarriedRequest<u32>,
     /// Disaggregated requests: what a prefill failure needs to re-route decode-only.
     pub reroute: Option<SavedReroute>,
 }
@@ -96,25 +86,26 @@ impl SavedRequest {
     pub(super) const MIN_LEN: usize = 2 + 4 + 4 + 12 + 1 + 4 + 8 + 4;
 
     pub(super) fn encode(&self, out: &mut Vec<u8>) {
-        let id = self.id.as_bytes();
+        let r = &self.request;
+        let id = r.id.as_bytes();
         // Ids are at most 128 bytes (checked at routing); never write a wrong length.
         let id = &id[..id.len().min(usize::from(u16::MAX))];
         out.extend_from_slice(&(id.len() as u16).to_le_bytes());
         out.extend_from_slice(id);
-        out.extend_from_slice(&self.decode.to_le_bytes());
-        out.extend_from_slice(&self.prefill.unwrap_or(NO_WORKER).to_le_bytes());
-        for v in [self.input_tokens, self.cached_tokens, self.prompt_blocks] {
+        out.extend_from_slice(&r.decode_worker.to_le_bytes());
+        out.extend_from_slice(&r.prefill_worker.unwrap_or(NO_WORKER).to_le_bytes());
+        for v in [r.input_tokens, r.cached_tokens, r.prompt_blocks] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         let reroute = self
             .reroute
             .as_ref()
-            .and_then(|r| serde_json::to_vec(r).ok());
+            .and_then(|x| serde_json::to_vec(x).ok());
         let mut flags = 0;
         for (on, f) in [
-            (self.in_prefill, FLAG_IN_PREFILL),
-            (self.expected_output_tokens.is_some(), FLAG_OSL),
-            (self.first_token_age_us.is_some(), FLAG_FIRST_TOKEN),
+            (r.in_prefill, FLAG_IN_PREFILL),
+            (r.expected_output_tokens.is_some(), FLAG_OSL),
+            (r.first_token_age_us.is_some(), FLAG_FIRST_TOKEN),
             (reroute.is_some(), FLAG_REROUTE),
         ] {
             if on {
@@ -122,20 +113,20 @@ impl SavedRequest {
             }
         }
         out.push(flags);
-        out.extend_from_slice(&self.output_tokens.to_le_bytes());
-        out.extend_from_slice(&self.age_us.to_le_bytes());
-        if let Some(osl) = self.expected_output_tokens {
+        out.extend_from_slice(&r.output_tokens.to_le_bytes());
+        out.extend_from_slice(&r.age_us.to_le_bytes());
+        if let Some(osl) = r.expected_output_tokens {
             out.extend_from_slice(&osl.to_le_bytes());
         }
-        if let Some(a) = self.first_token_age_us {
+        if let Some(a) = r.first_token_age_us {
             out.extend_from_slice(&a.to_le_bytes());
         }
         if let Some(json) = reroute {
             out.extend_from_slice(&(json.len() as u32).to_le_bytes());
             out.extend_from_slice(&json);
         }
-        out.extend_from_slice(&(self.hashes.len() as u32).to_le_bytes());
-        for h in &self.hashes {
+        out.extend_from_slice(&(r.hashes.len() as u32).to_le_bytes());
+        for h in &r.hashes {
             out.extend_from_slice(&h.to_le_bytes());
         }
     }
@@ -153,8 +144,8 @@ impl SavedRequest {
                 Err(bad("request worker"))
             }
         };
-        let decode = worker(r.u32()?)?;
-        let prefill = match r.u32()? {
+        let decode_worker = worker(r.u32()?)?;
+        let prefill_worker = match r.u32()? {
             NO_WORKER => None,
             i => Some(worker(i)?),
         };
@@ -182,10 +173,10 @@ impl SavedRequest {
             .map(|c| c.try_into().map(u64::from_le_bytes))
             .collect::<Result<Vec<u64>, _>>()
             .map_err(|_| bad("hash"))?;
-        Ok(SavedRequest {
+        let request = CarriedRequest {
             id,
-            decode,
-            prefill,
+            decode_worker,
+            prefill_worker,
             input_tokens,
             cached_tokens,
             prompt_blocks,
@@ -195,7 +186,7 @@ impl SavedRequest {
             output_tokens,
             age_us,
             first_token_age_us,
-            reroute,
-        })
+        };
+        Ok(SavedRequest { request, reroute })
     }
 }

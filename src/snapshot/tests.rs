@@ -2,6 +2,7 @@
 //! file) and of the all-or-nothing restore check.
 
 use super::*;
+use crate::load::CarriedRequest;
 
 fn sample() -> Snapshot {
     let mut a = WorkerSpec::new("a");
@@ -23,18 +24,20 @@ fn sample() -> Snapshot {
         entries: vec![vec![(Tier::Device, 1), (Tier::Host, u64::MAX)], vec![]],
         requests: vec![
             SavedRequest {
-                id: "r-1".into(),
-                decode: 1,
-                prefill: Some(0),
-                input_tokens: 300,
-                cached_tokens: 128,
-                prompt_blocks: 3,
-                hashes: vec![5, 6, 7],
-                expected_output_tokens: Some(50),
-                in_prefill: true,
-                output_tokens: 0,
-                age_us: 1234,
-                first_token_age_us: None,
+                request: CarriedRequest {
+                    id: "r-1".into(),
+                    decode_worker: 1,
+                    prefill_worker: Some(0),
+                    input_tokens: 300,
+                    cached_tokens: 128,
+                    prompt_blocks: 3,
+                    hashes: vec![5, 6, 7],
+                    expected_output_tokens: Some(50),
+                    in_prefill: true,
+                    output_tokens: 0,
+                    age_us: 1234,
+                    first_token_age_us: None,
+                },
                 reroute: Some(SavedReroute {
                     filters: crate::select::Filters {
                         model: "m".into(),
@@ -44,18 +47,20 @@ fn sample() -> Snapshot {
                 }),
             },
             SavedRequest {
-                id: "r-2".into(),
-                decode: 0,
-                prefill: None,
-                input_tokens: 10,
-                cached_tokens: 0,
-                prompt_blocks: 1,
-                hashes: vec![],
-                expected_output_tokens: None,
-                in_prefill: false,
-                output_tokens: 17,
-                age_us: 0,
-                first_token_age_us: Some(9),
+                request: CarriedRequest {
+                    id: "r-2".into(),
+                    decode_worker: 0,
+                    prefill_worker: None,
+                    input_tokens: 10,
+                    cached_tokens: 0,
+                    prompt_blocks: 1,
+                    hashes: vec![],
+                    expected_output_tokens: None,
+                    in_prefill: false,
+                    output_tokens: 17,
+                    age_us: 0,
+                    first_token_age_us: Some(9),
+                },
                 reroute: None,
             },
         ],
@@ -118,7 +123,7 @@ fn corrupt_input_is_an_error_never_a_panic() {
     assert!(Snapshot::decode(&bad_tier).is_err());
     // A request naming a worker the snapshot does not have.
     let mut bad_worker = s.clone();
-    bad_worker.requests[1].decode = 2;
+    bad_worker.requests[1].request.decode_worker = 2;
     assert!(Snapshot::decode(&bad_worker.encode()).is_err());
     // A huge request count is refused before allocating.
     let mut huge = legacy(&no_requests, 2);
@@ -268,10 +273,10 @@ fn check_names_what_cannot_be_restored() {
     x.max_blocks_per_worker = 1;
     check(&sample(), &x).unwrap();
     let mut s = sample();
-    s.requests[1].id = "r-1".into();
+    s.requests[1].request.id = "r-1".into();
     assert!(e(&s, &expect()).contains("\"r-1\" is saved twice"));
     let mut s = sample();
-    s.requests[0].id.clear();
+    s.requests[0].request.id.clear();
     assert!(e(&s, &expect()).contains("request #0"));
 }
 
