@@ -13,21 +13,11 @@ runs kvroute-bench's event load against A at N block events/s meanwhile.
 """
 import argparse
 import json
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+from kvcluster import Cluster, wait
 
 
 def http(method, url, body=None):
@@ -36,18 +26,6 @@ def http(method, url, body=None):
                                  headers={"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as r:
         return r.status, r.read()
-
-
-def wait(what, f, secs=60):
-    end = time.time() + secs
-    while time.time() < end:
-        try:
-            if f():
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    sys.exit(f"timed out waiting for {what}")
 
 
 def main():
@@ -59,36 +37,17 @@ def main():
     ap.add_argument("--rate", type=int, default=0)
     ap.add_argument("--secs", type=int, default=30)
     a = ap.parse_args()
-    procs = []
-    store = tempfile.mkdtemp()
-    try:
-        np = free_port()
-        procs.append(subprocess.Popen(["nats-server", "-js", "-a", "127.0.0.1", "-p", str(np),
-                                       "-sd", store], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))
-        wait("nats", lambda: socket.create_connection(("127.0.0.1", np), 1).close() or True)
-        reps = []
-        for _ in range(2):
-            ports = [free_port() for _ in range(3)]
-            addrs = [f"127.0.0.1:{p}" for p in ports]
-            procs.append(subprocess.Popen(
-                [a.kvroute, "serve", "--cores", str(a.cores), "--events-addr", addrs[0],
-                 "--api-addr", addrs[1], "--http-addr", addrs[2], "--proxy-addr", "off",
-                 "--cluster", f"nats://127.0.0.1:{np}", "--cluster-name", "lag"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            reps.append(addrs)
-            url = f"http://{addrs[2]}"
-            wait("readyz", lambda: http("GET", url + "/readyz")[0] == 200)
-        A, B = (f"http://{r[2]}" for r in reps)
+    with Cluster() as c:
+        c.start_nats("nats")
+        reps = [c.start_replica(a.kvroute, a.cores, "lag") for _ in range(2)]
+        A, B = (f"http://{r.http}" for r in reps)
         http("POST", A + "/v1/workers", {"id": "probe", "role": "aggregated", "device": "gpu",
                                          "model": "m", "capacity_blocks": 10_000_000})
         wait("B sees the probe", lambda: b"probe" in http("GET", B + "/v1/workers")[1])
         if a.bench:
-            procs.append(subprocess.Popen(
-                [a.bench, "--events", reps[0][0], "--api", reps[0][1],
-                 "--http", reps[0][2], "--event-rate", str(a.rate), "--rate", "1",
-                 "--clients", "1", "--duration", str(a.secs)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            c.spawn([a.bench, "--events", reps[0].events, "--api", reps[0].api,
+                     "--http", reps[0].http, "--event-rate", str(a.rate), "--rate", "1",
+                     "--clients", "1", "--duration", str(a.secs)])
             time.sleep(3)
 
         def cached():
@@ -122,15 +81,6 @@ def main():
                           "p99_ms": round(q(0.99), 2), "max_ms": round(lags[-1], 2),
                           "background_block_events_per_s": a.rate if a.bench else 0,
                           "applied_events_per_s_a_b": rates}))
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(store, ignore_errors=True)
 
 
 if __name__ == "__main__":
