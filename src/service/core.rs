@@ -16,7 +16,7 @@ mod wait;
 
 pub use wait::WaitReply;
 
-use super::msg::{Msg, Reply, Retained, SpecAdd};
+use super::msg::{Msg, QueryAnswer, Reply, Retained, SpecAdd};
 use super::shared::Shared;
 use crate::index::{IndexShard, PendingShard, ShardAnswer};
 use crate::load::{ActiveBlocksShard, LoadTracker, NewRequest};
@@ -29,15 +29,6 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use wait::Waiter;
-
-/// [`Core::local_query`]'s answer: index matches, active-block reuse, pending
-/// (position, worker) pairs, and whether the checked id is free here.
-pub type LocalAnswer = (
-    ShardAnswer,
-    Vec<(WorkerSlot, u32)>,
-    Vec<(u32, WorkerSlot)>,
-    Option<bool>,
-);
 
 pub struct CoreState {
     pub index: IndexShard,
@@ -158,7 +149,7 @@ impl Core {
     /// Queries this core's shard: index matches, active-block reuse and pending
     /// (speculative) blocks (and checks a request id is unknown here, if asked:
     /// `Some(true)` when free).
-    pub fn local_query(&self, items: &[(u32, u64)], check_id: Option<&str>) -> LocalAnswer {
+    pub fn local_query(&self, items: &[(u32, u64)], check_id: Option<&str>) -> QueryAnswer {
         let st = self.st.borrow();
         let mut answer = ShardAnswer::default();
         st.index.query(items, &mut answer);
@@ -166,8 +157,13 @@ impl Core {
         st.active.count_reuse(items, &mut reuse);
         let mut spec = Vec::new();
         st.speculative.query(items, self.shared.now_us(), &mut spec);
-        let free = check_id.map(|id| !st.knows(id));
-        (answer, reuse, spec, free)
+        let id_free = check_id.map(|id| !st.knows(id));
+        QueryAnswer {
+            answer,
+            reuse,
+            spec,
+            id_free,
+        }
     }
 
     /// Claims request id `id` on this core for a routing in progress; `false` when
@@ -207,33 +203,10 @@ impl Core {
                 items,
                 check_id,
             } => {
-                let (answer, reuse, spec, id_free) = self.local_query(&items, check_id.as_deref());
-                self.post(
-                    from,
-                    Msg::Answer {
-                        qid,
-                        answer,
-                        reuse,
-                        spec,
-                        id_free,
-                    },
-                );
+                let answer = self.local_query(&items, check_id.as_deref());
+                self.post(from, Msg::Answer { qid, answer });
             }
-            Msg::Answer {
-                qid,
-                answer,
-                reuse,
-                spec,
-                id_free,
-            } => self.complete(
-                qid,
-                Reply::Answer {
-                    answer,
-                    reuse,
-                    spec,
-                    id_free,
-                },
-            ),
+            Msg::Answer { qid, answer } => self.complete(qid, Reply::Answer(answer)),
             Msg::Active {
                 slot,
                 add,

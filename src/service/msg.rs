@@ -129,7 +129,9 @@ pub enum Msg {
         ops: Arc<[IndexOp]>,
     },
     /// Drop everything about a slot (worker removed, or a new epoch).
-    Forget { slot: WorkerSlot },
+    Forget {
+        slot: WorkerSlot,
+    },
     Query {
         from: usize,
         qid: u64,
@@ -140,12 +142,7 @@ pub enum Msg {
     },
     Answer {
         qid: u64,
-        answer: ShardAnswer,
-        reuse: Vec<(WorkerSlot, u32)>,
-        /// Pending (speculative) blocks: (position, worker).
-        spec: Vec<(u32, WorkerSlot)>,
-        /// Answer to `check_id`: `Some(true)` when the id is unknown here.
-        id_free: Option<bool>,
+        answer: QueryAnswer,
     },
     Active {
         slot: WorkerSlot,
@@ -170,9 +167,14 @@ pub enum Msg {
     /// Read-your-writes barrier: travels in the bulk lane behind the index batches the
     /// sender queued before it, so when the receiver handles it every one of those
     /// batches is applied; it answers `Applied { qid }` to `from`.
-    Barrier { from: usize, qid: u64 },
+    Barrier {
+        from: usize,
+        qid: u64,
+    },
     /// Answer to a `Barrier`: the receiver applied everything queued before it.
-    Applied { qid: u64 },
+    Applied {
+        qid: u64,
+    },
     /// `--cluster`: a peer replica's routing or lifecycle call (`cluster_bridge`).
     Replica(Box<super::cluster_bridge::ReplicaOp>),
 }
@@ -205,14 +207,22 @@ impl Msg {
     }
 }
 
+/// One shard's answer to a `Query` (or to the home core's own query,
+/// `Core::local_query`).
+pub struct QueryAnswer {
+    /// Index matches.
+    pub answer: ShardAnswer,
+    /// Active-block reuse: (worker, blocks).
+    pub reuse: Vec<(WorkerSlot, u32)>,
+    /// Pending (speculative) blocks: (position, worker).
+    pub spec: Vec<(u32, WorkerSlot)>,
+    /// Answer to `check_id`: `Some(true)` when the id is unknown here.
+    pub id_free: Option<bool>,
+}
+
 /// A reply delivered to a waiting task.
 pub enum Reply {
-    Answer {
-        answer: ShardAnswer,
-        reuse: Vec<(WorkerSlot, u32)>,
-        spec: Vec<(u32, WorkerSlot)>,
-        id_free: Option<bool>,
-    },
+    Answer(QueryAnswer),
     Lifecycle(Result<LifeOutcome, EngineError>),
     /// A `Barrier` came back: that core applied what was queued before it.
     Applied,

@@ -208,23 +208,18 @@ async fn route_prepared(
             qids.push(qid);
         }
     }
-    let (local, mut reuse, mut spec_matches, _) = core.local_query(&local_items, None);
+    let local = core.local_query(&local_items, None);
+    let (mut reuse, mut spec_matches) = (local.reuse, local.spec);
     let mut free = true;
     // Gather.
     let mut answers: Vec<ShardAnswer> = Vec::with_capacity(qids.len() + 1);
-    answers.push(local);
+    answers.push(local.answer);
     for qid in qids {
-        if let Reply::Answer {
-            answer,
-            reuse: r,
-            spec: sp,
-            id_free,
-        } = core.wait(qid).await
-        {
-            answers.push(answer);
-            reuse.extend(r);
-            spec_matches.extend(sp);
-            free &= id_free.unwrap_or(true);
+        if let Reply::Answer(a) = core.wait(qid).await {
+            answers.push(a.answer);
+            reuse.extend(a.reuse);
+            spec_matches.extend(a.spec);
+            free &= a.id_free.unwrap_or(true);
         }
     }
     if !free {
@@ -468,7 +463,7 @@ async fn lifecycle_elsewhere(
         match core.wait(qid).await {
             Reply::Lifecycle(Err(EngineError::UnknownRequest(_))) => {}
             Reply::Lifecycle(r) => result = r,
-            Reply::Answer { .. } | Reply::Applied => {
+            Reply::Answer(_) | Reply::Applied => {
                 result = Err(EngineError::BadRequest("internal: mismatched reply".into()))
             }
         }
