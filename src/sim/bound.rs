@@ -107,13 +107,7 @@ mod tests {
     #[test]
     #[ignore]
     fn bound_on_full_trace() {
-        let path = std::env::var("KVROUTE_MOONCAKE_TRACE").unwrap_or_else(|_| {
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../shared/traces/mooncake_conversation_trace.jsonl"
-            )
-            .to_string()
-        });
+        let path = crate::sim::trace::full_trace_path();
         let reqs = read_mooncake(Path::new(&path), &TraceOptions::default()).unwrap();
         assert_eq!(reqs.len(), 12_031);
         let b = hit_rate_bound(&reqs, 128);

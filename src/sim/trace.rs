@@ -169,6 +169,20 @@ pub fn parse_mooncake(
     Ok(out)
 }
 
+/// Where the ignored full-trace tests read the whole conversation trace (not in the
+/// repository): `KVROUTE_MOONCAKE_TRACE`, default
+/// `../shared/traces/mooncake_conversation_trace.jsonl` beside the checkout.
+#[cfg(test)]
+pub(crate) fn full_trace_path() -> String {
+    std::env::var("KVROUTE_MOONCAKE_TRACE").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/traces/mooncake_conversation_trace.jsonl"
+        )
+        .to_string()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

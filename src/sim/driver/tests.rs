@@ -315,13 +315,7 @@ fn timed_router_measures_route_calls_with_the_given_clock() {
 #[test]
 #[ignore]
 fn full_trace_offline() {
-    let path = std::env::var("KVROUTE_MOONCAKE_TRACE").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/traces/mooncake_conversation_trace.jsonl"
-        )
-        .to_string()
-    });
+    let path = crate::sim::trace::full_trace_path();
     let reqs = read_mooncake(Path::new(&path), &TraceOptions::default()).unwrap();
     let fleet = FleetSpec::uniform(16, 20_000);
     let mut rr = RoundRobinRouter::default();
