@@ -444,14 +444,7 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
     } else {
         "/v1/completions"
     };
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = a.threads {
-        rt.worker_threads(n.max(1));
-    }
-    let rt = rt
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let rt = crate::setup::tokio_runtime(a.threads)?;
     let timeout = Duration::from_secs_f64(a.timeout_secs.max(0.001));
     let stream = a.stream;
     let n = plan.len();

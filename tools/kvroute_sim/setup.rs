@@ -16,6 +16,18 @@ use kvroute::sim::{
 use kvroute::types::{DeviceClass, Role};
 use std::path::PathBuf;
 
+/// The multi-threaded tokio runtime of `fleet` and `replay`: `threads` workers
+/// (`--threads`, at least 1), default the machine's cores.
+pub fn tokio_runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime, String> {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        rt.worker_threads(n.max(1));
+    }
+    rt.enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))
+}
+
 /// Where the requests come from.
 #[derive(Args, Clone, Debug)]
 pub struct WorkloadArgs {

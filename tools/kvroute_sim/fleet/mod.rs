@@ -169,14 +169,7 @@ pub fn run(a: FleetArgs) -> Result<(), String> {
         signal_hook::flag::register(sig, stop.clone())
             .map_err(|e| format!("signal handler: {e}"))?;
     }
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = a.threads {
-        rt.worker_threads(n.max(1));
-    }
-    let rt = rt
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let rt = crate::setup::tokio_runtime(a.threads)?;
     let mut ctxs = Vec::new();
     for i in 0..a.workers {
         let port = if a.base_port == 0 {
