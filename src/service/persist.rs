@@ -23,7 +23,6 @@ use super::msg::{Msg, Retained};
 use super::shared::Shared;
 use crate::engine::Prepared;
 use crate::index::IndexShard;
-use crate::load::CarriedRequest;
 use crate::registry::Registry;
 use crate::snapshot::{
     self, Expect, RestoreError, SavedRequest, SavedReroute, SavedWorker, Snapshot,
@@ -40,11 +39,11 @@ use std::time::Duration;
 #[derive(Clone, Default)]
 pub struct ShardDump {
     pub entries: Vec<(WorkerSlot, Tier, u64)>,
-    pub requests: Vec<(CarriedRequest, Option<SavedReroute>)>,
+    pub requests: Vec<SavedRequest<WorkerSlot>>,
 }
 
 /// A restored request, workers mapped to the new registry's slots.
-pub type Restored = (CarriedRequest, Option<SavedReroute>);
+pub type Restored = SavedRequest<WorkerSlot>;
 
 /// Dumps `core`'s shard and requests (runs on the core, for `Msg::Snapshot`).
 pub fn dump(core: &Core) -> ShardDump {
@@ -60,7 +59,10 @@ pub fn dump(core: &Core) -> ShardDump {
                 filters: r.prepared.filters.clone(),
                 mode: r.mode,
             });
-            (c, reroute)
+            SavedRequest {
+                request: c,
+                reroute,
+            }
         })
         .collect();
     ShardDump { entries, requests }
@@ -73,7 +75,8 @@ pub fn restore_requests(core: &Core, restored: &[Restored]) {
     let now = sh.now_us();
     let mut st = core.st.borrow_mut();
     let mut mine = Vec::new();
-    for (c, reroute) in restored {
+    for saved in restored {
+        let c = &saved.request;
         mine.clear();
         mine.extend(
             c.hashes
@@ -97,7 +100,7 @@ pub fn restore_requests(core: &Core, restored: &[Restored]) {
             );
             continue;
         }
-        if let Some(r) = reroute {
+        if let Some(r) = &saved.reroute {
             let retained = Retained {
                 prepared: Prepared {
                     hashes: c.hashes.clone(),
@@ -197,13 +200,13 @@ pub fn take(sh: &Shared, dir: &Path) -> Result<Taken, String> {
                 n += 1;
             }
         }
-        for (c, reroute) in dump.requests {
-            let index = |s: &WorkerSlot| index_of.get(s).map(|&i| i as u32);
-            // `None`: its worker left the registry meanwhile.
-            if let Some(request) = c.map_workers(index) {
-                snap.requests.push(SavedRequest { request, reroute });
-            }
-        }
+        let index = |s: &WorkerSlot| index_of.get(s).map(|&i| i as u32);
+        // `None`: its worker left the registry meanwhile.
+        let saved = dump
+            .requests
+            .into_iter()
+            .filter_map(|r| r.map_workers(index));
+        snap.requests.extend(saved);
     }
     let requests = snap.requests.len();
     let bytes = snapshot::write(dir, &snap).map_err(|e| e.to_string())?;
@@ -351,14 +354,14 @@ pub fn restore(
     for (index, r) in snap.requests.into_iter().enumerate() {
         let id = r.request.id.clone();
         // `check` verified every worker index; a miss here would be a bug, not data.
-        let Some(c) = r.request.map_workers(|&i| slot(i)) else {
+        let Some(restored) = r.map_workers(|&i| slot(i)) else {
             return Err(RestoreError::InvalidRequest {
                 index,
                 id,
                 reason: "names a worker the snapshot does not hold".into(),
             });
         };
-        requests.push((c, r.reroute));
+        requests.push(restored);
     }
     Ok(RestoredState {
         registry: reg,

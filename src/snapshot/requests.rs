@@ -15,12 +15,23 @@ use crate::select::Filters;
 use serde::{Deserialize, Serialize};
 
 /// An in-flight request as saved: its load-tracker state, with workers as indices
-/// into `Snapshot::workers`.
+/// into `Snapshot::workers` (the default `W`; a running router holds the same record
+/// with its slots while dumping or restoring, `service::persist`).
 #[derive(Clone, Debug, PartialEq)]
-pub struct SavedRequest {
-    pub request: CarriedRequest<u32>,
+pub struct SavedRequest<W = u32> {
+    pub request: CarriedRequest<W>,
     /// Disaggregated requests: what a prefill failure needs to re-route decode-only.
     pub reroute: Option<SavedReroute>,
+}
+
+impl<W> SavedRequest<W> {
+    /// [`CarriedRequest::map_workers`], keeping the re-route inputs.
+    pub fn map_workers<V>(self, name: impl FnMut(&W) -> Option<V>) -> Option<SavedRequest<V>> {
+        Some(SavedRequest {
+            request: self.request.map_workers(name)?,
+            reroute: self.reroute,
+        })
+    }
 }
 
 /// The routing inputs of a request beyond its hashes and sizes.
