@@ -54,13 +54,17 @@ def main():
             ws = json.loads(http("GET", B + "/v1/workers")[1])
             return next(w["cached_blocks"] for w in ws if w["id"] == "probe")
 
-        def events(url):
-            # KV events applied by that replica (its own ingest and the log's records).
+        def counts(url):
+            # (KV events this replica ingested itself, event-log records it applied from
+            # other replicas): the second is what B does with A's ingest.
             text = http("GET", url + "/metrics")[1].decode()
-            return sum(float(l.split()[-1]) for l in text.splitlines()
-                       if l.startswith("kvroute_events_total{"))
+            own = sum(float(l.split()[-1]) for l in text.splitlines()
+                      if l.startswith("kvroute_events_total{"))
+            logged = sum(float(l.split()[-1]) for l in text.splitlines()
+                         if l.startswith('kvroute_cluster_records_total{outcome="applied"'))
+            return own, logged
 
-        ev0, t_start = (events(A), events(B)), time.perf_counter()
+        ev0, t_start = (counts(A), counts(B)), time.perf_counter()
         lags = []
         base = cached()
         for i in range(a.samples):
@@ -74,13 +78,16 @@ def main():
                     sys.exit("a probe block never reached B")
             lags.append((time.perf_counter() - t0) * 1000)
         took = time.perf_counter() - t_start
-        rates = [round((events(u) - e) / took) for u, e in zip((A, B), ev0)]
+        now = (counts(A), counts(B))
+        rates = [round((n[0] - e[0]) / took) for n, e in zip(now, ev0)]
+        records = [round((n[1] - e[1]) / took) for n, e in zip(now, ev0)]
         lags.sort()
         q = lambda p: lags[min(len(lags) - 1, int(p * len(lags)))]
         print(json.dumps({"samples": len(lags), "p50_ms": round(q(0.5), 2),
                           "p99_ms": round(q(0.99), 2), "max_ms": round(lags[-1], 2),
                           "background_block_events_per_s": a.rate if a.bench else 0,
-                          "applied_events_per_s_a_b": rates}))
+                          "applied_events_per_s_a_b": rates,
+                          "log_records_applied_per_s_a_b": records}))
 
 
 if __name__ == "__main__":
