@@ -135,6 +135,9 @@ pub struct ServeArgs {
     /// Most block hashes a shard applies between two looks at its routing queue.
     #[arg(long, env = "KVROUTE_INGEST_SLICE_HASHES")]
     pub ingest_slice_hashes: Option<usize>,
+    /// Pin executor N to CPU N (`false`: leave placement to the kernel).
+    #[arg(long, env = "KVROUTE_PIN_CORES")]
+    pub pin_cores: Option<bool>,
     /// Join a replica tier through this NATS server (nats://HOST:PORT).
     #[arg(long, env = "KVROUTE_CLUSTER")]
     pub cluster: Option<String>,
@@ -483,6 +486,7 @@ impl ServeArgs {
             p.api_keys_file = self.proxy_api_keys_file.clone();
         }
         overlay!(s, self, ingest_slice_hashes);
+        overlay!(s, self, pin_cores);
         self.apply_cluster(&mut s.cluster);
     }
 

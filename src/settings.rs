@@ -97,6 +97,13 @@ pub struct Settings {
     pub ingest_slice_hashes: usize,
     /// Router replicas on NATS JetStream (`[cluster]`, `crate::cluster`). Default off.
     pub cluster: crate::cluster::config::ClusterSettings,
+    /// Pin executor N to CPU N (`Placement::Fixed`). `false` leaves the cores' threads
+    /// to the kernel's scheduler (`Placement::Unbound`): on a machine whose CPUs the
+    /// router shares (with its workers, clients, other services) a pinned core must
+    /// wait for its one CPU while another process runs there, even with the other CPU
+    /// idle, and every route waits for every core (docs/PERFORMANCE.md "Proxy
+    /// overhead"). Default true (a router with CPUs of its own).
+    pub pin_cores: bool,
 }
 
 /// Bounds that keep memory and latency finite under any input.
@@ -191,6 +198,7 @@ impl Default for Settings {
             lora_adapters: Default::default(),
             ingest_slice_hashes: DEFAULT_INGEST_SLICE_HASHES,
             cluster: Default::default(),
+            pin_cores: true,
         }
     }
 }

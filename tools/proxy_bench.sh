@@ -30,6 +30,7 @@ WORKERS=${WORKERS:-4}
 HIT_N=${HIT_N:-2000}         # requests of the hit-rate run
 HIT_SCALE=${HIT_SCALE:-20}   # trace time runs this much faster in the hit-rate run
 KV_CORES=${KV_CORES:-2}
+KV_FLAGS=${KV_FLAGS:-}       # extra `kvroute serve` flags, e.g. "--pin-cores false"
 OUT=${OUT:-$(mktemp -d /tmp/proxy_bench.XXXXXX)}; mkdir -p "$OUT"
 # Overhead timing: a cheap worker (E2E ~ 8 decode steps of 2 ms) that is not the
 # bottleneck at 5k requests/s.
@@ -65,7 +66,8 @@ start_kvroute() {
   local pp hp ep ap args=()
   pp=$(free_port); hp=$(free_port); ep=$(free_port); ap=$(free_port)
   while read -r e; do [ -n "$e" ] && args+=(--engine "$e"); done <<<"$ENGINES"
-  "$BIN/kvroute" serve --cores "$KV_CORES" --tokenizer "sim-model=$TOK" --proxy-addr "127.0.0.1:$pp" --http-addr "127.0.0.1:$hp" \
+  # shellcheck disable=SC2086
+  "$BIN/kvroute" serve --cores "$KV_CORES" $KV_FLAGS --tokenizer "sim-model=$TOK" --proxy-addr "127.0.0.1:$pp" --http-addr "127.0.0.1:$hp" \
     --events-addr "127.0.0.1:$ep" --api-addr "127.0.0.1:$ap" "${args[@]}" >"$OUT/kvroute.log" 2>&1 &
   KV_PID=$!; PIDS+=("$KV_PID")
   for _ in $(seq 200); do curl -sf "127.0.0.1:$pp/health" >/dev/null 2>&1 && break; sleep 0.05; done

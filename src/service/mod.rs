@@ -273,7 +273,13 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
                 break;
             }
         };
-        let mut b = LocalExecutorBuilder::new(Placement::Fixed(id % num_cpus()))
+        // `pin_cores = false`: the kernel may run a core wherever a CPU is free.
+        let placement = if sh.settings.pin_cores {
+            Placement::Fixed(id % num_cpus())
+        } else {
+            Placement::Unbound
+        };
+        let mut b = LocalExecutorBuilder::new(placement)
             .name(&format!("kvroute-core-{id}"))
             .io_memory(512 << 10);
         if spin > 0 {

@@ -1,0 +1,132 @@
+//! Where the proxy's cores run (`pin_cores`, docs/PERFORMANCE.md "Proxy overhead"):
+//! pinned by default, one CPU per executor; with `pin_cores = false` every core thread
+//! may run on any CPU the process may use, and the proxy still answers on new
+//! connections. Checked on the real binary through `/proc` (the kernel's record of
+//! each thread's allowed CPUs), and the setting through flag, env, TOML and default.
+
+mod common;
+
+use common::Server;
+use std::io::{Read, Write};
+use std::process::Command;
+use std::time::Duration;
+
+/// `(thread name, Cpus_allowed_list)` of every thread of `pid`.
+fn threads(pid: u32) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = t.unwrap().path();
+        let (Ok(comm), Ok(status)) = (
+            std::fs::read_to_string(dir.join("comm")),
+            std::fs::read_to_string(dir.join("status")),
+        ) else {
+            continue; // the thread ended meanwhile
+        };
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        out.push((comm.trim().to_string(), cpus));
+    }
+    out
+}
+
+/// The allowed CPUs of each executor thread (glommio names them after the executor).
+fn core_threads(pid: u32) -> Vec<String> {
+    threads(pid)
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("kvroute-core-"))
+        .map(|(_, cpus)| cpus)
+        .collect()
+}
+
+/// This process's allowed CPUs (the router inherits them).
+fn own_cpus() -> String {
+    threads(std::process::id())
+        .into_iter()
+        .next()
+        .map(|(_, c)| c)
+        .unwrap()
+}
+
+fn is_single_cpu(list: &str) -> bool {
+    !list.is_empty() && !list.contains(',') && !list.contains('-')
+}
+
+/// One `GET /health` on a new connection that the client closes after the answer.
+fn health_on_new_connection(proxy: &str) -> String {
+    let mut c = std::net::TcpStream::connect(proxy).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    c.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let mut got = String::new();
+    c.read_to_string(&mut got).unwrap();
+    got
+}
+
+#[test]
+fn cores_are_pinned_by_default_one_cpu_each() {
+    let s = Server::start(2, &[]);
+    let cores = core_threads(s.pid());
+    assert!(cores.len() >= 2, "{:?}", threads(s.pid()));
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus > 1 {
+        assert!(cores.iter().all(|c| is_single_cpu(c)), "{cores:?}");
+    }
+    assert!(health_on_new_connection(&s.proxy).starts_with("HTTP/1.1 200"));
+}
+
+#[test]
+fn unpinned_cores_may_run_on_any_cpu_and_keep_serving_new_connections() {
+    let s = Server::start(2, &["--pin-cores", "false"]);
+    let cores = core_threads(s.pid());
+    assert!(cores.len() >= 2, "{:?}", threads(s.pid()));
+    let mine = own_cpus();
+    assert!(cores.iter().all(|c| *c == mine), "{cores:?} vs {mine}");
+    for _ in 0..20 {
+        let a = health_on_new_connection(&s.proxy);
+        assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+        assert!(a.contains("\"ok\""), "{a}");
+    }
+}
+
+#[test]
+fn pin_cores_comes_from_flag_env_toml_and_default() {
+    let dir = std::env::temp_dir().join(format!("kvroute-proxy-conn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("k.toml");
+    std::fs::write(&cfg, "pin_cores = false\n").unwrap();
+    let print = |env: &[(&str, &str)], flags: &[&str]| -> toml::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .arg("print-config")
+            .args(flags)
+            .env_remove("KVROUTE_PIN_CORES")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        toml::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap()
+    };
+    let pin = |v: toml::Value| v["pin_cores"].as_bool().unwrap();
+    let cfg_s = cfg.to_str().unwrap();
+    assert!(pin(print(&[], &[])));
+    assert!(!pin(print(&[], &["--config", cfg_s])));
+    assert!(!pin(print(&[("KVROUTE_PIN_CORES", "false")], &[])));
+    // Flags over env over the file.
+    assert!(pin(print(
+        &[("KVROUTE_PIN_CORES", "true")],
+        &["--config", cfg_s]
+    )));
+    assert!(!pin(print(
+        &[("KVROUTE_PIN_CORES", "true")],
+        &["--pin-cores", "false"]
+    )));
+    let bad = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["print-config", "--pin-cores", "sometimes"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
