@@ -14,7 +14,9 @@
 # e.g. KV_BINS="target/release/kvroute target/release/kvroute,--spin-before-park-us,0". Needs a release build (cargo build --release --bin kvroute --bin
 # kvroute-sim) and, for the gateway rows, python3 -m pip install sglang-router==0.3.2.
 # Env knobs: N RATES CONNS ROUNDS KV_BINS KV_CORES GATEWAY=0|1 PERF=1 (perf record -g
-# of the first kvroute at the first rate, into $OUT/perf.data).
+# of the first kvroute at the first rate, into $OUT/perf.data) SYSCALLS=1 (perf stat
+# of the syscalls each router makes, per request: these counts do not depend on how
+# loaded the machine is, as CPU time does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release}
@@ -28,6 +30,8 @@ ROUNDS=${ROUNDS:-1}
 KV_CORES=${KV_CORES:-2}
 GATEWAY=${GATEWAY:-1}
 PERF=${PERF:-0}
+SYSCALLS=${SYSCALLS:-0}
+SYS_EVENTS=syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_io_uring_enter,syscalls:sys_enter_write,syscalls:sys_enter_socket,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_writev
 OUT=${OUT:-$(mktemp -d /tmp/proxy_cpu.XXXXXX)}; mkdir -p "$OUT"
 FAST="prefill_base_us=50,prefill_us_per_token=0.2,prefill_attention_us=0,decode_step_base_us=2000,decode_us_per_seq=0"
 SHORT="--max-input-tokens 256 --max-output-tokens 8"
@@ -82,9 +86,10 @@ ENGINES=$(grep -o 'engine=[^ ]*' "$OUT/fleet" | cut -d= -f2- || true)
 start_kvroute() {
   local pp hp ep ap args=() bin extra
   IFS=, read -r -a extra <<<"$1"; bin=${extra[0]}; extra=("${extra[@]:1}")
+  [[ " ${extra[*]} " == *" --cores "* ]] || extra+=(--cores "$KV_CORES")
   pp=$(free_port); hp=$(free_port); ep=$(free_port); ap=$(free_port)
   while read -r e; do [ -n "$e" ] && args+=(--engine "$e"); done <<<"$ENGINES"
-  "$bin" serve --cores "$KV_CORES" --tokenizer "sim-model=$TOK" --proxy-addr "127.0.0.1:$pp" --http-addr "127.0.0.1:$hp" \
+  "$bin" serve --tokenizer "sim-model=$TOK" --proxy-addr "127.0.0.1:$pp" --http-addr "127.0.0.1:$hp" \
     --events-addr "127.0.0.1:$ep" --api-addr "127.0.0.1:$ap" "${args[@]}" "${extra[@]}" >>"$OUT/kvroute.log" 2>&1 &
   KV_PID=$!; PIDS+=("$KV_PID")
   for _ in $(seq 200); do curl -sf "127.0.0.1:$pp/health" >/dev/null 2>&1 && break; sleep 0.05; done
@@ -107,16 +112,21 @@ start_gateway() {
 measure() {
   local label=$1 pid=$2 target=$3; shift 3
   local f; f="$OUT/$(echo "$label" | tr -s ' /()' '____')"
-  local before after perf_pid=""
+  local before after perf_pid="" stat_pid=""
   if [ "$PERF" = 1 ] && [ "$pid" != 0 ] && [ ! -f "$OUT/perf.data" ]; then
     perf record -g -p "$pid" -o "$OUT/perf.data" >/dev/null 2>&1 & perf_pid=$!
     sleep 0.5
+  fi
+  if [ "$SYSCALLS" = 1 ] && [ "$pid" != 0 ]; then
+    perf stat -x, -e "$SYS_EVENTS" -p "$pid" -o "$f.sys" >/dev/null 2>&1 & stat_pid=$!
+    sleep 0.3
   fi
   before=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
   "$BIN/kvroute-sim" replay --trace "$TRACE" --target "$target" --json "$f.json" "$@" >"$f.line" 2>&1 \
     || echo "replay $label failed: $(tail -1 "$f.line")" >&2
   after=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
   [ -n "$perf_pid" ] && { kill -INT "$perf_pid"; wait "$perf_pid" 2>/dev/null || true; }
+  [ -n "$stat_pid" ] && { kill -INT "$stat_pid"; wait "$stat_pid" 2>/dev/null || true; }
   python3 - "$f.json" "$label" $before $after <<'EOF'
 import json, sys
 label = sys.argv[2]
@@ -129,6 +139,15 @@ ok = max(1, r["requests"] - r["errors"])
 print("%-30s %6d req %4d err %6.0f rps | CPU %7.1f us/req (stat %7.1f) | TTFT p50 %7.2f p99 %7.2f | E2E p50 %7.2f p99 %7.2f" % (
     label, r["requests"], r["errors"], r["achieved_rps"], (a_s - b_s) / 1e3 / ok, (a_t - b_t) / 1e3 / ok,
     r["ttft_ms"]["p50"], r["ttft_ms"]["p99"], r["e2e_ms"]["p50"], r["e2e_ms"]["p99"]))
+try:
+    sys_counts = {}
+    for line in open(sys.argv[1][:-len(".json")] + ".sys"):
+        parts = line.strip().split(",")
+        if len(parts) > 2 and parts[2].startswith("syscalls:sys_enter_") and parts[0].isdigit():
+            sys_counts[parts[2][len("syscalls:sys_enter_"):]] = int(parts[0])
+    print("%-30s syscalls per request: %s" % ("", " ".join("%s %.2f" % (k, v / ok) for k, v in sys_counts.items() if v)))
+except OSError:
+    pass
 EOF
 }
 
