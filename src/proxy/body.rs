@@ -12,8 +12,13 @@
 //!   connection aborts the upstream request.
 //!
 //! Lifecycle calls go through `service::router::lifecycle` like the HTTP and binary
-//! APIs, as local tasks spawned in order (glommio runs a queue's tasks FIFO, and a
-//! call for a request living on this core completes in its first poll).
+//! APIs, in order: each is polled once where it is made, and a call for a request
+//! living on this core completes in that poll; one that must ask another core goes
+//! on as a local task, its messages already sent in order.
+//!
+//! The idle timeout is one timer per request, not one per chunk: frames only record
+//! their time, and a timer that fires early (frames came meanwhile) is re-armed for
+//! what is left of `idle` after the last frame.
 
 use super::errors;
 use super::pool::{self, Conn};
@@ -42,13 +47,20 @@ impl ProxyBody {
     }
 }
 
-/// Runs lifecycle call `op` for request `id` (see the module doc for ordering).
+/// Runs lifecycle call `op` for request `id`: polled once right here, where a call
+/// for a request living on this core (the proxy's own: it was routed here) completes;
+/// only one still waiting for another core is left to a local task (see the module
+/// doc for ordering). Running it in place saves a task per streamed chunk.
 pub fn life(core: &Rc<Core>, op: LifeOp, id: &str) {
     let (core, id) = (core.clone(), id.to_string());
-    glommio::spawn_local(async move {
+    let mut call = Box::pin(async move {
         let _ = crate::service::router::lifecycle(&core, op, &id).await;
-    })
-    .detach();
+    });
+    // A waker is registered again by the task's own poll if this one is pending.
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    if call.as_mut().poll(&mut cx).is_pending() {
+        glommio::spawn_local(call).detach();
+    }
 }
 
 pub struct Streamed {
@@ -62,6 +74,8 @@ pub struct Streamed {
     pub started: Instant,
     pub last_output: Option<Instant>,
     pub idle: Duration,
+    /// When the last frame came (the idle timeout counts from it).
+    pub last_frame: Instant,
     pub timer: Option<glommio::timer::Timer>,
     pub labels: RequestLabels,
     pub tail: Option<Bytes>,
@@ -157,7 +171,7 @@ impl Body for ProxyBody {
         }
         match Pin::new(&mut s.upstream).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                s.timer = None;
+                s.last_frame = Instant::now();
                 if let Some(d) = frame.data_ref() {
                     let seen = s.tracker.feed(d);
                     s.on_seen(seen);
@@ -183,14 +197,21 @@ impl Body for ProxyBody {
             }
             Poll::Pending => {
                 let idle = s.idle;
-                let t = s
-                    .timer
-                    .get_or_insert_with(|| glommio::timer::Timer::new(idle));
-                if Pin::new(t).poll(cx).is_ready() {
-                    let msg = format!("upstream sent nothing for {} ms", idle.as_millis());
-                    return s.fail("timeout", &msg);
+                loop {
+                    let left = idle.saturating_sub(s.last_frame.elapsed());
+                    if left.is_zero() {
+                        let msg = format!("upstream sent nothing for {} ms", idle.as_millis());
+                        return s.fail("timeout", &msg);
+                    }
+                    let t = s
+                        .timer
+                        .get_or_insert_with(|| glommio::timer::Timer::new(left));
+                    if Pin::new(t).poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    // Fired: frames may have come since it was armed; look again.
+                    s.timer = None;
                 }
-                Poll::Pending
             }
         }
     }

@@ -447,6 +447,7 @@ impl Job {
             started: self.started,
             last_output: None,
             idle: Duration::from_millis(ps.request_timeout_ms),
+            last_frame: Instant::now(),
             timer: None,
             labels: RequestLabels {
                 model,

@@ -9,7 +9,8 @@
 //! - `config`: the proxy's settings (`[proxy]` in TOML);
 //! - `request`: the client body (limits, the fields routing needs, ids);
 //! - `prompt`: token ids of a prompt (the one call site of tokenization);
-//! - `track`: lifecycle signals from an SSE or JSON response stream;
+//! - `track`: lifecycle signals from an SSE or JSON response stream (`event`: the
+//!   fields they need from one response object, read without a JSON tree);
 //! - `breaker`: the per-worker circuit breaker state machine;
 //! - `retry`: which upstream failures are retried, and the backoff;
 //! - `pd`: the two legs of a disaggregated (NIXL) request;
@@ -24,6 +25,7 @@
 pub mod breaker;
 pub mod config;
 pub mod errors;
+pub mod event;
 pub mod pd;
 pub mod prompt;
 pub mod request;

@@ -11,9 +11,11 @@
 //! - an event with an `error` member is an upstream error (the stream is not cut).
 //!
 //! A partial SSE line is buffered up to `MAX_LINE`; a longer line is skipped (counted
-//! as nothing) so a hostile upstream cannot grow the buffer.
+//! as nothing) so a hostile upstream cannot grow the buffer. A line wholly inside one
+//! chunk is read in place, and events are read by `event` without building a JSON
+//! tree: nothing is allocated per event.
 
-use serde_json::Value;
+use super::event;
 
 /// Longest SSE line parsed.
 pub const MAX_LINE: usize = 1 << 20;
@@ -82,23 +84,35 @@ impl Tracker {
             return seen;
         }
         let before = self.tokens();
-        for &b in chunk {
-            if b == b'\n' {
+        // Whole lines are parsed in place; only a line split across chunks is copied.
+        let mut rest = chunk;
+        while !rest.is_empty() {
+            let Some(i) = rest.iter().position(|&b| b == b'\n') else {
                 if !self.skipping {
-                    let line = std::mem::take(&mut self.line);
-                    self.event_line(&line, &mut seen);
-                    self.line = line;
-                    self.line.clear();
+                    if self.line.len() + rest.len() > MAX_LINE {
+                        self.skipping = true;
+                        self.line.clear();
+                    } else {
+                        self.line.extend_from_slice(rest);
+                    }
                 }
-                self.skipping = false;
-            } else if !self.skipping {
-                if self.line.len() >= MAX_LINE {
-                    self.skipping = true;
-                    self.line.clear();
+                break;
+            };
+            let seg = &rest[..i];
+            rest = &rest[i + 1..];
+            if !self.skipping && self.line.len() + seg.len() <= MAX_LINE {
+                if self.line.is_empty() {
+                    self.event_line(seg, &mut seen);
                 } else {
-                    self.line.push(b);
+                    let mut line = std::mem::take(&mut self.line);
+                    line.extend_from_slice(seg);
+                    self.event_line(&line, &mut seen);
+                    line.clear();
+                    self.line = line;
                 }
             }
+            self.line.clear();
+            self.skipping = false;
         }
         seen.progressed = self.tokens() != before;
         seen
@@ -110,13 +124,11 @@ impl Tracker {
         if self.sse || self.json_over {
             return seen;
         }
-        if let Ok(v) = serde_json::from_slice::<Value>(&self.json) {
-            if v.get("error").is_some_and(|e| !e.is_null()) {
-                seen.error = true;
-            }
-            let n = output_choices(&v, false);
-            self.counted += n;
-            self.usage = usage(&v).or(self.usage);
+        if let Some(e) = event::read(&self.json, false) {
+            seen.error = e.error;
+            let n = e.output_choices;
+            self.counted = self.counted.saturating_add(n);
+            self.usage = e.usage.or(self.usage);
             seen.first_output = (n > 0 || self.tokens() > 0) && !self.output_seen;
             self.output_seen |= seen.first_output;
             seen.progressed = self.tokens() > 0;
@@ -135,57 +147,22 @@ impl Tracker {
             seen.done = true;
             return;
         }
-        let Ok(v) = serde_json::from_slice::<Value>(data) else {
+        let Some(e) = event::read(data, true) else {
             return;
         };
-        if v.get("error").is_some_and(|e| !e.is_null()) {
+        if e.error {
             seen.error = true;
         }
-        let n = output_choices(&v, true);
+        let n = e.output_choices;
         if n > 0 && !self.output_seen {
             self.output_seen = true;
             seen.first_output = true;
         }
         self.counted = self.counted.saturating_add(n);
-        if let Some(u) = usage(&v) {
+        if let Some(u) = e.usage {
             self.usage = Some(u);
         }
     }
-}
-
-/// Choices of `v` that carry output.
-fn output_choices(v: &Value, delta: bool) -> u32 {
-    let Some(choices) = v.get("choices").and_then(Value::as_array) else {
-        return 0;
-    };
-    choices
-        .iter()
-        .filter(|c| {
-            let nonempty = |x: Option<&Value>| match x {
-                Some(Value::String(s)) => !s.is_empty(),
-                Some(Value::Array(a)) => !a.is_empty(),
-                _ => false,
-            };
-            let m = if delta {
-                c.get("delta")
-            } else {
-                c.get("message")
-            };
-            nonempty(c.get("text"))
-                || m.is_some_and(|m| {
-                    nonempty(m.get("content"))
-                        || nonempty(m.get("reasoning_content"))
-                        || nonempty(m.get("tool_calls"))
-                })
-        })
-        .count() as u32
-}
-
-fn usage(v: &Value) -> Option<u32> {
-    v.get("usage")?
-        .get("completion_tokens")?
-        .as_u64()
-        .map(|n| n.min(u64::from(u32::MAX)) as u32)
 }
 
 #[cfg(test)]
@@ -228,6 +205,50 @@ mod tests {
         let mut t = Tracker::new(false, 8);
         t.feed(b"0123456789");
         assert_eq!(t.finish(), Seen::default());
+    }
+
+    /// A `data:` line of exactly `len` bytes carrying one output token.
+    fn padded_event(len: usize) -> Vec<u8> {
+        let head = b"data: {\"choices\":[{\"text\":\"a\"}]";
+        let mut line = head.to_vec();
+        line.resize(len - 1, b' ');
+        line.push(b'}');
+        line
+    }
+
+    #[test]
+    fn lines_up_to_max_line_count_whole_or_split_and_longer_ones_do_not() {
+        for split in [None, Some(1), Some(MAX_LINE / 2), Some(MAX_LINE)] {
+            for (len, counted) in [(MAX_LINE, 1), (MAX_LINE + 1, 0)] {
+                let mut t = Tracker::new(true, 0);
+                let mut all = padded_event(len);
+                all.extend_from_slice(b"\n\n");
+                all.extend_from_slice(ev("b").as_bytes());
+                match split {
+                    None => {
+                        t.feed(&all);
+                    }
+                    Some(at) => {
+                        let (x, y) = all.split_at(at);
+                        t.feed(x);
+                        t.feed(y);
+                    }
+                }
+                assert!(t.line.len() <= MAX_LINE);
+                assert_eq!(t.tokens(), counted + 1, "len {len} split {split:?}");
+            }
+        }
+        // Several events and a line split three ways, fed byte by byte or at once.
+        let text = format!("{}{}: comment\r\n{}", ev("a"), ev(""), ev("c"));
+        let mut whole = Tracker::new(true, 0);
+        let s = whole.feed(text.as_bytes());
+        assert!(s.first_output && s.progressed);
+        let mut bytes = Tracker::new(true, 0);
+        for b in text.as_bytes() {
+            bytes.feed(std::slice::from_ref(b));
+        }
+        assert_eq!((whole.tokens(), bytes.tokens()), (2, 2));
+        assert!(bytes.output_seen());
     }
 
     #[test]
