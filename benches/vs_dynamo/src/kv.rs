@@ -190,3 +190,60 @@ pub fn mixed(
         starved: 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> (Stream, Vec<(u32, Vec<u64>)>) {
+        let s = crate::streams::one_holder(4, 4096, 50);
+        let mut seed = 9;
+        let churn = (0..64u32)
+            .map(|i| (i % 4, crate::streams::fresh_seq(&mut seed, 64)))
+            .collect();
+        (s, churn)
+    }
+
+    /// The owner answers handed-over queries while it ingests, at any slice, and with
+    /// nothing to ingest; the answers are real (every stored query has a holder).
+    #[test]
+    fn owner_answers_between_slices() {
+        let (s, churn) = small();
+        for slice in [None, Some(1), Some(8), Some(1024)] {
+            let r = mixed(&s, &churn, slice, 0.05, 5, crate::cpu::pair());
+            assert!(!r.lat.all.is_empty(), "{slice:?}: no query answered");
+            assert!(r.lat.clean.len() <= r.lat.all.len());
+            if slice.is_some() {
+                assert!(r.events_per_s > 0.0, "{slice:?}: nothing ingested");
+            } else {
+                assert_eq!(r.events_per_s, 0.0);
+            }
+        }
+    }
+
+    /// Churn keeps the index at its size: each step stores one fresh sequence and
+    /// removes the one stored half the churn before.
+    #[test]
+    fn churn_keeps_the_index_size() {
+        let (s, churn) = small();
+        let mut idx = build(&s, 0);
+        let start = entries(&idx);
+        let half = churn.len() / 2;
+        // Store the first half once (the sequences the first removes name), then churn.
+        for (w, seq) in churn.iter().skip(half) {
+            idx.stored(*w as u16, Tier::Device, seq);
+        }
+        let full = entries(&idx);
+        assert_eq!(full, start + half as u64 * 64);
+        for k in 0..3 * churn.len() {
+            for (store, w, seq) in churn_step(&churn, k) {
+                if store {
+                    idx.stored(w as u16, Tier::Device, seq);
+                } else {
+                    idx.removed(w as u16, Tier::Device, seq);
+                }
+            }
+            assert_eq!(entries(&idx), full, "step {k}");
+        }
+    }
+}

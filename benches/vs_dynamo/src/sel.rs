@@ -189,6 +189,17 @@ impl KvSide {
         rr: &mut RrState,
         scratch: &mut Scratch,
     ) -> Option<usize> {
+        self.decide_cost(cfg, rng, rr, scratch).map(|d| d.0)
+    }
+
+    /// The decision and the cost kvroute reports for the chosen worker.
+    pub fn decide_cost(
+        &self,
+        cfg: &RouterConfig,
+        rng: &mut SmallRng,
+        rr: &mut RrState,
+        scratch: &mut Scratch,
+    ) -> Option<(usize, f64)> {
         let input = ViewInput {
             cfg,
             mode: Mode::Kv,
@@ -202,7 +213,7 @@ impl KvSide {
         };
         decide_view(black_box(&input), rng, rr, scratch)
             .ok()
-            .map(|d| usize::from(d.decode_worker))
+            .map(|d| (usize::from(d.decode_worker), d.cost))
     }
 }
 
@@ -444,4 +455,48 @@ pub fn section(a: &crate::Args) {
         );
     }
     println!("  (ratio: kvroute decide_view / Dynamo; min-cost picks: kvroute & Dynamo picks at the minimum of the shared formula)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mapping is right on kvroute's side: the cost it reports for its pick is the
+    /// shared formula's; and both sides pick a minimum-cost worker on every draw.
+    #[test]
+    fn both_pick_the_minimum_of_the_same_cost() {
+        let cfg = kv_cfg();
+        let sel = dy_selector();
+        let mut rng = SmallRng::seed_from_u64(1);
+        let mut rr = RrState::default();
+        let mut scratch = Scratch::default();
+        for n in [2usize, 3, 32, 1000] {
+            let c = Case::new(n, 3);
+            for (i, figs) in c.figs.iter().enumerate() {
+                let (p, cost) = c.kv[i]
+                    .decide_cost(&cfg, &mut rng, &mut rr, &mut scratch)
+                    .expect("kvroute decides");
+                let want = reference_cost(&figs[p]);
+                assert!(
+                    (cost - want).abs() <= 1e-9 * want.max(1.0),
+                    "{n}: {cost} vs {want}"
+                );
+                assert!(is_min(figs, Some(p)), "kvroute, {n} workers");
+                assert!(is_min(figs, c.dy[i].decide(&sel)), "Dynamo, {n} workers");
+            }
+            let (k, d, total) = c.check(5);
+            assert_eq!((k, d), (total, total));
+        }
+    }
+
+    /// A pick that is not at the minimum is caught (the check can fail).
+    #[test]
+    fn is_min_rejects_a_costlier_worker() {
+        let figs = draw(64, 3);
+        let costs: Vec<f64> = figs.iter().map(reference_cost).collect();
+        let min = costs.iter().cloned().fold(f64::INFINITY, f64::min);
+        let worst = costs.iter().position(|&c| c > min).expect("not all tied");
+        assert!(!is_min(&figs, Some(worst)));
+        assert!(!is_min(&figs, None));
+    }
 }
