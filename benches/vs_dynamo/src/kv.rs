@@ -168,8 +168,13 @@ pub fn mixed(
                 break; // cannot happen: one query in flight, capacity 64
             }
             let mut back = None;
+            // Spin on the queue's indices only (read-shared), pop once it has the answer.
             crate::cpu::spin_until(|| {
-                back = answers.pop();
+                back = if answers.is_empty() {
+                    None
+                } else {
+                    answers.pop()
+                };
                 back.is_some()
             });
             let ns = t0.elapsed().as_nanos() as u64;
@@ -187,6 +192,34 @@ pub fn mixed(
     Mixed {
         lat,
         events_per_s: applied as f64 / elapsed.max(1e-9),
+        starved: 0,
+    }
+}
+
+/// The same queries, pacing and pinning as [`mixed`] without an owner: the asking
+/// thread queries the index itself, nothing ingests. With [`mixed`]'s idle owner this
+/// splits a handed-over query into its hand-off and the query proper.
+pub fn direct(s: &Stream, secs: f64, gap_us: u64, cpus: Option<(usize, usize)>) -> Mixed {
+    let idx = build(s, 0);
+    crate::cpu::pin(cpus.map(|c| c.1));
+    let watch = crate::cpu::Watch::new(&[crate::cpu::tid()]);
+    let mut out = MergeResult::new();
+    let mut lat = crate::cpu::Lat::default();
+    let t = Instant::now();
+    let mut i = 0usize;
+    while t.elapsed().as_secs_f64() < secs {
+        let before = watch.as_ref().map(|w| w.wait_ns());
+        let t0 = Instant::now();
+        idx.query(&s.queries[i % s.queries.len()], |_| false, &mut out);
+        std::hint::black_box(out.workers().len());
+        let ns = t0.elapsed().as_nanos() as u64;
+        lat.push(ns, watch.as_ref().map(|w| w.wait_ns()) != before);
+        i += 1;
+        crate::cpu::spin_for(gap_us);
+    }
+    Mixed {
+        lat,
+        events_per_s: 0.0,
         starved: 0,
     }
 }

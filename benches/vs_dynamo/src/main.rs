@@ -42,6 +42,8 @@ struct Args {
     sel_workers: Vec<usize>,
     /// Timed samples per side, fleet size and run of the selection runs.
     sel_samples: usize,
+    /// Requests (figure sets) per fleet the selection timing rotates over (1..=4).
+    sel_draws: usize,
 }
 
 fn list<T: std::str::FromStr>(k: &str, v: String) -> Result<Vec<T>, String>
@@ -71,6 +73,7 @@ fn args() -> Result<Args, String> {
         slices: vec![1024, 128, 32, 16, 8],
         sel_workers: vec![2, 32, 1024, 2048, 10_000],
         sel_samples: 2000,
+        sel_draws: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -96,11 +99,12 @@ fn args() -> Result<Args, String> {
             "--slices" => a.slices = list(&k, v()?)?,
             "--sel-workers" => a.sel_workers = list(&k, v()?)?,
             "--sel-samples" => a.sel_samples = num(v()?)? as usize,
+            "--sel-draws" => a.sel_draws = num(v()?)? as usize,
             "-h" | "--help" => {
                 println!(
                     "kvroute-vs-dynamo [--trace FILE] [--runs N] [--entries N] [--workers 8,1024] \
                      [--queries N] [--passes N] [--mixed-secs S] [--gap-us U] [--slices 1024,128,32,16,8] \
-                     [--sel-workers 2,32,1024,2048,10000] [--sel-samples N] [--only query|mixed|memory|select]"
+                     [--sel-workers 2,32,1024,2048,10000] [--sel-samples N] [--sel-draws 1..4] [--only query|mixed|memory|select]"
                 );
                 std::process::exit(0);
             }

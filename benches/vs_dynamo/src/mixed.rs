@@ -1,6 +1,8 @@
 //! The "mixed" section: query latency while the index ingests unpaced, kvroute's
 //! shard owner at several ingest slice sizes (`kv::mixed`) next to Dynamo's two
-//! concurrently readable indexers (`dy::mixed`), on the same streams and churn.
+//! concurrently readable indexers (`dy::mixed`), on the same streams and churn; plus
+//! two kvroute floors: the query alone on the asking thread (`kv::direct`) and the
+//! hand-off to an owner that does not ingest.
 //!
 //! Guarantees: runs alternate kvroute-first / Dynamo-first; every printed figure is
 //! the median over runs; the threads of every run are pinned to the same two CPUs
@@ -11,7 +13,10 @@ use crate::{dy, kv, pct, Args, Figures};
 
 /// kvroute rows: the hand-off floor (owner not ingesting), then one per slice.
 fn kv_rows(a: &Args) -> Vec<(String, Option<usize>)> {
-    let mut v = vec![("kvroute idle owner".to_string(), None)];
+    let mut v = vec![
+        (DIRECT.to_string(), None),
+        ("kvroute idle owner".to_string(), None),
+    ];
     v.extend(
         a.slices
             .iter()
@@ -19,6 +24,9 @@ fn kv_rows(a: &Args) -> Vec<(String, Option<usize>)> {
     );
     v
 }
+
+/// The row of `kv::direct` (no owner, no ingest: the query alone).
+const DIRECT: &str = "kvroute no owner, no ingest";
 
 const DY: [dy::Kind; 2] = [dy::Kind::Positional, dy::Kind::Concurrent];
 
@@ -44,7 +52,11 @@ pub fn section(a: &Args, all: &[Stream]) {
                     None => kv_rows(a)
                         .into_iter()
                         .map(|(n, slice)| {
-                            let r = kv::mixed(s, &churn, slice, a.mixed_secs, a.gap_us, cpus);
+                            let r = if n == DIRECT {
+                                kv::direct(s, a.mixed_secs, a.gap_us, cpus)
+                            } else {
+                                kv::mixed(s, &churn, slice, a.mixed_secs, a.gap_us, cpus)
+                            };
                             (n, r)
                         })
                         .collect(),

@@ -22,7 +22,8 @@
 //! policy). [`check`] verifies that each side's pick has the minimum of an independent
 //! evaluation of that formula.
 //!
-//! Timed: the decision alone, inputs prebuilt (kvroute's `Fleet`/`Loads`/`Hits` as the
+//! Timed (`--sel-draws` requests in turn, default 1: inputs cache-warm, as in both
+//! projects' own criterion benches; 4 make the working set 4x): the decision alone, inputs prebuilt (kvroute's `Fleet`/`Loads`/`Hits` as the
 //! service keeps them, Dynamo's `SchedulingRequest` maps as its scheduler hands them to
 //! the selector); and kvroute with its per-request `Hits` write included. Below 1,024
 //! workers one sample is the mean of a batch of decisions (`batch`), so the clock
@@ -365,16 +366,19 @@ impl Case {
     }
 
     /// Nanoseconds per decision of `samples` samples (each the mean of a batch), for
-    /// `who`: 0 = kvroute prebuilt, 1 = kvroute with the hits write, 2 = Dynamo.
-    pub fn time(&mut self, who: u8, samples: usize) -> Vec<u64> {
+    /// `who`: 0 = kvroute prebuilt, 1 = kvroute with the hits write, 2 = Dynamo;
+    /// samples during which the thread waited on a run queue are split out
+    /// (`cpu::Watch`, as in the mixed runs).
+    pub fn time(&mut self, who: u8, samples: usize, draws: usize) -> crate::cpu::Lat {
+        let watch = crate::cpu::Watch::new(&[crate::cpu::tid()]);
         let cfg = kv_cfg();
         let sel = dy_selector();
         let mut rng = SmallRng::seed_from_u64(self.n as u64);
         let mut rr = RrState::default();
         let mut scratch = Scratch::default();
         let b = batch(self.n);
-        let draws = self.figs.len();
-        let mut out = Vec::with_capacity(samples);
+        let draws = draws.clamp(1, self.figs.len());
+        let mut out = crate::cpu::Lat::default();
         // Warm-up: grow kvroute's scratch, touch every input once.
         for i in 0..draws {
             black_box(self.kv[i].decide(&cfg, &mut rng, &mut rr, &mut scratch));
@@ -382,6 +386,7 @@ impl Case {
         }
         for s in 0..samples {
             let i = s % draws;
+            let before = watch.as_ref().map(|w| w.wait_ns());
             let t = Instant::now();
             for _ in 0..b {
                 let p = match who {
@@ -394,7 +399,8 @@ impl Case {
                 };
                 black_box(p);
             }
-            out.push((t.elapsed().as_nanos() as u64) / b as u64);
+            let ns = (t.elapsed().as_nanos() as u64) / b as u64;
+            out.push(ns, watch.as_ref().map(|w| w.wait_ns()) != before);
         }
         out
     }
@@ -418,18 +424,25 @@ pub fn section(a: &crate::Args) {
                 order.rotate_right(1);
             }
             for (who, name) in order {
-                let mut lat = c.time(who, a.sel_samples);
-                f.push(format!("{}|{name}|p50", c.n), crate::pct(&mut lat, 0.5));
-                f.push(format!("{}|{name}|p99", c.n), crate::pct(&mut lat, 0.99));
+                let mut lat = c.time(who, a.sel_samples, a.sel_draws);
+                let k = format!("{}|{name}", c.n);
+                f.push(format!("{k}|p50"), crate::pct(&mut lat.clean, 0.5));
+                f.push(format!("{k}|p99"), crate::pct(&mut lat.clean, 0.99));
+                f.push(format!("{k}|a99"), crate::pct(&mut lat.all, 0.99));
+                let dist = lat.all.len() - lat.clean.len();
+                f.push(
+                    format!("{k}|dist"),
+                    100.0 * dist as f64 / lat.all.len().max(1) as f64,
+                );
             }
         }
     }
     println!(
-        "\n## Selection, temperature 0, same overlaps and loads ({} samples per run, 4 requests per fleet), ns per decision, medians of {} runs",
-        a.sel_samples, a.runs
+        "\n## Selection, temperature 0, same overlaps and loads ({} samples per run over {} request(s) per fleet; 4 checked), ns per decision, medians of {} runs",
+        a.sel_samples, a.sel_draws, a.runs
     );
     println!(
-        "  {:>7} {:>6} {:>17} {:>17} {:>17} {:>11} {:>11} {:>13}",
+        "  {:>7} {:>6} {:>17} {:>17} {:>19} {:>9} {:>9} {:>13} {:>17} {:>13}",
         "workers",
         "batch",
         "kvroute p50/p99",
@@ -437,13 +450,15 @@ pub fn section(a: &crate::Args) {
         "Dynamo p50/p99",
         "ratio p50",
         "ratio p99",
-        "min-cost picks"
+        "min-cost picks",
+        "all: p99 kv / Dy",
+        "disturb kv/Dy"
     );
     for (c, (k, d, total)) in cases.iter().zip(&checks) {
         let med = |name: &str, p: &str| f.median(&format!("{}|{name}|{p}", c.n));
         let pair = |name: &str| format!("{:.0} / {:.0}", med(name, "p50"), med(name, "p99"));
         println!(
-            "  {:>7} {:>6} {:>17} {:>17} {:>17} {:>11.3} {:>11.3} {:>13}",
+            "  {:>7} {:>6} {:>17} {:>17} {:>19} {:>9.3} {:>9.3} {:>13} {:>17} {:>13}",
             c.n,
             batch(c.n),
             pair(WHO[0].1),
@@ -451,10 +466,19 @@ pub fn section(a: &crate::Args) {
             pair(WHO[2].1),
             med(WHO[0].1, "p50") / med(WHO[2].1, "p50"),
             med(WHO[0].1, "p99") / med(WHO[2].1, "p99"),
-            format!("{k} & {d} / {total}")
+            format!("{k} & {d} / {total}"),
+            format!("{:.0} / {:.0}", med(WHO[0].1, "a99"), med(WHO[2].1, "a99")),
+            format!(
+                "{:.1}% / {:.1}%",
+                med(WHO[0].1, "dist"),
+                med(WHO[2].1, "dist")
+            )
         );
     }
-    println!("  (ratio: kvroute decide_view / Dynamo; min-cost picks: kvroute & Dynamo picks at the minimum of the shared formula)");
+    println!(
+        "  (p50/p99: samples the OS did not preempt (schedstat); all: every sample; ratio: kvroute decide_view / Dynamo; \
+         min-cost picks: kvroute & Dynamo picks at the minimum of the shared formula)"
+    );
 }
 
 #[cfg(test)]
