@@ -143,3 +143,45 @@ impl Lat {
         }
     }
 }
+
+/// The machine's floor for any hand-off between the two CPUs: round trips of one
+/// cache line (the asker stores `i`, the peer, spinning, stores `i` back), timed on
+/// the asker, `n` times, 1 µs apart; split by [`Watch`] like the queries.
+pub fn ping_pong(cpus: Option<(usize, usize)>, n: usize) -> Lat {
+    use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    let (ask, ack) = (Line(AtomicU64::new(0)), Line(AtomicU64::new(0)));
+    let peer_tid = AtomicI32::new(0);
+    let mut lat = Lat::default();
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            pin(cpus.map(|c| c.0));
+            peer_tid.store(tid(), Ordering::Release);
+            loop {
+                let v = ask.0.load(Ordering::Acquire);
+                if v == u64::MAX {
+                    return;
+                }
+                if v != ack.0.load(Ordering::Relaxed) {
+                    ack.0.store(v, Ordering::Release);
+                }
+                std::hint::spin_loop();
+            }
+        });
+        pin(cpus.map(|c| c.1));
+        spin_until(|| peer_tid.load(Ordering::Acquire) != 0);
+        let watch = Watch::new(&[peer_tid.load(Ordering::Acquire), tid()]);
+        for i in 1..=n as u64 {
+            let before = watch.as_ref().map(|w| w.wait_ns());
+            let t = Instant::now();
+            ask.0.store(i, Ordering::Release);
+            spin_until(|| ack.0.load(Ordering::Acquire) == i);
+            let ns = t.elapsed().as_nanos() as u64;
+            lat.push(ns, watch.as_ref().map(|w| w.wait_ns()) != before);
+            spin_for(1);
+        }
+        ask.0.store(u64::MAX, Ordering::Release);
+    });
+    lat
+}

@@ -98,6 +98,14 @@ pub fn section(a: &Args, all: &[Stream]) {
         "  (p50 / p99 / p99.9: the undisturbed queries, during which neither thread waited on a run queue \
          (schedstat); \"all\": every query; disturb: share of queries the OS preempted)"
     );
+    let mut pp = crate::cpu::ping_pong(cpus, 20_000);
+    println!(
+        "  cross-CPU round trip of one cache line (the floor of any hand-off): p50 {:.0} ns, p99 {:.0} ns ({} of {} undisturbed)",
+        pct(&mut pp.clean, 0.5),
+        pct(&mut pp.clean, 0.99),
+        pp.clean.len(),
+        pp.all.len()
+    );
     let mut names: Vec<String> = kv_rows(a).into_iter().map(|r| r.0).collect();
     names.extend(DY.iter().map(|k| k.name().to_string()));
     for s in &mixed {
