@@ -9,7 +9,7 @@ use dynamo_kv_router::indexer::{SyncIndexer, WorkerTask};
 use dynamo_kv_router::protocols::{LocalBlockHash, RouterEvent};
 use dynamo_kv_router::test_utils::{make_remove_event, make_store_event};
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, PositionalIndexer, RadixTree};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -140,45 +140,74 @@ pub fn overlaps(b: &Built, q: &[u64]) -> Vec<(u64, u32)> {
     v
 }
 
-/// Query latency while ingest runs unpaced in another thread, for the two indexers
-/// that allow it: `PositionalIndexer` (its `apply_event` on a thread of its own) and
-/// `ConcurrentRadixTreeCompressed` (its worker loop draining a prefilled channel).
-/// Same churn and query pacing as `kv::mixed`.
+/// Events the asker keeps queued for `ConcurrentRadixTreeCompressed`'s worker loop
+/// (refilled in its gap between queries): 512 events of 64 hashes, far more than the
+/// worker applies in one gap, so it never runs dry (`Mixed::starved` counts the
+/// refills that found the channel empty).
+const QUEUED: usize = 512;
+
+/// Query latency while ingest runs unpaced on another thread, for the two indexers
+/// that allow it: `PositionalIndexer` (its `apply_event` on a thread of its own,
+/// building the churn events itself) and `ConcurrentRadixTreeCompressed` (its own
+/// worker loop draining a flume channel, as its `ThreadPoolIndexer` runs it; its
+/// `apply_event` is private). The channel is refilled by the asking thread in its gap
+/// between queries, to [`QUEUED`] events, so the tree ingests for the whole run, as
+/// kvroute's owner does (a prefilled channel drained after ~15 queries). Same churn
+/// (`kv::churn_step`), pacing, pinning and spinning as `kv::mixed`; the query is
+/// answered on the asking thread (these indexes are read concurrently with the writer).
 pub fn mixed(
     kind: Kind,
     s: &Stream,
     churn: &[(u32, Vec<u64>)],
     secs: f64,
     gap_us: u64,
+    cpus: Option<(usize, usize)>,
 ) -> crate::kv::Mixed {
-    let live = churn.len() / 2;
     let churn_ev = |k: usize| -> [RouterEvent; 2] {
-        let (w, seq) = &churn[k % churn.len()];
-        let (ow, old) = &churn[(k + churn.len() - live) % churn.len()];
-        [
-            make_store_event(u64::from(*w), seq),
-            make_remove_event(u64::from(*ow), old),
-        ]
+        crate::kv::churn_step(churn, k).map(|(store, w, seq)| {
+            if store {
+                make_store_event(u64::from(w), seq)
+            } else {
+                make_remove_event(u64::from(w), seq)
+            }
+        })
+    };
+    let per_step = |k: usize| -> u64 {
+        crate::kv::churn_step(churn, k)
+            .iter()
+            .map(|c| c.2.len() as u64)
+            .sum()
     };
     let qs: Vec<Vec<LocalBlockHash>> = s.queries.iter().map(|q| local(q)).collect();
     let stop = AtomicBool::new(false);
     let ready = AtomicBool::new(false);
-    let mut lat = Vec::new();
+    let mut lat = crate::cpu::Lat::default();
+    let writer_tid = AtomicI32::new(0);
     let mut applied = 0u64;
     let mut elapsed = 0.0;
-    // Asks one query at a time, `gap_us` apart, while `find` answers (`None`: stop).
-    let ask = |find: &dyn Fn(&[LocalBlockHash]) -> Option<usize>, lat: &mut Vec<u64>| {
+    let mut starved = 0u64;
+    // Asks one query at a time, `gap_us` apart (`between` runs at the start of each
+    // gap, off the clock).
+    let ask = |find: &dyn Fn(&[LocalBlockHash]) -> usize,
+               between: &mut dyn FnMut(),
+               lat: &mut crate::cpu::Lat| {
+        crate::cpu::spin_until(|| writer_tid.load(Ordering::Acquire) != 0);
+        let watch =
+            crate::cpu::Watch::new(&[writer_tid.load(Ordering::Acquire), crate::cpu::tid()]);
         let t = Instant::now();
         let mut i = 0usize;
         while t.elapsed().as_secs_f64() < secs {
+            let before = watch.as_ref().map(|w| w.wait_ns());
             let c = Instant::now();
-            let Some(n) = find(&qs[i % qs.len()]) else {
-                break;
-            };
-            lat.push(c.elapsed().as_nanos() as u64);
+            let n = find(&qs[i % qs.len()]);
+            let ns = c.elapsed().as_nanos() as u64;
+            lat.push(ns, watch.as_ref().map(|w| w.wait_ns()) != before);
             std::hint::black_box(n);
             i += 1;
-            crate::streams::pause(gap_us);
+            let g = Instant::now();
+            between();
+            let left = gap_us.saturating_sub(g.elapsed().as_micros() as u64);
+            crate::cpu::spin_for(left);
         }
     };
     match kind {
@@ -187,6 +216,8 @@ pub fn mixed(
             let t = &t;
             std::thread::scope(|sc| {
                 let ing = sc.spawn(|| {
+                    crate::cpu::pin(cpus.map(|c| c.0));
+                    writer_tid.store(crate::cpu::tid(), Ordering::Release);
                     // The ingest thread owns the per-worker maps: it builds the
                     // stream first (untimed), then churns.
                     let mut blocks = Default::default();
@@ -200,15 +231,18 @@ pub fn mixed(
                         for e in churn_ev(k) {
                             let _ = t.apply_event(&mut blocks, e, None);
                         }
-                        applied += 2 * churn[k % churn.len()].1.len() as u64;
+                        applied += per_step(k);
                         k += 1;
                     }
                     elapsed = c.elapsed().as_secs_f64();
                 });
-                while !ready.load(Ordering::Acquire) {
-                    std::thread::yield_now();
-                }
-                ask(&|q| Some(t.find_matches(q, false).scores.len()), &mut lat);
+                crate::cpu::pin(cpus.map(|c| c.1));
+                crate::cpu::spin_until(|| ready.load(Ordering::Acquire));
+                ask(
+                    &|q| t.find_matches(q, false).scores.len(),
+                    &mut || {},
+                    &mut lat,
+                );
                 stop.store(true, Ordering::Release);
                 let _ = ing.join();
             });
@@ -217,36 +251,49 @@ pub fn mixed(
             let (Built::Concurrent(t), _) = build(kind, events(s)) else {
                 unreachable!()
             };
-            // 2 M hashes of churn, sent before the clock (more would take GBs of
-            // events); queries are timed only while the worker loop still ingests.
             let (tx, rx) = flume::unbounded();
-            let per = 2 * churn.first().map_or(64, |c| c.1.len()) as u64;
-            let n = (2_000_000 / per).max(1) as usize;
-            for k in 0..n {
-                for e in churn_ev(k) {
-                    let _ = tx.send(WorkerTask::Event(e));
+            let mut k = 0usize;
+            let mut sent = 0u64;
+            let mut refill = |tx: &flume::Sender<WorkerTask>, starved: &mut u64| {
+                if tx.is_empty() {
+                    *starved += 1;
                 }
-            }
-            drop(tx);
+                while tx.len() < QUEUED {
+                    for e in churn_ev(k) {
+                        let _ = tx.send(WorkerTask::Event(e));
+                    }
+                    sent += per_step(k);
+                    k += 1;
+                }
+            };
+            refill(&tx, &mut 0);
             let t = &t;
             std::thread::scope(|sc| {
                 let ing = sc.spawn(|| {
+                    crate::cpu::pin(cpus.map(|c| c.0));
+                    writer_tid.store(crate::cpu::tid(), Ordering::Release);
                     let c = Instant::now();
+                    // Returns once the channel is closed and drained.
                     let _ = t.worker(rx, None);
                     elapsed = c.elapsed().as_secs_f64();
                 });
+                crate::cpu::pin(cpus.map(|c| c.1));
                 ask(
-                    &|q| (!ing.is_finished()).then(|| t.find_matches(q, false).scores.len()),
+                    &|q| t.find_matches(q, false).scores.len(),
+                    &mut || refill(&tx, &mut starved),
                     &mut lat,
                 );
+                drop(tx);
                 let _ = ing.join();
             });
-            applied = n as u64 * per;
+            // Everything sent was applied by the time the worker returned.
+            applied = sent;
         }
         Kind::Radix => unreachable!("RadixTree is single-threaded"),
     }
     crate::kv::Mixed {
-        query_ns: lat,
+        lat,
         events_per_s: applied as f64 / elapsed.max(1e-9),
+        starved,
     }
 }

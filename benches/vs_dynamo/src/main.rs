@@ -1,17 +1,22 @@
-//! Side by side: kvroute's block index against NVIDIA Dynamo's `dynamo-kv-router`
-//! 1.6.1, in one process, on byte-identical streams (issue 16, item 4).
+//! Side by side: kvroute's block index and selection against NVIDIA Dynamo's
+//! `dynamo-kv-router` 1.6.1, in one process, on byte-identical inputs (issue 16,
+//! item 4).
 //!
 //! For each stream (the Mooncake conversation trace and a synthetic one-holder load,
 //! at 8 and 1,024 workers): ingest (block events/s), query p50/p99 (kvroute with 1 and
 //! 2 shards, every Dynamo indexer), memory per (block, worker) entry; then query
-//! latency while ingesting unpaced. Runs alternate kvroute-first and Dynamo-first;
-//! every figure printed is the median over runs, with the ratio kvroute / Dynamo's
-//! best (below 1 is kvroute ahead for times and bytes, above 1 for rates).
+//! latency while ingesting unpaced (`mixed`), and selection at 2 to 10,000 workers
+//! (`sel`). Runs alternate kvroute-first and Dynamo-first; every figure printed is the
+//! median over runs, with the ratio kvroute / Dynamo (below 1 is kvroute ahead for
+//! times and bytes, above 1 for rates).
 //! Not part of the root crate's build: run it from this directory (README.md).
 
 mod alloc;
+mod cpu;
 mod dy;
 mod kv;
+mod mixed;
+mod sel;
 mod streams;
 
 use std::collections::BTreeMap;
@@ -31,6 +36,23 @@ struct Args {
     gap_us: u64,
     only: Option<String>,
     prof: Option<(String, u32)>,
+    /// Ingest slices (hashes) of kvroute's shard owner in the mixed runs.
+    slices: Vec<usize>,
+    /// Fleet sizes of the selection runs.
+    sel_workers: Vec<usize>,
+    /// Timed samples per side, fleet size and run of the selection runs.
+    sel_samples: usize,
+    /// Requests (figure sets) per fleet the selection timing rotates over (1..=4).
+    sel_draws: usize,
+}
+
+fn list<T: std::str::FromStr>(k: &str, v: String) -> Result<Vec<T>, String>
+where
+    T::Err: std::fmt::Display,
+{
+    v.split(',')
+        .map(|w| w.trim().parse().map_err(|e| format!("{k}: {e}")))
+        .collect()
 }
 
 fn args() -> Result<Args, String> {
@@ -48,6 +70,10 @@ fn args() -> Result<Args, String> {
         gap_us: 20,
         only: None,
         prof: None,
+        slices: vec![1024, 128, 32, 16, 8],
+        sel_workers: vec![2, 32, 1024, 2048, 10_000],
+        sel_samples: 2000,
+        sel_draws: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -69,16 +95,16 @@ fn args() -> Result<Args, String> {
                 let bits = num(v()?)? as u32;
                 a.prof = Some((name, bits));
             }
-            "--workers" => {
-                a.workers = v()?
-                    .split(',')
-                    .map(|w| w.parse().map_err(|e| format!("--workers: {e}")))
-                    .collect::<Result<_, _>>()?
-            }
+            "--workers" => a.workers = list(&k, v()?)?,
+            "--slices" => a.slices = list(&k, v()?)?,
+            "--sel-workers" => a.sel_workers = list(&k, v()?)?,
+            "--sel-samples" => a.sel_samples = num(v()?)? as usize,
+            "--sel-draws" => a.sel_draws = num(v()?)? as usize,
             "-h" | "--help" => {
                 println!(
                     "kvroute-vs-dynamo [--trace FILE] [--runs N] [--entries N] [--workers 8,1024] \
-                     [--queries N] [--passes N] [--mixed-secs S] [--gap-us U] [--only query|mixed|memory]"
+                     [--queries N] [--passes N] [--mixed-secs S] [--gap-us U] [--slices 1024,128,32,16,8] \
+                     [--sel-workers 2,32,1024,2048,10000] [--sel-samples N] [--sel-draws 1..4] [--only query|mixed|memory|select]"
                 );
                 std::process::exit(0);
             }
@@ -86,6 +112,10 @@ fn args() -> Result<Args, String> {
         }
     }
     a.runs = a.runs.max(1);
+    a.sel_samples = a.sel_samples.max(1);
+    if a.workers.is_empty() {
+        return Err("--workers needs at least one count".into());
+    }
     Ok(a)
 }
 
@@ -338,73 +368,10 @@ fn main() {
     }
 
     if want(&a, "mixed") {
-        let mut m = Figures::default();
-        // Mixed runs on the 8-worker streams: churn of fresh one-holder sequences.
-        let mixed: Vec<&Stream> = all.iter().filter(|s| s.workers == a.workers[0]).collect();
-        let mut seed = 0x006d_6978_6564_u64;
-        let churn: Vec<(u32, Vec<u64>)> = (0..4096u32)
-            .map(|i| (i % a.workers[0], streams::fresh_seq(&mut seed, 64)))
-            .collect();
-        for run in 0..a.runs {
-            for s in &mixed {
-                let mut order: Vec<Option<dy::Kind>> =
-                    vec![None, Some(dy::Kind::Positional), Some(dy::Kind::Concurrent)];
-                if run % 2 == 1 {
-                    order.rotate_left(1);
-                }
-                for who in order {
-                    let res = match who {
-                        None => {
-                            let mut v = Vec::new();
-                            for slice in [1024usize, 128] {
-                                v.push((
-                                    format!("kvroute slice {slice}"),
-                                    kv::mixed(s, &churn, slice, a.mixed_secs, a.gap_us),
-                                ));
-                            }
-                            v
-                        }
-                        Some(k) => vec![(
-                            k.name().to_string(),
-                            dy::mixed(k, s, &churn, a.mixed_secs, a.gap_us),
-                        )],
-                    };
-                    for (n, mut r) in res {
-                        let k = format!("{}|{n}", s.name);
-                        m.push(format!("{k}|p50"), pct(&mut r.query_ns, 0.5));
-                        m.push(format!("{k}|p99"), pct(&mut r.query_ns, 0.99));
-                        m.push(format!("{k}|ev"), r.events_per_s);
-                        m.push(format!("{k}|n"), r.query_ns.len() as f64);
-                    }
-                }
-            }
-        }
-        println!(
-            "\n## Query while ingesting unpaced (one ingest thread, one query thread, a query every {} µs), medians of {} runs",
-            a.gap_us, a.runs
-        );
-        for s in &mixed {
-            println!("\n{}", s.name);
-            println!(
-                "  {:<30} {:>8} {:>8} {:>12} {:>8}",
-                "index", "p50 ns", "p99 ns", "M events/s", "queries"
-            );
-            for n in [
-                "kvroute slice 1024",
-                "kvroute slice 128",
-                "PositionalIndexer",
-                "ConcurrentRadixTreeCompressed",
-            ] {
-                let k = format!("{}|{n}", s.name);
-                println!(
-                    "  {:<30} {:>8.0} {:>8.0} {:>12.2} {:>8.0}",
-                    n,
-                    m.median(&format!("{k}|p50")),
-                    m.median(&format!("{k}|p99")),
-                    m.median(&format!("{k}|ev")) / 1e6,
-                    m.median(&format!("{k}|n"))
-                );
-            }
-        }
+        mixed::section(&a, &all);
+    }
+
+    if want(&a, "select") {
+        sel::section(&a);
     }
 }

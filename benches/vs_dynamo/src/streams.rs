@@ -94,24 +94,3 @@ pub fn one_holder(workers: u32, entries: usize, queries: usize) -> Stream {
         queries,
     }
 }
-
-/// One step of waiting for another thread: spins a while, then yields the CPU, so on
-/// a machine with fewer free cores than threads the thread we wait for gets to run.
-#[inline]
-pub fn relax(spins: &mut u32) {
-    *spins += 1;
-    if *spins < 256 {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
-}
-
-/// The asker's gap between two queries (yielding, see [`relax`]).
-pub fn pause(us: u64) {
-    let t = std::time::Instant::now();
-    let mut spins = 0u32;
-    while t.elapsed().as_micros() < u128::from(us) {
-        relax(&mut spins);
-    }
-}
