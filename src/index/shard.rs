@@ -30,11 +30,8 @@ pub const DEFAULT_WORKER_CAP: u64 = 1 << 20;
 /// keeps small shards from compacting on every clear.
 const COMPACT_FLOOR: u64 = 4096;
 
-/// Hashes mixed and prefetched together before their table lookups in a query: enough
-/// to overlap the cache misses of a large table, small enough to stay in registers / L1.
-const CHUNK: usize = 16;
-
-/// How many keys ahead of its use [`Ahead`] prefetches a home slot (a power of two).
+/// How many keys ahead of its use [`Ahead`] (and a query) prefetches a home slot (a
+/// power of two).
 const AHEAD: usize = 16;
 
 /// The keys of a hash list in order, each key's home slot prefetched [`AHEAD`] keys

@@ -514,7 +514,7 @@ impl Core {
                     from,
                     Msg::Answer {
                         qid,
-                        answer,
+                        answer: Box::new(answer),
                         reuse,
                         spec,
                         id_free,
@@ -530,7 +530,7 @@ impl Core {
             } => self.complete(
                 qid,
                 Reply::Answer {
-                    answer,
+                    answer: *answer,
                     reuse,
                     spec,
                     id_free,

@@ -140,7 +140,8 @@ pub enum Msg {
     },
     Answer {
         qid: u64,
-        answer: ShardAnswer,
+        /// Boxed: the run-length answer's three buffers would make every `Msg` large.
+        answer: Box<ShardAnswer>,
         reuse: Vec<(WorkerSlot, u32)>,
         /// Pending (speculative) blocks: (position, worker).
         spec: Vec<(u32, WorkerSlot)>,
