@@ -29,6 +29,8 @@ mod sharded;
 mod table;
 
 #[cfg(test)]
+mod tests_answer;
+#[cfg(test)]
 mod tests_merge;
 #[cfg(test)]
 mod tests_prop;
