@@ -10,13 +10,16 @@ use std::collections::BTreeMap;
 
 const SHARED: WorkerSlot = 3;
 
+/// One position's holders, or `None`: the same as the previous position's.
+type Spec = Option<Vec<(WorkerSlot, Tier)>>;
+
 fn tier() -> impl Strategy<Value = Tier> {
     prop_oneof![Just(Tier::Device), Just(Tier::Host), Just(Tier::Disk)]
 }
 
 /// Holders of one position: a few of workers 0..=3 (3 is shared) with tiers, possibly
 /// none (a miss), often the same as the previous position's (`None`), so runs form.
-fn holders() -> impl Strategy<Value = Option<Vec<(WorkerSlot, Tier)>>> {
+fn holders() -> impl Strategy<Value = Spec> {
     prop_oneof![
         3 => Just(None),
         2 => prop::collection::vec((0..4u16, tier()), 0..4).prop_map(Some),
@@ -25,7 +28,7 @@ fn holders() -> impl Strategy<Value = Option<Vec<(WorkerSlot, Tier)>>> {
 
 /// Per position: which answer (shard) owns it (`k` = nobody answers it) and its
 /// holders; `k` answers.
-fn layout() -> impl Strategy<Value = (usize, Vec<(usize, Option<Vec<(WorkerSlot, Tier)>>)>)> {
+fn layout() -> impl Strategy<Value = (usize, Vec<(usize, Spec)>)> {
     (1..4usize).prop_flat_map(|k| {
         let owner = prop_oneof![12 => 0..k, 1 => Just(k)];
         (Just(k), prop::collection::vec((owner, holders()), 0..14))
@@ -34,7 +37,7 @@ fn layout() -> impl Strategy<Value = (usize, Vec<(usize, Option<Vec<(WorkerSlot,
 
 /// The answers of a layout, built the way a shard does (stop at its first miss), and
 /// the request length.
-fn answers(k: usize, pos: &[(usize, Option<Vec<(WorkerSlot, Tier)>>)]) -> Vec<ShardAnswer> {
+fn answers(k: usize, pos: &[(usize, Spec)]) -> Vec<ShardAnswer> {
     let mut ms: Vec<Vec<Match>> = vec![Vec::new(); k];
     let mut miss = vec![u32::MAX; k];
     let mut cur: Vec<(WorkerSlot, Tier)> = vec![(0, Tier::Device)];
