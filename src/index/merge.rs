@@ -28,6 +28,7 @@
 //! by a shared worker, and nothing is allocated once the buffers have grown.
 
 use super::answer::ShardAnswer;
+use super::holders::Holders;
 use crate::types::{Overlap, Tier, WorkerSlot};
 
 /// Merge state of one worker for the current query (valid when `stamp` is current).
@@ -90,9 +91,9 @@ pub struct MergeResult {
 /// Reusable buffers of a sharded query.
 #[derive(Debug, Default)]
 pub(crate) struct QueryScratch {
-    /// Per shard: the `(position, mix(hash))` it owns.
-    pub(crate) items: Vec<Vec<(u32, u64)>>,
     pub(crate) answers: Vec<ShardAnswer>,
+    /// Per shard: the raw holders of the last position its answer got.
+    pub(crate) prevs: Vec<Holders>,
 }
 
 impl MergeResult {

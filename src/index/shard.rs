@@ -32,7 +32,7 @@ const COMPACT_FLOOR: u64 = 4096;
 
 /// How many keys ahead of its use [`Ahead`] (and a query) prefetches a home slot (a
 /// power of two).
-const AHEAD: usize = 16;
+pub(crate) const AHEAD: usize = 16;
 
 /// The keys of a hash list in order, each key's home slot prefetched [`AHEAD`] keys
 /// before its turn: a steady pipeline of misses in flight for stores and removes,

@@ -7,9 +7,10 @@
 //! [`merge`]d. Like the service's, its shards share one [`Budget`], so a worker's cap
 //! is exact over all shards.
 
+use super::holders::Holders;
 use super::merge::{merge, MergeResult};
-use super::shard::{IndexShard, ShardStats, StoreOutcome};
-use super::{shard_of, Budget};
+use super::shard::{IndexShard, ShardStats, StoreOutcome, AHEAD};
+use super::{mix, shard_of, Budget};
 use crate::types::{Tier, WorkerSlot, MAX_WORKER_SLOTS};
 use std::sync::Arc;
 
@@ -135,8 +136,8 @@ impl ShardedIndex {
     }
 
     /// Per-worker overlaps of the request with sequence hashes `hashes`, into `out`.
-    /// Scatters the positions to their shards, queries each (later shards only up to the
-    /// earliest miss found so far) and merges. Allocation-free once `out` has grown.
+    /// Looks each position up in its shard (in position order, up to the first
+    /// position nobody holds) and merges the shards' answers. Allocation-free once `out` has grown.
     pub fn query(
         &self,
         hashes: &[u64],
@@ -152,30 +153,49 @@ impl ShardedIndex {
             a.clear();
             self.shards[0].query_seq(hashes, a);
         } else {
-            sc.items.resize_with(n, Vec::new);
-            for v in &mut sc.items {
-                v.clear();
-                // Keeps the scatter's pushes off the growth path (once grown).
-                v.reserve(hashes.len());
-            }
-            // Positions are u32 in answers; a request longer than that cannot be
-            // cached anyway, so positions past u32::MAX are simply not queried. The
-            // key is mixed once, for the shard (its top bits, `shard_of`) and for the
-            // lookup. (Walking the whole request in every shard and skipping the
-            // positions of others cost more instructions than these lists.)
-            let shift = 64 - self.shard_bits.clamp(1, MAX_SHARD_BITS);
-            for (pos, &h) in hashes.iter().enumerate().take(u32::MAX as usize) {
-                let k = super::mix(h);
-                if let Some(items) = sc.items.get_mut((k >> shift) as usize) {
-                    items.push((pos as u32, k));
-                }
-            }
-            let mut end = u32::MAX;
-            for ((s, items), a) in self.shards.iter().zip(&sc.items).zip(&mut sc.answers) {
+            // One pass over the request, each position looked up in its own shard's
+            // table: one prefetch pipeline over all positions (per-shard lists would
+            // restart it cold in every shard), no `(position, key)` lists, and the
+            // key is mixed once, for the shard (its top bits, `shard_of`) and the
+            // lookup. The first position nobody holds ends the pass: no prefix can
+            // extend past it. Positions are u32 in answers; a request longer than that
+            // cannot be cached anyway, so positions past u32::MAX are not queried.
+            sc.prevs.clear();
+            sc.prevs.resize(n, Holders::NONE);
+            let len = hashes.len().min(u32::MAX as usize);
+            for a in &mut sc.answers {
                 a.clear();
-                let upto = items.partition_point(|&(p, _)| p < end);
-                s.query_keys(&items[..upto], a);
-                end = end.min(a.first_miss);
+                a.reserve(len);
+            }
+            let shift = 64 - self.shard_bits.clamp(1, MAX_SHARD_BITS);
+            let shards = &self.shards;
+            let prefetch = |k: u64| {
+                if let Some(s) = shards.get((k >> shift) as usize) {
+                    s.prefetch_lookup(k);
+                }
+            };
+            let mut ring = [0u64; AHEAD];
+            for (k, &h) in ring.iter_mut().zip(hashes) {
+                *k = mix(h);
+                prefetch(*k);
+            }
+            for i in 0..len {
+                let r = &mut ring[i % AHEAD];
+                let k = *r;
+                if let Some(&h) = hashes.get(i + AHEAD) {
+                    *r = mix(h);
+                    prefetch(*r);
+                }
+                let s = (k >> shift) as usize;
+                let (Some(shard), Some(a), Some(prev)) =
+                    (shards.get(s), sc.answers.get_mut(s), sc.prevs.get_mut(s))
+                else {
+                    break;
+                };
+                if !shard.answer_one(i as u32, k, prev, a) {
+                    a.first_miss = i as u32;
+                    break;
+                }
             }
         }
         merge(hashes.len(), &sc.answers[..n], is_shared, out);

@@ -92,6 +92,26 @@ impl Table {
         let _ = key;
     }
 
+    /// Asks the CPU to start loading what a lookup of `key` reads: the cache lines of
+    /// its home slot and of the slot after it (the same line three times in four).
+    /// Why not [`Table::prefetch`]'s two lines: a lookup only shifts nothing, and
+    /// every useless line in flight takes a miss slot from the next keys' lookups.
+    #[inline(always)]
+    pub(crate) fn prefetch_lookup(&self, key: u64) {
+        #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let p = self.slots.as_ptr().wrapping_add(self.home(key));
+            // SAFETY: as in `prefetch`: a prefetch never faults.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(1).cast::<i8>());
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_feature = "sse")))]
+        let _ = key;
+    }
+
     /// Home slot of `key`: below the capacity (0 when unallocated).
     #[inline(always)]
     fn home(&self, key: u64) -> usize {

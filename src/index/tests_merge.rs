@@ -220,9 +220,19 @@ fn query_reuses_buffers() {
     idx.stored(1, Device, &req);
     let mut r = MergeResult::new();
     idx.query(&req, |_| false, &mut r);
-    let caps: Vec<usize> = r.scratch.items.iter().map(|v| v.capacity()).collect();
+    let caps: Vec<usize> = r
+        .scratch
+        .answers
+        .iter()
+        .map(|a| a.positions.capacity())
+        .collect();
     idx.query(&req, |_| false, &mut r);
-    let again: Vec<usize> = r.scratch.items.iter().map(|v| v.capacity()).collect();
+    let again: Vec<usize> = r
+        .scratch
+        .answers
+        .iter()
+        .map(|a| a.positions.capacity())
+        .collect();
     assert_eq!(caps, again);
     assert_eq!(r.get(1), ov(64, 0, 0, 0));
 }

@@ -32,12 +32,6 @@ impl IndexShard {
         self.query_by(n, |i| (i as u32, mix(hashes[i])), out);
     }
 
-    /// [`IndexShard::query`] with the keys already mixed (`(position, mix(hash))`, as
-    /// [`crate::index::ShardedIndex::query`] computes them to pick the shard).
-    pub(crate) fn query_keys(&self, items: &[(u32, u64)], out: &mut ShardAnswer) {
-        self.query_by(items.len(), |i| items[i], out);
-    }
-
     /// The query loop over `len` items, `at(i)` giving item `i`'s position and key
     /// (`i < len`). Each key's home slot is prefetched [`AHEAD`] items before its turn,
     /// a steady pipeline of misses in flight.
@@ -50,7 +44,7 @@ impl IndexShard {
         let mut ring = [0u64; AHEAD];
         for (j, k) in ring.iter_mut().enumerate().take(len) {
             *k = at(j).1;
-            self.map.prefetch(*k);
+            self.map.prefetch_lookup(*k);
         }
         let mut prev = Holders::NONE;
         for i in 0..len {
@@ -58,37 +52,60 @@ impl IndexShard {
             let k = *r;
             if i + AHEAD < len {
                 *r = at(i + AHEAD).1;
-                self.map.prefetch(*r);
+                self.map.prefetch_lookup(*r);
             }
             let pos = at(i).0;
-            let Some(slot) = self.map.find(k) else {
-                out.first_miss = pos;
-                return;
-            };
-            let hs = self.map.holders(slot);
-            if hs == prev {
-                out.repeat_position(pos);
-                continue;
-            }
-            let from = out.holders.len();
-            let mut last_slot = u32::MAX;
-            for &e in hs.entries(&self.slab) {
-                let slot = slot_of(e);
-                // Sorted by (slot, tier): the first live entry of a slot is its best.
-                if u32::from(slot) != last_slot && is_live(&self.gens, e) {
-                    last_slot = u32::from(slot);
-                    out.holders.push(Holder {
-                        worker: slot,
-                        tier: tier_of(e),
-                    });
-                }
-            }
-            if out.holders.len() == from {
+            if !self.answer_one(pos, k, &mut prev, out) {
                 out.first_miss = pos;
                 return;
             }
-            out.push_position(pos, from);
-            prev = hs;
         }
+    }
+
+    /// Starts loading what [`IndexShard::answer_one`] of `key` will read.
+    #[inline(always)]
+    pub(crate) fn prefetch_lookup(&self, key: u64) {
+        self.map.prefetch_lookup(key);
+    }
+
+    /// Appends position `pos` (key `key`, above every position in `out`) with its live
+    /// holders to `out`; `prev` is the raw holder set of the previous position
+    /// appended (`Holders::NONE` at first), updated. False (and `out` unchanged) when
+    /// nobody holds it.
+    #[inline(always)]
+    pub(crate) fn answer_one(
+        &self,
+        pos: u32,
+        key: u64,
+        prev: &mut Holders,
+        out: &mut ShardAnswer,
+    ) -> bool {
+        let Some(slot) = self.map.find(key) else {
+            return false;
+        };
+        let hs = self.map.holders(slot);
+        if hs == *prev {
+            out.repeat_position(pos);
+            return true;
+        }
+        let from = out.holders.len();
+        let mut last_slot = u32::MAX;
+        for &e in hs.entries(&self.slab) {
+            let slot = slot_of(e);
+            // Sorted by (slot, tier): the first live entry of a slot is its best.
+            if u32::from(slot) != last_slot && is_live(&self.gens, e) {
+                last_slot = u32::from(slot);
+                out.holders.push(Holder {
+                    worker: slot,
+                    tier: tier_of(e),
+                });
+            }
+        }
+        if out.holders.len() == from {
+            return false;
+        }
+        out.push_position(pos, from);
+        *prev = hs;
+        true
     }
 }
