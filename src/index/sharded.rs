@@ -7,6 +7,7 @@
 //! [`merge`]d. Like the service's, its shards share one [`Budget`], so a worker's cap
 //! is exact over all shards.
 
+use super::answer::ShardAnswer;
 use super::holders::Holders;
 use super::merge::{merge, MergeResult};
 use super::shard::{IndexShard, ShardStats, StoreOutcome, AHEAD};
@@ -160,42 +161,35 @@ impl ShardedIndex {
             // lookup. The first position nobody holds ends the pass: no prefix can
             // extend past it. Positions are u32 in answers; a request longer than that
             // cannot be cached anyway, so positions past u32::MAX are not queried.
-            sc.prevs.clear();
-            sc.prevs.resize(n, Holders::NONE);
             let len = hashes.len().min(u32::MAX as usize);
             for a in &mut sc.answers {
                 a.clear();
                 a.reserve(len);
             }
             let shift = 64 - self.shard_bits.clamp(1, MAX_SHARD_BITS);
-            let shards = &self.shards;
-            let prefetch = |k: u64| {
-                if let Some(s) = shards.get((k >> shift) as usize) {
-                    s.prefetch_lookup(k);
-                }
-            };
-            let mut ring = [0u64; AHEAD];
-            for (k, &h) in ring.iter_mut().zip(hashes) {
-                *k = mix(h);
-                prefetch(*k);
-            }
-            for i in 0..len {
-                let r = &mut ring[i % AHEAD];
-                let k = *r;
-                if let Some(&h) = hashes.get(i + AHEAD) {
-                    *r = mix(h);
-                    prefetch(*r);
-                }
-                let s = (k >> shift) as usize;
-                let (Some(shard), Some(a), Some(prev)) =
-                    (shards.get(s), sc.answers.get_mut(s), sc.prevs.get_mut(s))
-                else {
-                    break;
-                };
-                if !shard.answer_one(i as u32, k, prev, a) {
-                    a.first_miss = i as u32;
-                    break;
-                }
+            let hashes = &hashes[..len];
+            // Two and four shards (the service's usual layouts) with arrays, whose
+            // masked indexing needs no bounds checks; any other count with slices.
+            if let (Ok(sh), Ok(an)) = (
+                <&[IndexShard; 2]>::try_from(&self.shards[..]),
+                <&mut [ShardAnswer; 2]>::try_from(&mut sc.answers[..n]),
+            ) {
+                one_pass(sh, an, &mut [Holders::NONE; 2], hashes, shift);
+            } else if let (Ok(sh), Ok(an)) = (
+                <&[IndexShard; 4]>::try_from(&self.shards[..]),
+                <&mut [ShardAnswer; 4]>::try_from(&mut sc.answers[..n]),
+            ) {
+                one_pass(sh, an, &mut [Holders::NONE; 4], hashes, shift);
+            } else {
+                sc.prevs.clear();
+                sc.prevs.resize(n, Holders::NONE);
+                one_pass(
+                    &self.shards[..],
+                    &mut sc.answers[..n],
+                    &mut sc.prevs[..],
+                    hashes,
+                    shift,
+                );
             }
         }
         merge(hashes.len(), &sc.answers[..n], is_shared, out);
@@ -214,5 +208,43 @@ impl ShardedIndex {
             st += s.stats();
         }
         st
+    }
+}
+
+/// The one pass of [`ShardedIndex::query`] over several shards: position `i` (key
+/// `mix(hashes[i])`) is looked up in shard `key >> shift` and appended to that shard's
+/// answer; `prevs` holds each shard's last raw holder set. `shards`, `answers` and
+/// `prevs` have one entry per shard (arrays for a fixed count, so indexing them with a
+/// masked shard number needs no bounds check).
+#[inline(always)]
+fn one_pass<S, A, P>(shards: &S, answers: &mut A, prevs: &mut P, hashes: &[u64], shift: u32)
+where
+    S: AsRef<[IndexShard]> + std::ops::Index<usize, Output = IndexShard> + ?Sized,
+    A: AsMut<[ShardAnswer]> + std::ops::IndexMut<usize, Output = ShardAnswer> + ?Sized,
+    P: AsMut<[Holders]> + std::ops::IndexMut<usize, Output = Holders> + ?Sized,
+{
+    let n = shards.as_ref().len();
+    if n == 0 || answers.as_mut().len() < n || prevs.as_mut().len() < n || !n.is_power_of_two() {
+        return;
+    }
+    let mask = n - 1;
+    let lane = |k: u64| (k >> shift) as usize & mask;
+    let mut ring = [0u64; AHEAD];
+    for (k, &h) in ring.iter_mut().zip(hashes) {
+        *k = mix(h);
+        shards[lane(*k)].prefetch_lookup(*k);
+    }
+    for i in 0..hashes.len() {
+        let r = &mut ring[i % AHEAD];
+        let k = *r;
+        if let Some(&h) = hashes.get(i + AHEAD) {
+            *r = mix(h);
+            shards[lane(*r)].prefetch_lookup(*r);
+        }
+        let s = lane(k);
+        if !shards[s].answer_one(i as u32, k, &mut prevs[s], &mut answers[s]) {
+            answers[s].first_miss = i as u32;
+            return;
+        }
     }
 }
