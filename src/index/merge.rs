@@ -236,17 +236,41 @@ pub fn merge(
         ..
     } = out;
     let stamp = *stamp;
-    let first_holders = answers[first]
+    let a0 = &answers[first];
+    let (first_end, first_holders) = a0
         .runs
         .first()
-        .and_then(|r| answers[first].holders.get(..r.holders_end as usize))
+        .and_then(|r| Some((r.end, a0.holders.get(..r.holders_end as usize)?)))
         .unwrap_or_default();
+    // The first run, applied while the candidates are initialised: each covers it,
+    // from position 0 (so a tier worse than device there puts a boundary at 0).
+    let first_tag = first as u32 + 1;
+    let mut first_shared = false;
     for h in first_holders {
-        if matches!(state.get(h.worker as usize), Some(s) if s.stamp == stamp) {
+        let i = h.worker as usize;
+        if state.len() <= i {
+            state.resize(i + 1, WState::default());
+        }
+        let Some(s) = state.get_mut(i) else {
+            continue;
+        };
+        if s.stamp == stamp {
             continue; // listed twice (not what shards produce): the first counts
         }
         let shared = is_shared(h.worker);
-        if first_sight(state, h.worker, stamp, shared, !shared, end).is_some() && !shared {
+        *s = WState {
+            stamp,
+            cand: !shared,
+            shared,
+            ans: first_tag,
+            cov: first_end,
+            own_end: if shared { 0 } else { end },
+            dev_end: if h.tier == Tier::Device { u32::MAX } else { 0 },
+            host_end: if h.tier == Tier::Disk { 0 } else { u32::MAX },
+        };
+        if shared {
+            first_shared = true;
+        } else {
             touched.push(h.worker);
         }
     }
@@ -267,7 +291,9 @@ pub fn merge(
             if start >= end {
                 break;
             }
-            let mut run_shared = false;
+            // The candidates' first run is applied above; only its shared marks remain.
+            let hs = if ai == first && i0 == 0 { &[][..] } else { hs };
+            let mut run_shared = ai == first && i0 == 0 && first_shared;
             for h in hs {
                 let s = match state.get_mut(h.worker as usize) {
                     Some(s) if s.stamp == stamp => s,
@@ -322,7 +348,16 @@ pub fn merge(
             }
         }
     }
-    touched.retain(|&w| state.get(w as usize).is_some_and(|s| s.own_end > 0));
+    // Only answers that also claim position 0 (not what shards produce) can stop a
+    // candidate at 0.
+    if answers
+        .iter()
+        .filter(|a| a.positions.first() == Some(&0))
+        .count()
+        > 1
+    {
+        touched.retain(|&w| state.get(w as usize).is_some_and(|s| s.own_end > 0));
+    }
 
     if any_shared {
         // Suffix lengths of shared-held runs: shared_run[p] = run starting at p.
