@@ -89,9 +89,11 @@ impl ShardAnswer {
 
     /// Appends answered position `pos` (above every position so far) whose holders are
     /// `holders[from..]`, just pushed by the caller: extends the last run if they are
-    /// the same as its holders (then drops the pushed copy), else starts a run.
+    /// the same as its holders (then drops the pushed copy), else starts a run. The
+    /// caller must [`ShardAnswer::close`] the answer when done.
     #[inline]
     pub(crate) fn push_position(&mut self, pos: u32, from: usize) {
+        self.close();
         let idx = self.positions.len() as u32 + 1;
         self.positions.push(pos);
         let n = self.runs.len();
@@ -115,10 +117,17 @@ impl ShardAnswer {
         });
     }
 
-    /// Extends the last run by answered position `pos` (same holders).
+    /// Extends the last run by answered position `pos` (same holders); the run's end
+    /// is written by the next [`ShardAnswer::push_position`] or [`ShardAnswer::close`].
     #[inline(always)]
     pub(crate) fn repeat_position(&mut self, pos: u32) {
         self.positions.push(pos);
+    }
+
+    /// Ends the last run at the last answered position (after
+    /// [`ShardAnswer::repeat_position`]s).
+    #[inline]
+    pub(crate) fn close(&mut self) {
         if let Some(last) = self.runs.last_mut() {
             last.end = self.positions.len() as u32;
         }
@@ -175,6 +184,7 @@ impl ShardAnswer {
             }
             a.push_position(pos, from);
         }
+        a.close();
         a
     }
 }

@@ -229,22 +229,25 @@ where
     }
     let mask = n - 1;
     let lane = |k: u64| (k >> shift) as usize & mask;
-    let mut ring = [0u64; AHEAD];
-    for (k, &h) in ring.iter_mut().zip(hashes) {
-        *k = mix(h);
-        shards[lane(*k)].prefetch_lookup(*k);
+    let mut ring = [(0u64, 0usize); AHEAD];
+    for (r, &h) in ring.iter_mut().zip(hashes) {
+        let k = mix(h);
+        *r = (k, shards[lane(k)].prefetch_lookup(k));
     }
     for i in 0..hashes.len() {
         let r = &mut ring[i % AHEAD];
-        let k = *r;
+        let (k, home) = *r;
         if let Some(&h) = hashes.get(i + AHEAD) {
-            *r = mix(h);
-            shards[lane(*r)].prefetch_lookup(*r);
+            let k2 = mix(h);
+            *r = (k2, shards[lane(k2)].prefetch_lookup(k2));
         }
         let s = lane(k);
-        if !shards[s].answer_one(i as u32, k, &mut prevs[s], &mut answers[s]) {
+        if !shards[s].answer_one(i as u32, k, home, &mut prevs[s], &mut answers[s]) {
             answers[s].first_miss = i as u32;
-            return;
+            break;
         }
+    }
+    for a in answers.as_mut() {
+        a.close();
     }
 }

@@ -41,34 +41,37 @@ impl IndexShard {
         // One run per position is the worst case of the common one-holder load: room
         // for that up front keeps the pushes below off the growth path.
         out.reserve(len);
-        let mut ring = [0u64; AHEAD];
-        for (j, k) in ring.iter_mut().enumerate().take(len) {
-            *k = at(j).1;
-            self.map.prefetch_lookup(*k);
+        let mut ring = [(0u64, 0usize); AHEAD];
+        for (j, r) in ring.iter_mut().enumerate().take(len) {
+            let k = at(j).1;
+            *r = (k, self.map.prefetch_lookup(k));
         }
         let mut prev = Holders::NONE;
         for i in 0..len {
             let r = &mut ring[i % AHEAD];
-            let k = *r;
+            let (k, home) = *r;
             if i + AHEAD < len {
-                *r = at(i + AHEAD).1;
-                self.map.prefetch_lookup(*r);
+                let k2 = at(i + AHEAD).1;
+                *r = (k2, self.map.prefetch_lookup(k2));
             }
             let pos = at(i).0;
-            if !self.answer_one(pos, k, &mut prev, out) {
+            if !self.answer_one(pos, k, home, &mut prev, out) {
                 out.first_miss = pos;
-                return;
+                break;
             }
         }
+        out.close();
     }
 
-    /// Starts loading what [`IndexShard::answer_one`] of `key` will read.
+    /// Starts loading what [`IndexShard::answer_one`] of `key` will read; returns the
+    /// key's home slot for it.
     #[inline(always)]
-    pub(crate) fn prefetch_lookup(&self, key: u64) {
-        self.map.prefetch_lookup(key);
+    pub(crate) fn prefetch_lookup(&self, key: u64) -> usize {
+        self.map.prefetch_lookup(key)
     }
 
-    /// Appends position `pos` (key `key`, above every position in `out`) with its live
+    /// Appends position `pos` (key `key` with home slot `home` from
+    /// [`IndexShard::prefetch_lookup`], above every position in `out`) with its live
     /// holders to `out`; `prev` is the raw holder set of the previous position
     /// appended (`Holders::NONE` at first), updated. False (and `out` unchanged) when
     /// nobody holds it.
@@ -77,13 +80,13 @@ impl IndexShard {
         &self,
         pos: u32,
         key: u64,
+        home: usize,
         prev: &mut Holders,
         out: &mut ShardAnswer,
     ) -> bool {
-        let Some(slot) = self.map.find(key) else {
+        let Some(hs) = self.map.lookup(home, key) else {
             return false;
         };
-        let hs = self.map.holders(slot);
         if hs == *prev {
             out.repeat_position(pos);
             return true;
