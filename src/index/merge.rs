@@ -80,7 +80,7 @@ pub struct MergeResult {
     shared_run: Vec<u32>,
     /// Per position below the end: answered by some answer (only when the answers do
     /// not cover every position, see [`merge`]).
-    seen: Vec<bool>,
+    pub(crate) seen: Vec<bool>,
     shared0: u32,
     end: u32,
     /// Scatter buffers of [`super::ShardedIndex::query`], kept here so that `query`
@@ -218,7 +218,7 @@ pub fn merge(
         .map(|a| a.positions.partition_point(|&p| p < end))
         .sum();
     if covered != end as usize {
-        end = first_unanswered(answers, end, &mut out.seen);
+        end = first_unanswered(answers, end, covered, &mut out.seen);
     }
     out.end = end;
     if end == 0 {
@@ -371,17 +371,27 @@ pub fn merge(
 }
 
 /// The first position below `end` that no answer answers (`end` if none): the slow
-/// path of [`merge`] when the answers do not cover every position.
+/// path of [`merge`] when the answers do not cover every position. `covered` answered
+/// positions lie below `end`, so the first unanswered one is at most `covered`: the
+/// scratch is bounded by the answers' size, whatever their positions say.
 #[cold]
-fn first_unanswered(answers: &[ShardAnswer], end: u32, seen: &mut Vec<bool>) -> u32 {
+fn first_unanswered(
+    answers: &[ShardAnswer],
+    end: u32,
+    covered: usize,
+    seen: &mut Vec<bool>,
+) -> u32 {
+    let bound = (end as usize).min(covered.saturating_add(1));
     seen.clear();
-    seen.resize(end as usize, false);
+    seen.resize(bound, false);
     for a in answers {
-        for &p in a.positions.iter().take_while(|&&p| p < end) {
+        for &p in a.positions.iter().take_while(|&&p| (p as usize) < bound) {
             if let Some(x) = seen.get_mut(p as usize) {
                 *x = true;
             }
         }
     }
-    seen.iter().position(|&x| !x).map_or(end, |p| p as u32)
+    seen.iter()
+        .position(|&x| !x)
+        .map_or(bound as u32, |p| p as u32)
 }

@@ -236,3 +236,15 @@ fn query_reuses_buffers() {
     assert_eq!(caps, again);
     assert_eq!(r.get(1), ov(64, 0, 0, 0));
 }
+
+#[test]
+fn far_positions_bound_nothing_by_their_value() {
+    // One answered position near u32::MAX: nothing covers 0, so the merge ends at 0,
+    // and its scratch is sized by the one answered position, not by its value.
+    let a = ans(NONE, &[(u32::MAX - 2, 1, Device)]);
+    let mut r = MergeResult::new();
+    merge(usize::MAX, &[a], |_| false, &mut r);
+    assert_eq!(r.end(), 0);
+    assert!(r.workers().is_empty());
+    assert!(r.seen.capacity() < 1024);
+}
