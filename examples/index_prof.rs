@@ -100,7 +100,7 @@ fn main() {
                         .collect();
                     let mut a = kvroute::index::ShardAnswer::default();
                     shard.query(&items, &mut a);
-                    matches += a.matches.len();
+                    matches += a.matches().count();
                     probes += items.partition_point(|&(p, _)| p <= a.first_miss);
                 }
             }

@@ -10,123 +10,50 @@
 //!   any shared worker (in any tier). A worker with no own overlap gets the shared run
 //!   from position 0 ([`MergeResult::get`] returns it for every absent worker).
 //!
-//! Equivalently, walking positions in order, a worker's *phase* is the worst best-tier
-//! seen so far; each position extends the worker's run in that phase, and the first
-//! position the worker does not hold ends its run. That is what [`merge`] computes, in
-//! one pass over the matches: per-worker state lives in a dense slot-indexed array
-//! whose entries are valid only when stamped with the current query (so nothing is
-//! cleared per query), records the run's end and the two positions where the phase
-//! changed (the overlaps are differences of those), and knows whether the worker is
-//! shared, so `is_shared` is asked once per distinct worker per query. The cost is
-//! O(matches + positions × shards) with a few instructions per match, and nothing is
-//! allocated once the buffers have grown.
+//! Equivalently, with `own_end` the first position `w` does not hold, `dev_end` the
+//! first position whose best tier is worse than device and `host_end` the first whose
+//! best tier is disk: `device = min(dev_end, own_end)`, `host` and `disk` the
+//! differences up to `min(host_end, own_end)` and `own_end`. Each of the three is a
+//! minimum over positions, so it is a minimum over shards of the same figure taken over
+//! the positions each shard owns — which is what [`merge`] computes, per run of an
+//! answer ([`ShardAnswer`]), not per position: only workers holding position 0 can have
+//! an overlap (the *candidates*, the holders of the first run of the answer owning
+//! position 0); within one answer a candidate's coverage (how many of its answered
+//! positions it holds from the first) grows by a whole run at a time, and where it stops
+//! in that answer is where its run stops. Per-worker state lives in a dense
+//! slot-indexed array whose entries are valid only when stamped with the current query
+//! (nothing is cleared per query) and knows whether the worker is shared, so
+//! `is_shared` is asked once per distinct worker per query. The cost is
+//! O(runs + run holders + answers × candidates), plus O(positions) only for runs held
+//! by a shared worker, and nothing is allocated once the buffers have grown.
 
+use super::answer::ShardAnswer;
+use super::holders::Holders;
 use crate::types::{Overlap, Tier, WorkerSlot};
-
-/// One live holder of one queried position.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Match {
-    /// Position of the block in the request (0-based).
-    pub pos: u32,
-    pub worker: WorkerSlot,
-    pub tier: Tier,
-}
-
-/// A shard's answer to the positions it owns.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ShardAnswer {
-    /// Live matches, sorted by position.
-    pub matches: Vec<Match>,
-    /// First queried position that has NO live holder at all in this shard, or
-    /// `u32::MAX` if every queried position had one.
-    pub first_miss: u32,
-}
-
-impl Default for ShardAnswer {
-    /// An empty answer that does not limit the prefix (`first_miss == u32::MAX`).
-    fn default() -> Self {
-        ShardAnswer {
-            matches: Vec::new(),
-            first_miss: u32::MAX,
-        }
-    }
-}
-
-impl ShardAnswer {
-    /// Empties the answer, keeping its capacity.
-    pub fn clear(&mut self) {
-        self.matches.clear();
-        self.first_miss = u32::MAX;
-    }
-}
 
 /// Merge state of one worker for the current query (valid when `stamp` is current).
 #[derive(Clone, Copy, Debug, Default)]
 struct WState {
     /// Query stamp of the last write; any other value means "not seen this query".
     stamp: u32,
-    /// The worker's own run covers positions `0..own_end`.
-    own_end: u32,
-    /// Position where the phase left device (`u32::MAX`: not yet).
-    dev_end: u32,
-    /// Position where the phase reached disk (`u32::MAX`: not yet).
-    host_end: u32,
-    /// Worst tier index in the run so far (0 device, 1 host, 2 disk).
-    phase: u8,
-    /// Phase before the last position of the run was applied.
-    prev_phase: u8,
-    /// Tier index that changed the phase at the last position of the run (0: the
-    /// phase did not change there).
-    last_t: u8,
-    /// A shared cache (its matches only feed the shared runs).
+    /// A candidate (holds position 0, not shared): only those get an own overlap.
+    cand: bool,
+    /// A shared cache (its holdings only feed the shared runs).
     shared: bool,
+    /// 1 + the index of the answer `cov` counts in (0: none yet).
+    ans: u32,
+    /// The worker holds the first `cov` answered positions of answer `ans - 1`.
+    cov: u32,
+    /// First position the worker does not hold, over the answers merged so far (0 for a
+    /// non-candidate).
+    own_end: u32,
+    /// First position whose best tier is worse than device (`u32::MAX`: none found).
+    dev_end: u32,
+    /// First position whose best tier is disk (`u32::MAX`: none found).
+    host_end: u32,
 }
 
 impl WState {
-    /// Extends the run by position `p` held in tier index `t`.
-    #[inline(always)]
-    fn extend(&mut self, p: u32, t: u8) {
-        self.own_end = p + 1;
-        if t <= self.phase {
-            // No phase change at `p`: a better tier seen later at `p` changes nothing.
-            self.last_t = 0;
-        } else {
-            self.transition(p, t);
-        }
-    }
-
-    /// The phase worsens to `t` at position `p`.
-    #[inline(never)]
-    fn transition(&mut self, p: u32, t: u8) {
-        let ph = self.phase;
-        if ph == 0 {
-            self.dev_end = p;
-        }
-        if t == 2 {
-            self.host_end = p;
-        }
-        self.prev_phase = ph;
-        self.phase = t;
-        self.last_t = t;
-    }
-
-    /// Position `p`, already applied with tier `last_t`, is also held in better tier
-    /// `t`: redo the transition made at `p`.
-    #[cold]
-    fn improve(&mut self, p: u32, t: u8) {
-        if self.dev_end == p {
-            self.dev_end = u32::MAX;
-        }
-        if self.host_end == p {
-            self.host_end = u32::MAX;
-        }
-        self.phase = self.prev_phase;
-        self.last_t = 0;
-        if t > self.phase {
-            self.transition(p, t);
-        }
-    }
-
     /// The overlap of the run (shared part excluded).
     #[inline]
     fn overlap(&self) -> Overlap {
@@ -151,7 +78,9 @@ pub struct MergeResult {
     touched: Vec<WorkerSlot>,
     /// Per position: does some shared worker hold it? Then suffix run lengths.
     shared_run: Vec<u32>,
-    cursors: Vec<usize>,
+    /// Per position below the end: answered by some answer (only when the answers do
+    /// not cover every position, see [`merge`]).
+    pub(crate) seen: Vec<bool>,
     shared0: u32,
     end: u32,
     /// Scatter buffers of [`super::ShardedIndex::query`], kept here so that `query`
@@ -162,9 +91,9 @@ pub struct MergeResult {
 /// Reusable buffers of a sharded query.
 #[derive(Debug, Default)]
 pub(crate) struct QueryScratch {
-    /// Per shard: the `(position, mix(hash))` it owns.
-    pub(crate) items: Vec<Vec<(u32, u64)>>,
     pub(crate) answers: Vec<ShardAnswer>,
+    /// Per shard: the raw holders of the last position its answer got.
+    pub(crate) prevs: Vec<Holders>,
 }
 
 impl MergeResult {
@@ -203,7 +132,8 @@ impl MergeResult {
     }
 
     /// Bound of the merge: no overlap of any kind extends past this position (min of
-    /// `n`, every shard's `first_miss` and one past the last matched position).
+    /// `n`, every shard's `first_miss`, one past the last answered position and the
+    /// first position no answer covers).
     pub fn end(&self) -> u32 {
         self.end
     }
@@ -224,14 +154,16 @@ impl MergeResult {
     }
 }
 
-/// State of `w` initialised for query `stamp` (grows the array if needed). A shared
-/// worker's run can never start (`own_end` is `u32::MAX`).
+/// State of `w` initialised for query `stamp` (grows the array if needed): a
+/// candidate starts with `own_end = end`, every other worker with 0.
 #[inline(never)]
 fn first_sight(
     state: &mut Vec<WState>,
     w: WorkerSlot,
     stamp: u32,
     shared: bool,
+    cand: bool,
+    end: u32,
 ) -> Option<&mut WState> {
     let i = w as usize;
     if state.len() <= i {
@@ -240,11 +172,13 @@ fn first_sight(
     let s = state.get_mut(i)?;
     *s = WState {
         stamp,
-        own_end: if shared { u32::MAX } else { 0 },
+        cand,
+        shared,
+        ans: 0,
+        cov: 0,
+        own_end: if cand { end } else { 0 },
         dev_end: u32::MAX,
         host_end: u32::MAX,
-        shared,
-        ..WState::default()
     };
     Some(s)
 }
@@ -252,10 +186,12 @@ fn first_sight(
 /// Merges the shards' answers for a request of `n` positions into `out` (cleared
 /// first). `is_shared(slot)` tells which workers are shared caches (role Shared): their
 /// blocks count only as `shared` overlap and they never appear in `out.workers()`.
-/// It is called at most once per distinct worker. Each answer's matches must be
-/// sorted by position; a position may appear in several answers (they are combined),
-/// and duplicate (position, worker) matches keep the best tier. Matches at or beyond
-/// the global end are ignored.
+/// It is called at most once per distinct worker.
+///
+/// Each answer must have the form [`ShardAnswer`] documents, and the answers must
+/// answer disjoint positions (each position is owned by one shard). A position below
+/// `n` that no answer covers is held by nobody: the merge ends there (a shard that
+/// did not reply). Answered positions at or beyond the end are ignored.
 pub fn merge(
     n: usize,
     answers: &[ShardAnswer],
@@ -264,120 +200,198 @@ pub fn merge(
 ) {
     out.clear();
     // No prefix extends past a position nobody holds: not past `n`, any shard's first
-    // miss, or the last matched position (this also bounds the scratch below by the
+    // miss, or the last answered position (this also bounds the scratch below by the
     // answers' size whatever `n` says).
     let mut end = u32::try_from(n).unwrap_or(u32::MAX);
     let mut last = 0u32;
     for a in answers {
         end = end.min(a.first_miss);
-        if let Some(m) = a.matches.last() {
-            last = last.max(m.pos.saturating_add(1));
+        if let Some(&p) = a.positions.last() {
+            last = last.max(p.saturating_add(1));
         }
     }
-    let end = end.min(last);
+    let mut end = end.min(last);
+    // Every position below the end must be answered somewhere; if the counts say one
+    // is not, the end moves to the first such position.
+    let covered: usize = answers
+        .iter()
+        .map(|a| a.positions.partition_point(|&p| p < end))
+        .sum();
+    if covered != end as usize {
+        end = first_unanswered(answers, end, covered, &mut out.seen);
+    }
     out.end = end;
+    if end == 0 {
+        return;
+    }
+    // The answer owning position 0: its first run's holders are the candidates.
+    let Some(first) = answers.iter().position(|a| a.positions.first() == Some(&0)) else {
+        return;
+    };
     let MergeResult {
         state,
         stamp,
         touched,
         shared_run,
-        cursors,
         ..
     } = out;
     let stamp = *stamp;
-    shared_run.clear();
-    shared_run.resize(end as usize + 1, 0);
-
-    // Applies one match; matches must come in position order (per answer, and across
-    // answers for the same worker).
-    let mut apply = |m: &Match| {
-        let p = m.pos;
-        let t = m.tier as u8;
-        let s = match state.get_mut(m.worker as usize) {
-            Some(s) if s.stamp == stamp => s,
-            _ => {
-                let shared = is_shared(m.worker);
-                if p == 0 && !shared {
-                    touched.push(m.worker);
-                }
-                match first_sight(state, m.worker, stamp, shared) {
-                    Some(s) => s,
-                    None => return,
-                }
-            }
+    let a0 = &answers[first];
+    let (first_end, first_holders) = a0
+        .runs
+        .first()
+        .and_then(|r| Some((r.end, a0.holders.get(..r.holders_end as usize)?)))
+        .unwrap_or_default();
+    // The first run, applied while the candidates are initialised: each covers it,
+    // from position 0 (so a tier worse than device there puts a boundary at 0).
+    let first_tag = first as u32 + 1;
+    let mut first_shared = false;
+    for h in first_holders {
+        let i = h.worker as usize;
+        if state.len() <= i {
+            state.resize(i + 1, WState::default());
+        }
+        let Some(s) = state.get_mut(i) else {
+            continue;
         };
-        if s.own_end == p {
-            s.extend(p, t);
-        } else if s.shared {
-            if let Some(r) = shared_run.get_mut(p as usize) {
-                *r = 1;
-            }
-        } else if s.own_end == p + 1 && t < s.last_t {
-            s.improve(p, t);
+        if s.stamp == stamp {
+            continue; // listed twice (not what shards produce): the first counts
         }
-    };
-    match answers {
-        // One answer (one shard): its matches are already in position order.
-        [a] => {
-            for m in &a.matches {
-                if m.pos >= end {
-                    break;
-                }
-                apply(m);
-            }
+        let shared = is_shared(h.worker);
+        *s = WState {
+            stamp,
+            cand: !shared,
+            shared,
+            ans: first_tag,
+            cov: first_end,
+            own_end: if shared { 0 } else { end },
+            dev_end: if h.tier == Tier::Device { u32::MAX } else { 0 },
+            host_end: if h.tier == Tier::Disk { 0 } else { u32::MAX },
+        };
+        if shared {
+            first_shared = true;
+        } else {
+            touched.push(h.worker);
         }
-        // Two shards (the usual service layout): a two-way merge by position.
-        [a, b] => {
-            let (a, b) = (&a.matches[..], &b.matches[..]);
-            let (mut i, mut j) = (0usize, 0usize);
-            loop {
-                let pa = a.get(i).map_or(u32::MAX, |m| m.pos);
-                let pb = b.get(j).map_or(u32::MAX, |m| m.pos);
-                let p = pa.min(pb);
-                if p >= end {
-                    break;
-                }
-                while let Some(m) = a.get(i).filter(|m| m.pos == p) {
-                    apply(m);
-                    i += 1;
-                }
-                while let Some(m) = b.get(j).filter(|m| m.pos == p) {
-                    apply(m);
-                    j += 1;
+    }
+    let mut any_shared = false;
+    let order = std::iter::once(first).chain((0..answers.len()).filter(|&i| i != first));
+    for ai in order {
+        let a = &answers[ai];
+        let tag = ai as u32 + 1;
+        let (mut i0, mut h0) = (0usize, 0usize);
+        for r in &a.runs {
+            let (i1, h1) = (r.end as usize, r.holders_end as usize);
+            let (Some(ps), Some(hs)) = (a.positions.get(i0..i1), a.holders.get(h0..h1)) else {
+                break;
+            };
+            let Some(&start) = ps.first() else {
+                break;
+            };
+            if start >= end {
+                break;
+            }
+            // The candidates' first run is applied above; only its shared marks remain.
+            let hs = if ai == first && i0 == 0 { &[][..] } else { hs };
+            let mut run_shared = ai == first && i0 == 0 && first_shared;
+            for h in hs {
+                let s = match state.get_mut(h.worker as usize) {
+                    Some(s) if s.stamp == stamp => s,
+                    _ => {
+                        let shared = is_shared(h.worker);
+                        match first_sight(state, h.worker, stamp, shared, false, end) {
+                            Some(s) => s,
+                            None => continue,
+                        }
+                    }
+                };
+                if s.cand {
+                    if s.ans != tag {
+                        s.ans = tag;
+                        s.cov = 0;
+                    }
+                    if s.cov as usize == i0 {
+                        s.cov = i1 as u32;
+                        if h.tier != Tier::Device {
+                            s.dev_end = s.dev_end.min(start);
+                            if h.tier == Tier::Disk {
+                                s.host_end = s.host_end.min(start);
+                            }
+                        }
+                    }
+                } else if s.shared {
+                    run_shared = true;
                 }
             }
-        }
-        _ => {
-            cursors.clear();
-            cursors.resize(answers.len(), 0);
-            loop {
-                // Next position with matches, over all answers.
-                let mut p = end;
-                for (a, &c) in answers.iter().zip(cursors.iter()) {
-                    if let Some(m) = a.matches.get(c) {
-                        p = p.min(m.pos);
+            if run_shared {
+                if !any_shared {
+                    any_shared = true;
+                    shared_run.clear();
+                    shared_run.resize(end as usize + 1, 0);
+                }
+                for &p in ps.iter().take_while(|&&p| p < end) {
+                    if let Some(x) = shared_run.get_mut(p as usize) {
+                        *x = 1;
                     }
                 }
-                if p >= end {
-                    break;
-                }
-                for (a, c) in answers.iter().zip(cursors.iter_mut()) {
-                    let rest = a.matches.get(*c..).unwrap_or_default();
-                    let k = rest.iter().take_while(|m| m.pos == p).count();
-                    *c += k;
-                    for m in &rest[..k] {
-                        apply(m);
-                    }
+            }
+            i0 = i1;
+            h0 = h1;
+        }
+        // Where each candidate's coverage of this answer stops is where its run stops.
+        for &w in touched.iter() {
+            if let Some(s) = state.get_mut(w as usize) {
+                let cov = if s.ans == tag { s.cov as usize } else { 0 };
+                if let Some(&p) = a.positions.get(cov) {
+                    s.own_end = s.own_end.min(p);
                 }
             }
         }
+    }
+    // Only answers that also claim position 0 (not what shards produce) can stop a
+    // candidate at 0.
+    if answers
+        .iter()
+        .filter(|a| a.positions.first() == Some(&0))
+        .count()
+        > 1
+    {
+        touched.retain(|&w| state.get(w as usize).is_some_and(|s| s.own_end > 0));
     }
 
-    // Suffix lengths of shared-held runs: shared_run[p] = run starting at p.
-    for p in (0..end as usize).rev() {
-        if shared_run[p] != 0 {
-            shared_run[p] = shared_run[p + 1] + 1;
+    if any_shared {
+        // Suffix lengths of shared-held runs: shared_run[p] = run starting at p.
+        for p in (0..end as usize).rev() {
+            if shared_run[p] != 0 {
+                shared_run[p] = shared_run[p + 1] + 1;
+            }
+        }
+        out.shared0 = out.shared_run.first().copied().unwrap_or(0);
+    }
+}
+
+/// The first position below `end` that no answer answers (`end` if none): the slow
+/// path of [`merge`] when the answers do not cover every position. `covered` answered
+/// positions lie below `end`, so the first unanswered one is at most `covered`: the
+/// scratch is bounded by the answers' size, whatever their positions say.
+#[cold]
+fn first_unanswered(
+    answers: &[ShardAnswer],
+    end: u32,
+    covered: usize,
+    seen: &mut Vec<bool>,
+) -> u32 {
+    let bound = (end as usize).min(covered.saturating_add(1));
+    seen.clear();
+    seen.resize(bound, false);
+    for a in answers {
+        for &p in a.positions.iter().take_while(|&&p| (p as usize) < bound) {
+            if let Some(x) = seen.get_mut(p as usize) {
+                *x = true;
+            }
         }
     }
-    out.shared0 = out.shared_run.first().copied().unwrap_or(0);
+    seen.iter()
+        .position(|&x| !x)
+        .map_or(bound as u32, |p| p as u32)
 }

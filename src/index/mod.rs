@@ -3,7 +3,8 @@
 //! Each [`IndexShard`] maps a block's sequence hash to the small set of (worker, tier)
 //! entries holding it (DESIGN §2 "Index shards"). The service runs one shard per core; a
 //! routing query scatters the request's positions to the shards owning them
-//! ([`shard_of`]), each shard answers with per-position matches ([`ShardAnswer`]), and
+//! ([`shard_of`]), each shard answers with its positions' holders, run-length encoded
+//! ([`ShardAnswer`]), and
 //! [`merge`] turns those partial answers into per-worker [`Overlap`](crate::types::Overlap)s
 //! following DESIGN §1 "Cache tiers and overlap". [`ShardedIndex`] wires the three
 //! together in one process (tests, the in-process engine, benches).
@@ -18,6 +19,7 @@
 //!   compaction guarantees that no stale entry can ever become live again;
 //! - queries never allocate once their output buffers have grown to size.
 
+mod answer;
 mod budget;
 mod holders;
 mod merge;
@@ -27,14 +29,17 @@ mod sharded;
 mod table;
 
 #[cfg(test)]
+mod tests_answer;
+#[cfg(test)]
 mod tests_merge;
 #[cfg(test)]
 mod tests_prop;
 #[cfg(test)]
 mod tests_shard;
 
+pub use answer::{Holder, Match, Run, ShardAnswer};
 pub use budget::{Budget, Grant};
-pub use merge::{merge, Match, MergeResult, ShardAnswer};
+pub use merge::{merge, MergeResult};
 pub use pending::{speculate, PendingShard, PendingStats, Speculated};
 pub use shard::{IndexShard, ShardStats, StoreOutcome, DEFAULT_WORKER_CAP};
 pub use sharded::{ShardedIndex, MAX_SHARD_BITS};

@@ -7,9 +7,11 @@
 //! [`merge`]d. Like the service's, its shards share one [`Budget`], so a worker's cap
 //! is exact over all shards.
 
+use super::answer::ShardAnswer;
+use super::holders::Holders;
 use super::merge::{merge, MergeResult};
-use super::shard::{IndexShard, ShardStats, StoreOutcome};
-use super::{shard_of, Budget};
+use super::shard::{IndexShard, ShardStats, StoreOutcome, AHEAD};
+use super::{mix, shard_of, Budget};
 use crate::types::{Tier, WorkerSlot, MAX_WORKER_SLOTS};
 use std::sync::Arc;
 
@@ -135,8 +137,8 @@ impl ShardedIndex {
     }
 
     /// Per-worker overlaps of the request with sequence hashes `hashes`, into `out`.
-    /// Scatters the positions to their shards, queries each (later shards only up to the
-    /// earliest miss found so far) and merges. Allocation-free once `out` has grown.
+    /// Looks each position up in its shard (in position order, up to the first
+    /// position nobody holds) and merges the shards' answers. Allocation-free once `out` has grown.
     pub fn query(
         &self,
         hashes: &[u64],
@@ -152,30 +154,42 @@ impl ShardedIndex {
             a.clear();
             self.shards[0].query_seq(hashes, a);
         } else {
-            sc.items.resize_with(n, Vec::new);
-            for v in &mut sc.items {
-                v.clear();
-                // Keeps the scatter's pushes off the growth path (once grown).
-                v.reserve(hashes.len());
-            }
-            // Positions are u32 in answers; a request longer than that cannot be
-            // cached anyway, so positions past u32::MAX are simply not queried. The
-            // key is mixed once, for the shard (its top bits, `shard_of`) and for the
-            // lookup. (Walking the whole request in every shard and skipping the
-            // positions of others cost more instructions than these lists.)
-            let shift = 64 - self.shard_bits.clamp(1, MAX_SHARD_BITS);
-            for (pos, &h) in hashes.iter().enumerate().take(u32::MAX as usize) {
-                let k = super::mix(h);
-                if let Some(items) = sc.items.get_mut((k >> shift) as usize) {
-                    items.push((pos as u32, k));
-                }
-            }
-            let mut end = u32::MAX;
-            for ((s, items), a) in self.shards.iter().zip(&sc.items).zip(&mut sc.answers) {
+            // One pass over the request, each position looked up in its own shard's
+            // table: one prefetch pipeline over all positions (per-shard lists would
+            // restart it cold in every shard), no `(position, key)` lists, and the
+            // key is mixed once, for the shard (its top bits, `shard_of`) and the
+            // lookup. The first position nobody holds ends the pass: no prefix can
+            // extend past it. Positions are u32 in answers; a request longer than that
+            // cannot be cached anyway, so positions past u32::MAX are not queried.
+            let len = hashes.len().min(u32::MAX as usize);
+            for a in &mut sc.answers {
                 a.clear();
-                let upto = items.partition_point(|&(p, _)| p < end);
-                s.query_keys(&items[..upto], a);
-                end = end.min(a.first_miss);
+                a.reserve(len);
+            }
+            let shift = 64 - self.shard_bits.clamp(1, MAX_SHARD_BITS);
+            let hashes = &hashes[..len];
+            // Two and four shards (the service's usual layouts) with arrays, whose
+            // masked indexing needs no bounds checks; any other count with slices.
+            if let (Ok(sh), Ok(an)) = (
+                <&[IndexShard; 2]>::try_from(&self.shards[..]),
+                <&mut [ShardAnswer; 2]>::try_from(&mut sc.answers[..n]),
+            ) {
+                one_pass(sh, an, &mut [Holders::NONE; 2], hashes, shift);
+            } else if let (Ok(sh), Ok(an)) = (
+                <&[IndexShard; 4]>::try_from(&self.shards[..]),
+                <&mut [ShardAnswer; 4]>::try_from(&mut sc.answers[..n]),
+            ) {
+                one_pass(sh, an, &mut [Holders::NONE; 4], hashes, shift);
+            } else {
+                sc.prevs.clear();
+                sc.prevs.resize(n, Holders::NONE);
+                one_pass(
+                    &self.shards[..],
+                    &mut sc.answers[..n],
+                    &mut sc.prevs[..],
+                    hashes,
+                    shift,
+                );
             }
         }
         merge(hashes.len(), &sc.answers[..n], is_shared, out);
@@ -194,5 +208,46 @@ impl ShardedIndex {
             st += s.stats();
         }
         st
+    }
+}
+
+/// The one pass of [`ShardedIndex::query`] over several shards: position `i` (key
+/// `mix(hashes[i])`) is looked up in shard `key >> shift` and appended to that shard's
+/// answer; `prevs` holds each shard's last raw holder set. `shards`, `answers` and
+/// `prevs` have one entry per shard (arrays for a fixed count, so indexing them with a
+/// masked shard number needs no bounds check).
+#[inline(always)]
+fn one_pass<S, A, P>(shards: &S, answers: &mut A, prevs: &mut P, hashes: &[u64], shift: u32)
+where
+    S: AsRef<[IndexShard]> + std::ops::Index<usize, Output = IndexShard> + ?Sized,
+    A: AsMut<[ShardAnswer]> + std::ops::IndexMut<usize, Output = ShardAnswer> + ?Sized,
+    P: AsMut<[Holders]> + std::ops::IndexMut<usize, Output = Holders> + ?Sized,
+{
+    let n = shards.as_ref().len();
+    if n == 0 || answers.as_mut().len() < n || prevs.as_mut().len() < n || !n.is_power_of_two() {
+        return;
+    }
+    let mask = n - 1;
+    let lane = |k: u64| (k >> shift) as usize & mask;
+    let mut ring = [(0u64, 0usize); AHEAD];
+    for (r, &h) in ring.iter_mut().zip(hashes) {
+        let k = mix(h);
+        *r = (k, shards[lane(k)].prefetch_lookup(k));
+    }
+    for i in 0..hashes.len() {
+        let r = &mut ring[i % AHEAD];
+        let (k, home) = *r;
+        if let Some(&h) = hashes.get(i + AHEAD) {
+            let k2 = mix(h);
+            *r = (k2, shards[lane(k2)].prefetch_lookup(k2));
+        }
+        let s = lane(k);
+        if !shards[s].answer_one(i as u32, k, home, &mut prevs[s], &mut answers[s]) {
+            answers[s].first_miss = i as u32;
+            break;
+        }
+    }
+    for a in answers.as_mut() {
+        a.close();
     }
 }

@@ -5,13 +5,11 @@ use crate::types::Overlap;
 use crate::types::Tier::{self, Device, Disk, Host};
 
 fn ans(first_miss: u32, ms: &[(u32, u16, Tier)]) -> ShardAnswer {
-    ShardAnswer {
-        matches: ms
-            .iter()
-            .map(|&(pos, worker, tier)| Match { pos, worker, tier })
-            .collect(),
-        first_miss,
-    }
+    let ms: Vec<Match> = ms
+        .iter()
+        .map(|&(pos, worker, tier)| Match { pos, worker, tier })
+        .collect();
+    ShardAnswer::from_matches(first_miss, &ms)
 }
 
 fn ov(device: u32, host: u32, disk: u32, shared: u32) -> Overlap {
@@ -46,7 +44,7 @@ fn phases_follow_worst_tier_so_far() {
     assert_eq!(r.get(1), ov(2, 2, 2, 0));
     assert_eq!(r.workers(), &[1]);
     assert_eq!(r.get(2), Overlap::default(), "no run from position 0");
-    assert_eq!(r.end(), 8);
+    assert_eq!(r.end(), 6, "position 6 is answered by nobody");
 }
 
 #[test]
@@ -62,12 +60,38 @@ fn duplicate_matches_keep_the_best_tier() {
 
 #[test]
 fn positions_split_over_answers_and_combined() {
-    // Position 1 appears in both answers (not what shards produce, but allowed).
-    let a = ans(NONE, &[(0, 1, Device), (1, 1, Host), (3, 1, Device)]);
-    let b = ans(NONE, &[(1, 1, Device), (2, 1, Device)]);
+    // Interleaved positions; worker 1's run in `a` is one run over positions 0, 1, 3.
+    let a = ans(
+        NONE,
+        &[(0, 1, Device), (1, 1, Device), (3, 1, Host), (4, 1, Host)],
+    );
+    let b = ans(NONE, &[(2, 1, Device), (2, 2, Device), (5, 1, Disk)]);
+    assert_eq!(a.runs.len(), 2);
     let mut r = MergeResult::new();
-    merge(4, &[a, b], |_| false, &mut r);
-    assert_eq!(r.get(1), ov(4, 0, 0, 0));
+    merge(6, &[b.clone(), a.clone()], |_| false, &mut r);
+    assert_eq!(r.get(1), ov(3, 2, 1, 0));
+    assert_eq!(r.workers(), &[1]);
+    assert_eq!(r.get(2), Overlap::default());
+    // Worker 1 stops in `b` at 5, the first of b's positions it does not hold.
+    let b = ans(NONE, &[(2, 1, Device), (5, 2, Disk)]);
+    merge(6, &[a, b], |_| false, &mut r);
+    assert_eq!(r.get(1), ov(3, 2, 0, 0));
+}
+
+#[test]
+fn a_position_no_answer_covers_ends_every_run() {
+    // Position 2 is in no answer (a shard that did not reply): nobody holds it.
+    let a = ans(NONE, &[(0, 1, Device), (1, 1, Device), (3, 1, Device)]);
+    let b = ans(NONE, &[(4, 1, Device)]);
+    let mut r = MergeResult::new();
+    merge(5, &[a, b], |_| false, &mut r);
+    assert_eq!(r.end(), 2);
+    assert_eq!(r.get(1), ov(2, 0, 0, 0));
+    // Without position 0 nobody has an own overlap.
+    let c = ans(NONE, &[(1, 1, Device)]);
+    merge(2, &[c], |_| false, &mut r);
+    assert_eq!(r.end(), 0);
+    assert!(r.workers().is_empty());
 }
 
 #[test]
@@ -106,8 +130,7 @@ fn first_miss_and_n_bound_every_run() {
     assert_eq!(r.end(), 2);
     let a = ans(
         NONE,
-        &a.matches
-            .iter()
+        &a.matches()
             .map(|m| (m.pos, m.worker, m.tier))
             .collect::<Vec<_>>(),
     );
@@ -197,9 +220,31 @@ fn query_reuses_buffers() {
     idx.stored(1, Device, &req);
     let mut r = MergeResult::new();
     idx.query(&req, |_| false, &mut r);
-    let caps: Vec<usize> = r.scratch.items.iter().map(|v| v.capacity()).collect();
+    let caps: Vec<usize> = r
+        .scratch
+        .answers
+        .iter()
+        .map(|a| a.positions.capacity())
+        .collect();
     idx.query(&req, |_| false, &mut r);
-    let again: Vec<usize> = r.scratch.items.iter().map(|v| v.capacity()).collect();
+    let again: Vec<usize> = r
+        .scratch
+        .answers
+        .iter()
+        .map(|a| a.positions.capacity())
+        .collect();
     assert_eq!(caps, again);
     assert_eq!(r.get(1), ov(64, 0, 0, 0));
+}
+
+#[test]
+fn far_positions_bound_nothing_by_their_value() {
+    // One answered position near u32::MAX: nothing covers 0, so the merge ends at 0,
+    // and its scratch is sized by the one answered position, not by its value.
+    let a = ans(NONE, &[(u32::MAX - 2, 1, Device)]);
+    let mut r = MergeResult::new();
+    merge(usize::MAX, &[a], |_| false, &mut r);
+    assert_eq!(r.end(), 0);
+    assert!(r.workers().is_empty());
+    assert!(r.seen.capacity() < 1024);
 }

@@ -4,7 +4,13 @@ use super::holders::{pack, slot_of, tier_of, Holders, Slab};
 use super::*;
 use crate::types::Tier::{Device, Disk, Host};
 
-fn q(s: &IndexShard, hashes: &[u64]) -> ShardAnswer {
+/// A shard's answer expanded to one match per (position, holder).
+struct Expanded {
+    matches: Vec<Match>,
+    first_miss: u32,
+}
+
+fn q(s: &IndexShard, hashes: &[u64]) -> Expanded {
     let items: Vec<(u32, u64)> = hashes
         .iter()
         .enumerate()
@@ -12,7 +18,13 @@ fn q(s: &IndexShard, hashes: &[u64]) -> ShardAnswer {
         .collect();
     let mut a = ShardAnswer::default();
     s.query(&items, &mut a);
-    a
+    let mut seq = ShardAnswer::default();
+    s.query_seq(hashes, &mut seq);
+    assert_eq!(seq, a, "query_seq answers like query");
+    Expanded {
+        matches: a.matches().collect(),
+        first_miss: a.first_miss,
+    }
 }
 
 fn m(pos: u32, worker: u16, tier: Tier) -> Match {
@@ -246,20 +258,40 @@ fn stale_entries_are_purged_before_spilling() {
 }
 
 #[test]
-fn query_appends_without_allocating() {
+fn query_reuses_its_buffers_and_encodes_runs() {
     let mut s = IndexShard::new();
-    s.stored(1, Device, &[1, 2, 3]);
-    let mut a = ShardAnswer {
-        matches: Vec::with_capacity(16),
-        first_miss: 0,
-    };
-    a.matches.push(m(99, 0, Disk));
-    let ptr = a.matches.as_ptr();
-    s.query(&[(0, 1), (3, 2), (5, 3)], &mut a);
-    assert_eq!(a.matches.as_ptr(), ptr);
-    assert_eq!(a.matches.len(), 4, "appends after existing matches");
-    assert_eq!(a.matches[3], m(5, 1, Device));
+    s.stored(1, Device, &[1, 2, 3, 4]);
+    s.stored(2, Host, &[3]);
+    let mut a = ShardAnswer::default();
+    let items = [(0, 1), (3, 2), (5, 3), (6, 4)];
+    s.query(&items, &mut a);
+    let ptrs = (a.positions.as_ptr(), a.runs.as_ptr(), a.holders.as_ptr());
+    a.clear();
+    s.query(&items, &mut a);
+    assert_eq!(
+        (a.positions.as_ptr(), a.runs.as_ptr(), a.holders.as_ptr()),
+        ptrs
+    );
+    assert_eq!(a.positions, vec![0, 3, 5, 6]);
+    // Worker 1 alone, then with worker 2 (position 5), then alone again: three runs.
+    let runs: Vec<(Vec<u32>, Vec<Holder>)> = a
+        .iter_runs()
+        .map(|(p, h)| (p.to_vec(), h.to_vec()))
+        .collect();
+    let h = |worker, tier| Holder { worker, tier };
+    assert_eq!(
+        runs,
+        vec![
+            (vec![0, 3], vec![h(1, Device)]),
+            (vec![5], vec![h(1, Device), h(2, Host)]),
+            (vec![6], vec![h(1, Device)]),
+        ]
+    );
     assert_eq!(a.first_miss, u32::MAX);
+    assert_eq!(
+        a,
+        ShardAnswer::from_matches(u32::MAX, &a.matches().collect::<Vec<_>>())
+    );
 }
 
 /// Generations wrap after `period` clears; an entry left stale from the previous cycle

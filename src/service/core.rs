@@ -204,9 +204,15 @@ impl Core {
                 check_id,
             } => {
                 let answer = self.local_query(&items, check_id.as_deref());
-                self.post(from, Msg::Answer { qid, answer });
+                self.post(
+                    from,
+                    Msg::Answer {
+                        qid,
+                        answer: Box::new(answer),
+                    },
+                );
             }
-            Msg::Answer { qid, answer } => self.complete(qid, Reply::Answer(answer)),
+            Msg::Answer { qid, answer } => self.complete(qid, Reply::Answer(*answer)),
             Msg::Active {
                 slot,
                 add,

@@ -142,7 +142,8 @@ pub enum Msg {
     },
     Answer {
         qid: u64,
-        answer: QueryAnswer,
+        /// Boxed: the run-length answer's buffers would make every `Msg` large.
+        answer: Box<QueryAnswer>,
     },
     Active {
         slot: WorkerSlot,

@@ -122,8 +122,9 @@ fn extend_device_moves_the_boundaries() {
 #[test]
 fn speculate_continues_the_device_run() {
     // Worker 1 holds positions 0..2 on device; worker 2 holds nothing.
-    let answer = ShardAnswer {
-        matches: vec![
+    let answer = ShardAnswer::from_matches(
+        2,
+        &[
             Match {
                 pos: 0,
                 worker: 1,
@@ -135,8 +136,7 @@ fn speculate_continues_the_device_run() {
                 tier: Tier::Device,
             },
         ],
-        first_miss: 2,
-    };
+    );
     let mut merged = MergeResult::default();
     merge(6, &[answer], |_| false, &mut merged);
     // Pending: worker 1 at 2, 3 and 5 (a gap at 4); worker 2 at 1..3 (not from 0);
