@@ -22,12 +22,14 @@
 //! Layout: [`cost`](cost_terms) computes the per-worker terms, `filter` holds the hard
 //! filters, `pick` the per-mode selection algorithms over one stage (row by row),
 //! `kernel` the dense `kv` selection, `fleet` and `loads` the struct-of-arrays inputs,
-//! and `decide` the orchestration of stages, fallbacks and errors.
+//! `decide` the orchestration of stages, fallbacks and errors, and `decision` what a
+//! decision answers.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod cost;
 mod decide;
+mod decision;
 mod fill;
 mod filter;
 mod fleet;
