@@ -192,6 +192,7 @@ fn stage<'x>(
         temperature: cfg.router_temperature,
         slack: cfg.balance_slack,
         min_ties: cfg.balance_routed_min_ties,
+        affinity_slack: cfg.affinity_slack,
         cuda_to_cpu_ratio: cfg.cuda_to_cpu_ratio,
     }
 }

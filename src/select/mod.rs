@@ -25,6 +25,7 @@
 //! `decide` the orchestration of stages, fallbacks and errors, and `decision` what a
 //! decision answers.
 
+mod affinity;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod cost;
@@ -41,6 +42,7 @@ mod routed;
 #[cfg(test)]
 mod tests;
 
+pub use affinity::Affinity;
 pub use cost::{cost_terms, CostTerms};
 pub use decide::{
     decide, decide_view, Decision, Explain, Fallback, Rejected, RouteError, RouteInput, RrState,
