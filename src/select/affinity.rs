@@ -19,23 +19,34 @@
 //! prompt (a shared system prompt alone does not pull conversations together; the
 //! gateway's `cache_threshold` is 0.5 too).
 //!
-//! Guarantees: at most `max_entries` entries (two generations of at most half each:
-//! when the young one is full, the old one is dropped and the young one ages), so
-//! memory is bounded and old prefixes are forgotten first; O(prompt blocks / STRIDE)
-//! hash-map operations per lookup and per note; pure (no I/O, no clock), no panics.
+//! The map is a direct-mapped table of `max_entries` (rounded up to a power of two)
+//! atomic words, each holding a hash's upper 48 bits as its tag and a worker slot:
+//! a lookup reads one word per anchor, a note writes one, and a colliding prefix
+//! simply replaces the older one, as in a hardware cache. Being atomic, one table
+//! serves every core of the service (a conversation's turns may arrive on different
+//! cores) without a lock; relaxed ordering is enough, since an entry is a hint that
+//! a stale or lost value only makes less useful, never wrong.
+//!
+//! Guarantees: memory fixed at start (8 bytes per entry, at most
+//! [`crate::config::MAX_AFFINITY_ENTRIES`]); O(prompt blocks / STRIDE) word reads per
+//! lookup and writes per note; pure apart from the atomics (no I/O, no clock), no
+//! panics. A tag collision (two prefixes with the same upper 48 bits in the same
+//! word) can name the wrong worker: harmless, it only moves one near tie.
 
 use crate::types::WorkerSlot;
-use hashbrown::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Every this many blocks a routed prompt leaves an anchor (plus its last block).
 pub const STRIDE: usize = 8;
 
+/// An empty word (no tag is 0 once the low bit is forced on, see [`tag`]).
+const EMPTY: u64 = 0;
+
 /// The affinity map (see the module docs). `Default` is disabled (no entries).
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct Affinity {
-    max_entries: usize,
-    young: HashMap<u64, WorkerSlot>,
-    old: HashMap<u64, WorkerSlot>,
+    words: Box<[AtomicU64]>,
+    mask: usize,
 }
 
 /// Anchor positions of a prompt of `n` blocks, deepest first.
@@ -46,39 +57,50 @@ fn anchors(n: usize) -> impl Iterator<Item = usize> {
         .chain(aligned.filter(move |&i| Some(i) != last))
 }
 
-impl Affinity {
-    /// A map of at most `max_entries` entries; 0 disables it.
-    pub fn new(max_entries: usize) -> Affinity {
-        Affinity {
-            max_entries,
-            ..Default::default()
-        }
-    }
+/// The tag of hash `h` in a word: its upper 48 bits, with bit 16 set so that no
+/// tagged word is [`EMPTY`].
+#[inline]
+fn tag(h: u64) -> u64 {
+    (h & !0xffff) | 0x1_0000
+}
 
-    /// Resizes to `max_entries` (0 disables and forgets everything).
-    pub fn set_max_entries(&mut self, max_entries: usize) {
-        if max_entries != self.max_entries {
-            *self = Affinity::new(max_entries);
+impl Affinity {
+    /// A map of `max_entries` entries (rounded up to a power of two, at most
+    /// [`crate::config::MAX_AFFINITY_ENTRIES`]); 0 disables it.
+    pub fn new(max_entries: usize) -> Affinity {
+        if max_entries == 0 {
+            return Affinity::default();
+        }
+        let n = max_entries
+            .min(crate::config::MAX_AFFINITY_ENTRIES)
+            .next_power_of_two();
+        Affinity {
+            words: (0..n).map(|_| AtomicU64::new(EMPTY)).collect(),
+            mask: n - 1,
         }
     }
 
     /// Whether the map is in use.
     pub fn enabled(&self) -> bool {
-        self.max_entries > 0
+        !self.words.is_empty()
     }
 
-    /// Entries held.
-    pub fn len(&self) -> usize {
-        self.young.len() + self.old.len()
+    /// Entries the table can hold.
+    pub fn capacity(&self) -> usize {
+        self.words.len()
     }
 
-    /// True when nothing is remembered.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// The word of hash `h`: the low bits of a mix of it (the block hashes are already
+    /// uniform, the mix guards against a caller's structured ones).
+    #[inline]
+    fn word(&self, h: u64) -> Option<&AtomicU64> {
+        let i = (h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) as usize & self.mask;
+        self.words.get(i)
     }
 
     fn get(&self, h: u64) -> Option<WorkerSlot> {
-        self.young.get(&h).or_else(|| self.old.get(&h)).copied()
+        let w = self.word(h)?.load(Ordering::Relaxed);
+        (w != EMPTY && w & !0xffff == tag(h)).then_some((w & 0xffff) as WorkerSlot)
     }
 
     /// The worker the deepest remembered prefix of `hashes` was routed to, if that
@@ -94,17 +116,14 @@ impl Affinity {
     }
 
     /// Remembers that `hashes` was routed to `worker`.
-    pub fn note(&mut self, hashes: &[u64], worker: WorkerSlot) {
+    pub fn note(&self, hashes: &[u64], worker: WorkerSlot) {
         if !self.enabled() {
             return;
         }
-        let half = (self.max_entries / 2).max(1);
         for i in anchors(hashes.len()) {
-            let Some(&h) = hashes.get(i) else { continue };
-            if self.young.len() >= half && !self.young.contains_key(&h) {
-                self.old = std::mem::take(&mut self.young);
+            if let Some((&h, w)) = hashes.get(i).and_then(|h| Some((h, self.word(*h)?))) {
+                w.store(tag(h) | u64::from(worker), Ordering::Relaxed);
             }
-            self.young.insert(h, worker);
         }
     }
 }
@@ -123,7 +142,7 @@ mod tests {
 
     #[test]
     fn a_longer_turn_finds_the_worker_of_its_earlier_turn() {
-        let mut a = Affinity::new(1000);
+        let a = Affinity::new(1000);
         let turn1: Vec<u64> = (1..=10).collect();
         a.note(&turn1, 3);
         let turn2: Vec<u64> = (1..=18).collect();
@@ -144,22 +163,33 @@ mod tests {
 
     #[test]
     fn disabled_remembers_nothing() {
-        let mut a = Affinity::default();
+        let a = Affinity::new(0);
         a.note(&[1, 2, 3], 1);
-        assert!(a.is_empty());
+        assert!(!a.enabled());
         assert_eq!(a.lookup(&[1, 2, 3]), None);
     }
 
     #[test]
-    fn entries_stay_bounded_and_the_oldest_go_first() {
-        let mut a = Affinity::new(8);
-        for h in 0..100u64 {
-            a.note(&[h], h as WorkerSlot);
-            assert!(a.len() <= 8, "{} entries", a.len());
+    fn the_table_is_fixed_and_a_colliding_prefix_replaces_the_older() {
+        let a = Affinity::new(6);
+        assert_eq!(a.capacity(), 8);
+        assert_eq!(
+            Affinity::new(usize::MAX).capacity(),
+            crate::config::MAX_AFFINITY_ENTRIES
+        );
+        let hs: Vec<u64> = (0..1000u64)
+            .map(|i| i.wrapping_mul(0x2545_F491_4F6C_DD1D))
+            .collect();
+        for (i, &h) in hs.iter().enumerate() {
+            a.note(&[h], (i % 7) as WorkerSlot);
         }
-        assert_eq!(a.lookup(&[99]), Some(99));
-        assert_eq!(a.lookup(&[0]), None, "the oldest were forgotten");
-        a.set_max_entries(0);
-        assert!(a.is_empty() && !a.enabled());
+        assert_eq!(a.lookup(&[hs[999]]), Some((999 % 7) as WorkerSlot));
+        let found = hs.iter().filter(|&&h| a.lookup(&[h]).is_some()).count();
+        assert!(found <= 8, "at most one entry per word: {found}");
+        // A hash whose tag matches a word's but whose slot differs is not confused
+        // with an empty word: slot 0 is remembered too.
+        let b = Affinity::new(4);
+        b.note(&[42], 0);
+        assert_eq!(b.lookup(&[42]), Some(0));
     }
 }

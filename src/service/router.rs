@@ -20,8 +20,8 @@ use crate::engine::{EngineError, Prepared, RouteDecision, RouteRequest};
 use crate::index::{merge, MergeResult, ShardAnswer};
 use crate::registry::Registry;
 use crate::select::{
-    decide_view, Affinity, Decision, Fleet, Hits, Loads, RequestShape, RouteError, RrState,
-    Scratch, ViewInput,
+    decide_view, Decision, Fleet, Hits, Loads, RequestShape, RouteError, RrState, Scratch,
+    ViewInput,
 };
 use crate::types::{Role, WorkerSlot};
 use std::cell::RefCell;
@@ -55,9 +55,6 @@ struct CoreView {
 
 thread_local! {
     static VIEW: RefCell<Option<CoreView>> = const { RefCell::new(None) };
-    /// This core's route-time prefix affinity (`affinity_max_entries`); kept apart
-    /// from the view, which is rebuilt on every registry change (slots are stable).
-    static AFFINITY: RefCell<Affinity> = RefCell::new(Affinity::default());
 }
 
 /// Brings this core's view up to date with registry snapshot `reg` at `now_us`:
@@ -275,12 +272,10 @@ async fn route_prepared(
         };
         plan::write_hits(&mut v.hits, &v.fleet, &merged, reuse.iter().copied());
         plan::write_speculative(&mut v.hits, &v.fleet, &spec);
-        let near = AFFINITY.with(|a| {
-            let mut a = a.borrow_mut();
-            a.set_max_entries(cfg.affinity_max_entries);
-            a.lookup(&prepared.hashes)
-        });
-        v.hits.set_affinity(&v.fleet, near);
+        // The service-wide prefix affinity (turns of a conversation may arrive on
+        // different cores; slots are stable across registry changes).
+        v.hits
+            .set_affinity(&v.fleet, sh.affinity.lookup(&prepared.hashes));
         let input = ViewInput {
             cfg,
             mode,
@@ -302,7 +297,7 @@ async fn route_prepared(
             &mut v.scratch,
         )?;
         let prefilled = d.prefill_worker.unwrap_or(d.decode_worker);
-        AFFINITY.with(|a| a.borrow_mut().note(&prepared.hashes, prefilled));
+        sh.affinity.note(&prepared.hashes, prefilled);
         Ok(d)
     });
     let d = match decided {

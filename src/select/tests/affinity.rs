@@ -60,9 +60,21 @@ fn the_affinity_worker_wins_within_its_slack_and_only_there() {
         .enumerate()
     {
         assert_eq!(route(&ws, c, None, &mut rng), 0, "path {path}: no affinity");
-        assert_eq!(route(&ws, c, Some(1), &mut rng), 1, "path {path}: 118 <= 121");
-        assert_eq!(route(&ws, c, Some(2), &mut rng), 0, "path {path}: 210 > 121");
-        assert_eq!(route(&ws, c, Some(9), &mut rng), 0, "path {path}: unknown slot");
+        assert_eq!(
+            route(&ws, c, Some(1), &mut rng),
+            1,
+            "path {path}: 118 <= 121"
+        );
+        assert_eq!(
+            route(&ws, c, Some(2), &mut rng),
+            0,
+            "path {path}: 210 > 121"
+        );
+        assert_eq!(
+            route(&ws, c, Some(9), &mut rng),
+            0,
+            "path {path}: unknown slot"
+        );
     }
     // A slack of 5 %: 118 > 115.5, the cheaper worker keeps the request.
     for c in both(Case::new().cfg(|c| c.affinity_slack = 0.05), 4) {
