@@ -16,9 +16,10 @@
 //!    larger) per chunk of 64 and takes the uniformly drawn k-th (with a slack: the
 //!    `(turn mod count)`-th, so near ties are taken in turn; and when at least
 //!    `balance_routed_min_ties` are tied, the turn among those of them with the
-//!    fewest requests routed so far, [`super::routed`]); but first, the request's
-//!    affinity worker ([`super::Affinity`]) wins if its cost is within
-//!    `affinity_slack` (or `balance_slack`, if larger) of the minimum;
+//!    fewest requests routed so far, [`super::routed`]); a smaller (or exact) tie
+//!    set first gives the request's affinity worker ([`super::Affinity`]) the
+//!    request if its cost is within `affinity_slack` (or `balance_slack`, if
+//!    larger) of the minimum;
 //!    temperature T > 0 replaces each cost by its weight `exp(-(c - min) / ((max - min)
 //!    * T))`, sums per chunk, and takes the worker where the running sum crosses a
 //!    uniform draw times the total (p ∝ weight); all costs within `TIE_EPS` → uniform.
@@ -219,13 +220,6 @@ fn choose_portable(
     if temperature > 0.0 {
         softmax(buf, sums, temperature, rng)
     } else {
-        let wide = super::pick::tie_bound(m, slack.max(tie.affinity_slack));
-        if let Some(j) = tie
-            .affinity
-            .filter(|&j| buf.get(j).is_some_and(|&c| c <= wide))
-        {
-            return Some(j);
-        }
         let thr = super::pick::tie_bound(m, slack);
         let count = count_chunks(buf, sums, |c| c <= thr);
         if slack > 0.0 && routed::by_count(u64::from(count), tie.min_ties) {
@@ -233,6 +227,13 @@ fn choose_portable(
             let tied = |j: usize| buf[j] <= thr;
             let used = |j: usize| r.get(j).copied().unwrap_or(0.0);
             return routed::fewest_routed(buf.len(), tied, used, turn);
+        }
+        let wide = super::pick::tie_bound(m, slack.max(tie.affinity_slack));
+        if let Some(j) = tie
+            .affinity
+            .filter(|&j| buf.get(j).is_some_and(|&c| c <= wide))
+        {
+            return Some(j);
         }
         let k = if slack > 0.0 && count > 0 {
             (turn % u64::from(count)) as u32

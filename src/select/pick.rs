@@ -234,7 +234,8 @@ fn cost_cmp(a: f64, b: f64) -> std::cmp::Ordering {
 
 /// The request's affinity worker ([`Hits::affinity`]), if it is eligible in this stage
 /// and its cost is within `affinity_slack` (or `balance_slack`, if larger) of the
-/// minimum `lo` — the rule the kernel applies (`kernel.rs`, step 3).
+/// minimum `lo` — the rule the kernel applies (`kernel.rs`, step 3) unless the
+/// near-tie set is large enough for the routed counts, which then decide.
 fn affinity_pick<R: Rows + ?Sized>(run: &StageRun, rows: &R, req: &Hits, lo: f64) -> Option<Pick> {
     let f = &run.filter;
     let index = *f.fleet.order.get(req.affinity()?)? as usize;
@@ -322,9 +323,6 @@ pub(crate) fn run_stage<R: Rows + ?Sized>(
             if !ok {
                 return Outcome::Split;
             }
-            if let Some(p) = affinity_pick(run, rows, dense.req, lo) {
-                return Outcome::Picked(p);
-            }
             // Pass 2 counts the workers tied with it, pass 3 takes the `ties`-th in
             // turn (as the kernel does).
             let thr = tie_bound(lo, run.slack);
@@ -349,6 +347,8 @@ pub(crate) fn run_stage<R: Rows + ?Sized>(
                         _ => None,
                     },
                 )
+            } else if let Some(p) = affinity_pick(run, rows, dense.req, lo) {
+                Some(p)
             } else {
                 let k = if count > 0 { rr.ties % count } else { 0 };
                 nth_eligible_where(filter, rows, k, |index, row| {

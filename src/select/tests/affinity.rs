@@ -145,3 +145,18 @@ fn affinity_map_feeds_the_decision_of_a_conversations_next_turn() {
     let case = Case::new().cfg(|c| c.affinity_slack = 0.1);
     assert_eq!(route(&ws, &case, near, &mut rng), 1);
 }
+
+#[test]
+fn a_large_near_tie_set_goes_by_the_routed_counts_not_the_affinity() {
+    // Eight idle workers: at least `balance_routed_min_ties` (6) tied, so the counts
+    // (all 0: the first in turn, w0) decide and the fleet stays balanced; with the
+    // count rule off (0) the tie set is taken in turn and the affinity worker wins.
+    let ws: Vec<W> = (0..8).map(|i| W::new(&format!("w{i}"))).collect();
+    let mut rng = SmallRng::seed_from_u64(6);
+    for c in both(Case::new(), 8) {
+        assert_eq!(route(&ws, &c, Some(3), &mut rng), 0);
+    }
+    for c in both(Case::new().cfg(|c| c.balance_routed_min_ties = 0), 8) {
+        assert_eq!(route(&ws, &c, Some(3), &mut rng), 3);
+    }
+}
