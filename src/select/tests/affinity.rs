@@ -136,7 +136,7 @@ fn affinity_map_feeds_the_decision_of_a_conversations_next_turn() {
     // prompt plus more) looks it up and, near-tied, stays on w1.
     let ws = fleet4();
     let mut rng = SmallRng::seed_from_u64(4);
-    let mut map = Affinity::new(64);
+    let map = Affinity::new(64);
     let turn1: Vec<u64> = (100..116).collect();
     map.note(&turn1, 1);
     let turn2: Vec<u64> = (100..124).collect();
