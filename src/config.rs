@@ -192,7 +192,7 @@ pub struct RouterConfig {
     /// remembered prompt prefixes (anchor blocks → the worker they were routed to),
     /// rounded up to a power of two; one table for the whole service (all cores),
     /// 8 bytes per entry, allocated at start. 0 = off. Default 1,048,576 (8 MiB: a
-    /// smaller table loses prefixes to collisions, 65,536 gave 11.2 % instead of
+    /// smaller table loses prefixes to collisions, 65,536 gave 11.9 % instead of
     /// 12.2 % on the issue-18 setup).
     pub affinity_max_entries: usize,
     /// `kv` at temperature 0: the worker a request's prefix was last routed to (when
