@@ -181,6 +181,10 @@ pub struct ServeArgs {
     pub prefill_stage_balance_slack: Option<f64>,
     #[arg(long, env = "KVROUTE_BALANCE_ROUTED_MIN_TIES")]
     pub balance_routed_min_ties: Option<u32>,
+    #[arg(long, env = "KVROUTE_AFFINITY_MAX_ENTRIES")]
+    pub affinity_max_entries: Option<usize>,
+    #[arg(long, env = "KVROUTE_AFFINITY_SLACK")]
+    pub affinity_slack: Option<f64>,
     /// A vLLM / SGLang engine to subscribe to over ZMQ, repeatable; replaces the file's
     /// `[[engines]]` when given. Compact form:
     /// `worker_id=w1,endpoint=tcp://127.0.0.1:5557[,replay_endpoint=...,role=...,device=...,
@@ -382,6 +386,8 @@ impl ServeArgs {
             weigh_by_throughput,
             balance_slack,
             balance_routed_min_ties,
+            affinity_max_entries,
+            affinity_slack,
         );
         // Optional per-stage knobs: a given flag sets Some(value).
         for (dst, src) in [

@@ -21,7 +21,8 @@ use crate::index::{shard_of, speculate, MergeResult, PendingShard, ShardedIndex,
 use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker};
 use crate::registry::{Registry, RegistryError, Upsert};
 use crate::select::{
-    decide_view, Filters, Fleet, Hits, Loads, RequestShape, RouteError, RrState, Scratch, ViewInput,
+    decide_view, Affinity, Filters, Fleet, Hits, Loads, RequestShape, RouteError, RrState, Scratch,
+    ViewInput,
 };
 use crate::types::{Role, Tier, WorkerSlot, WorkerSpec};
 use rand::rngs::SmallRng;
@@ -108,6 +109,8 @@ pub struct Engine {
     decaying: Vec<WorkerSlot>,
     hits: Hits,
     scratch: Scratch,
+    /// Route-time prefix affinity (`affinity_max_entries`).
+    affinity: Affinity,
 }
 
 impl Engine {
@@ -151,6 +154,7 @@ impl Engine {
             decaying: Vec::new(),
             hits: Hits::default(),
             scratch: Scratch::default(),
+            affinity: Affinity::new(cfg.affinity_max_entries),
             cfg,
             limits,
         })
@@ -309,6 +313,8 @@ impl Engine {
         };
         plan::write_hits(&mut self.hits, fleet, &self.merge, reuse);
         plan::write_speculative(&mut self.hits, fleet, &self.spec);
+        let near = self.affinity.lookup(&prepared.hashes);
+        self.hits.set_affinity(fleet, near);
         let input = ViewInput {
             cfg: &self.cfg,
             mode,
@@ -324,6 +330,8 @@ impl Engine {
             explain,
         };
         let d = decide_view(&input, &mut self.rng, &mut self.rr, &mut self.scratch)?;
+        let prefilled = d.prefill_worker.unwrap_or(d.decode_worker);
+        self.affinity.note(&prepared.hashes, prefilled);
         let out = plan::to_output(&self.registry, id, &d, explain, &self.spec);
         let (sw, from) = plan::speculative_target(&d, &self.merge);
         self.tracker

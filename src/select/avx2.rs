@@ -369,6 +369,8 @@ mod tests {
                 slack: 0.0,
                 turn: 0,
                 min_ties: 0,
+                affinity: None,
+                affinity_slack: 0.0,
             };
             let f = &figs[..n];
             let col = |g: fn(&Row) -> f64| -> Vec<f64> {

@@ -52,6 +52,9 @@ pub struct Hits {
     extra: bool,
     /// At least `n` zeros, never written otherwise.
     zeros: Vec<u32>,
+    /// Position of the worker the request's prefix was last routed to
+    /// ([`super::Affinity`]), preferred among near ties.
+    affinity: Option<usize>,
 }
 
 /// The columns of one request (each `len()` long, or cut by [`Columns::slice`]).
@@ -97,6 +100,20 @@ impl Hits {
         }
     }
 
+    /// The request's prefix was last routed to the worker in `slot` (see
+    /// [`super::Affinity`]); `None`, or a slot not in `fleet`, clears it. Call after
+    /// [`Hits::begin`], which clears it too.
+    #[inline]
+    pub fn set_affinity(&mut self, fleet: &Fleet, slot: Option<WorkerSlot>) {
+        self.affinity = slot.and_then(|s| fleet.position(s)).filter(|&p| p < self.n);
+    }
+
+    /// Position of the affinity worker, if any.
+    #[inline]
+    pub(crate) fn affinity(&self) -> Option<usize> {
+        self.affinity
+    }
+
     /// Number of positions.
     pub fn len(&self) -> usize {
         self.n
@@ -110,6 +127,7 @@ impl Hits {
     /// Every one of `n` positions gets overlap `base` and no reuse.
     pub(crate) fn reset(&mut self, n: usize, base: Overlap) {
         self.n = n;
+        self.affinity = None;
         let base = saturated(&base);
         if self.zeros.len() < n {
             self.zeros.resize(n, 0);

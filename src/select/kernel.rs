@@ -16,7 +16,10 @@
 //!    larger) per chunk of 64 and takes the uniformly drawn k-th (with a slack: the
 //!    `(turn mod count)`-th, so near ties are taken in turn; and when at least
 //!    `balance_routed_min_ties` are tied, the turn among those of them with the
-//!    fewest requests routed so far, [`super::routed`]);
+//!    fewest requests routed so far, [`super::routed`]); a smaller (or exact) tie
+//!    set first gives the request's affinity worker ([`super::Affinity`]) the
+//!    request if its cost is within `affinity_slack` (or `balance_slack`, if
+//!    larger) of the minimum;
 //!    temperature T > 0 replaces each cost by its weight `exp(-(c - min) / ((max - min)
 //!    * T))`, sums per chunk, and takes the worker where the running sum crosses a
 //!    uniform draw times the total (p ∝ weight); all costs within `TIE_EPS` → uniform.
@@ -68,6 +71,10 @@ pub(crate) struct KvStage {
     pub turn: u64,
     /// `balance_routed_min_ties`.
     pub min_ties: u32,
+    /// Position of the request's affinity worker ([`Hits::affinity`]), and
+    /// `affinity_slack`.
+    pub affinity: Option<usize>,
+    pub affinity_slack: f64,
 }
 
 /// Reusable buffers of the kernel.
@@ -146,6 +153,8 @@ pub(crate) fn kv_select(
         turn: st.turn,
         min_ties: st.min_ties,
         routed: routed.get(r.clone()).unwrap_or_default(),
+        affinity: st.affinity.filter(|p| r.contains(p)).map(|p| p - r.start),
+        affinity_slack: st.affinity_slack,
     };
     let j = choose(buf, sums, m, st.temperature, &tie, rng);
     j.map(|j| r.start + j)
@@ -158,6 +167,9 @@ struct Tie<'a> {
     min_ties: u32,
     /// Requests routed so far, by pool position (missing: 0).
     routed: &'a [f64],
+    /// Pool position of the request's affinity worker, and `affinity_slack`.
+    affinity: Option<usize>,
+    affinity_slack: f64,
 }
 
 /// Step 3 over `buf` whose minimum is `m` (finite): the position chosen.
@@ -215,6 +227,13 @@ fn choose_portable(
             let tied = |j: usize| buf[j] <= thr;
             let used = |j: usize| r.get(j).copied().unwrap_or(0.0);
             return routed::fewest_routed(buf.len(), tied, used, turn);
+        }
+        let wide = super::pick::tie_bound(m, slack.max(tie.affinity_slack));
+        if let Some(j) = tie
+            .affinity
+            .filter(|&j| buf.get(j).is_some_and(|&c| c <= wide))
+        {
+            return Some(j);
         }
         let k = if slack > 0.0 && count > 0 {
             (turn % u64::from(count)) as u32

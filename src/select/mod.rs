@@ -22,12 +22,15 @@
 //! Layout: [`cost`](cost_terms) computes the per-worker terms, `filter` holds the hard
 //! filters, `pick` the per-mode selection algorithms over one stage (row by row),
 //! `kernel` the dense `kv` selection, `fleet` and `loads` the struct-of-arrays inputs,
-//! and `decide` the orchestration of stages, fallbacks and errors.
+//! `decide` the orchestration of stages, fallbacks and errors, and `decision` what a
+//! decision answers.
 
+mod affinity;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod cost;
 mod decide;
+mod decision;
 mod fill;
 mod filter;
 mod fleet;
@@ -39,6 +42,7 @@ mod routed;
 #[cfg(test)]
 mod tests;
 
+pub use affinity::Affinity;
 pub use cost::{cost_terms, CostTerms};
 pub use decide::{
     decide, decide_view, Decision, Explain, Fallback, Rejected, RouteError, RouteInput, RrState,

@@ -73,6 +73,9 @@ pub(crate) struct StageRun<'a> {
     pub slack: f64,
     /// `balance_routed_min_ties`: tie sets from this size on go by routed counts.
     pub min_ties: u32,
+    /// `affinity_slack`: the request's affinity worker wins within this fraction of
+    /// the minimum ([`super::Affinity`]).
+    pub affinity_slack: f64,
     /// Throughput of a non-CPU worker relative to a CPU one (`device-aware-weighted`).
     pub cuda_to_cpu_ratio: f64,
 }
@@ -229,6 +232,21 @@ fn cost_cmp(a: f64, b: f64) -> std::cmp::Ordering {
     }
 }
 
+/// The request's affinity worker ([`Hits::affinity`]), if it is eligible in this stage
+/// and its cost is within `affinity_slack` (or `balance_slack`, if larger) of the
+/// minimum `lo` — the rule the kernel applies (`kernel.rs`, step 3) unless the
+/// near-tie set is large enough for the routed counts, which then decide.
+fn affinity_pick<R: Rows + ?Sized>(run: &StageRun, rows: &R, req: &Hits, lo: f64) -> Option<Pick> {
+    let f = &run.filter;
+    let index = *f.fleet.order.get(req.affinity()?)? as usize;
+    let row = &rows.fig(index);
+    let Eval::Pass(dp_rank) = f.eval(index, row) else {
+        return None;
+    };
+    let thr = tie_bound(lo, run.slack.max(run.affinity_slack));
+    (run.scorer.cost(index, row) <= thr).then_some(Pick { index, dp_rank })
+}
+
 /// The kernel form of a `kv` stage, if the kernel covers its filters.
 fn kv_stage(run: &StageRun) -> Option<KvStage> {
     let f = &run.filter;
@@ -256,6 +274,8 @@ fn kv_stage(run: &StageRun) -> Option<KvStage> {
         slack: run.slack,
         turn: 0,
         min_ties: run.min_ties,
+        affinity: None,
+        affinity_slack: run.affinity_slack,
     })
 }
 
@@ -273,6 +293,7 @@ pub(crate) fn run_stage<R: Rows + ?Sized>(
     let filter = &run.filter;
     if let Some(mut st) = kv_stage(run) {
         st.turn = rr.ties;
+        st.affinity = dense.req.affinity();
         let fleet = filter.fleet;
         if filter.split != 0 && fleet.is_split(filter.model) {
             return Outcome::Split;
@@ -326,6 +347,8 @@ pub(crate) fn run_stage<R: Rows + ?Sized>(
                         _ => None,
                     },
                 )
+            } else if let Some(p) = affinity_pick(run, rows, dense.req, lo) {
+                Some(p)
             } else {
                 let k = if count > 0 { rr.ties % count } else { 0 };
                 nth_eligible_where(filter, rows, k, |index, row| {
@@ -342,7 +365,10 @@ pub(crate) fn run_stage<R: Rows + ?Sized>(
             if !ok {
                 return Outcome::Split;
             }
-            m.best.map(|(_, p)| p)
+            match m.best {
+                Some((lo, p)) => affinity_pick(run, rows, dense.req, lo).or(Some(p)),
+                None => None,
+            }
         }
         Mode::LeastLoaded => {
             let mut m = MinTies::new();

@@ -267,6 +267,10 @@ async fn route_prepared(
         };
         plan::write_hits(&mut v.hits, &v.fleet, &merged, reuse.iter().copied());
         plan::write_speculative(&mut v.hits, &v.fleet, &spec);
+        // The service-wide prefix affinity (turns of a conversation may arrive on
+        // different cores; slots are stable across registry changes).
+        v.hits
+            .set_affinity(&v.fleet, sh.affinity.lookup(&prepared.hashes));
         let input = ViewInput {
             cfg,
             mode,
@@ -281,12 +285,15 @@ async fn route_prepared(
             prefill_failed,
             explain: explain || sampled,
         };
-        decide_view(
+        let d = decide_view(
             &input,
             &mut core.st.borrow_mut().rng,
             &mut rr,
             &mut v.scratch,
-        )
+        )?;
+        let prefilled = d.prefill_worker.unwrap_or(d.decode_worker);
+        sh.affinity.note(&prepared.hashes, prefilled);
+        Ok(d)
     });
     let d = match decided {
         Ok(d) => d,

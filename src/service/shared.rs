@@ -71,6 +71,8 @@ pub struct Shared {
     pub inflight: AtomicUsize,
     /// Round-robin cursor shared by all cores.
     pub rr: AtomicU64,
+    /// Route-time prefix affinity shared by all cores (`affinity_max_entries`).
+    pub affinity: crate::select::Affinity,
     pub started: Instant,
     /// Status page counters, history and cached document (`status`).
     pub status: super::status::StatusState,
@@ -125,6 +127,7 @@ impl Shared {
             budget: Arc::new(Budget::new(max_workers, settings.limits.max_index_entries)),
             inflight: AtomicUsize::new(0),
             rr: AtomicU64::new(0),
+            affinity: crate::select::Affinity::new(settings.router.affinity_max_entries),
             started: Instant::now(),
             status: super::status::StatusState::new(cores, max_workers),
             recorder: std::sync::OnceLock::new(),

@@ -19,6 +19,7 @@
 //! - [`report`]: the per-run report, its text table and an SVG chart.
 //! - [`openai`] and [`live`]: the OpenAI shapes and the wall-clock worker state of
 //!   `kvroute-sim fleet` (simulated vLLM workers over HTTP).
+//! - [`sglang`]: SGLang Model Gateway's `cache_aware` policy as a baseline router.
 //! - [`tune`]: the knob search of `kvroute-sim tune` (objective, iterated local search).
 //!
 //! Everything here is pure and single-threaded: time is virtual (µs), the only I/O is
@@ -33,6 +34,7 @@ pub mod openai;
 pub mod report;
 pub mod router_impls;
 pub mod service_restart;
+pub mod sglang;
 pub mod synth;
 pub mod timing;
 pub mod trace;

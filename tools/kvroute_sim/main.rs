@@ -7,7 +7,8 @@
 //!   knobs), one comparison table and an SVG chart. Offline by default; with
 //!   `--spawn-router PATH` each row runs in real time against a private `kvroute serve
 //!   --mode X` the tool starts and stops; with `--router-api/--router-events` every row
-//!   reuses one running router and picks the mode per request.
+//!   reuses one running router and picks the mode per request. Offline,
+//!   `--sglang-baseline` adds a row for SGLang Model Gateway's `cache_aware` policy.
 //! - `run`: real time against a running router (or one it spawns with
 //!   `--spawn-router`): a simulated fleet on the binary event protocol plus the frontend
 //!   load generator, a progress bar, a table and `--json`. With `--restart-at-secs` the
@@ -118,6 +119,10 @@ struct AbArgs {
     /// An extra `kv` row with these knobs (`key=value,...`); repeatable.
     #[arg(long)]
     kv_variant: Vec<String>,
+    /// Offline only: add a `sglang-cache-aware` row, a model of SGLang Model Gateway's
+    /// `--policy cache_aware` with its defaults (`kvroute::sim::sglang`).
+    #[arg(long, conflicts_with_all = ["spawn_router", "router_api"])]
+    sglang_baseline: bool,
     /// Real time: model time runs this many times faster than the wall clock.
     #[arg(long, default_value_t = 60.0)]
     time_scale: f64,
@@ -401,6 +406,9 @@ fn ab(a: AbArgs) -> Result<(), String> {
             runner::offline(v, &fleet, &reqs, seed)?
         };
         reports.push(rep);
+    }
+    if a.sglang_baseline {
+        reports.push(runner::sglang_offline(&fleet, &reqs, seed)?);
     }
     if let Some(p) = &a.svg {
         let bound = hit_rate_bound(&reqs, a.c.work.block_size).ratio;

@@ -42,6 +42,22 @@ pub fn offline(
     Ok(rep)
 }
 
+/// Offline: SGLang Model Gateway's `cache_aware` policy (its defaults) in place of the
+/// router, labelled `sglang-cache-aware`; deterministic for `seed`.
+pub fn sglang_offline(fleet: &FleetSpec, reqs: &[SimRequest], seed: u64) -> Result<Report, String> {
+    let cfg = kvroute::sim::sglang::CacheAwareConfig::default();
+    let t0 = Instant::now();
+    let policy = kvroute::sim::sglang::SglangCacheAware::new(cfg, fleet.block_size);
+    let mut r = TimedRouter::new(policy, move || t0.elapsed().as_nanos() as u64);
+    let mut rep = run_offline(&mut r, fleet, reqs, Mode::Kv, seed)?;
+    rep.set_decision_latencies(r.latencies_us());
+    rep.label = SGLANG_LABEL.to_string();
+    Ok(rep)
+}
+
+/// Row label of the SGLang `cache_aware` baseline.
+pub const SGLANG_LABEL: &str = "sglang-cache-aware";
+
 /// Where a real-time run finds its router.
 #[derive(Clone, Debug)]
 pub struct RouterAddrs {

@@ -1,5 +1,6 @@
 //! Tests of `select`, split by topic; this file holds the fleet-building helpers.
 
+mod affinity;
 mod cost;
 mod disagg;
 mod filter;
