@@ -129,9 +129,7 @@ pub enum Msg {
         ops: Arc<[IndexOp]>,
     },
     /// Drop everything about a slot (worker removed, or a new epoch).
-    Forget {
-        slot: WorkerSlot,
-    },
+    Forget { slot: WorkerSlot },
     Query {
         from: usize,
         qid: u64,
@@ -168,14 +166,9 @@ pub enum Msg {
     /// Read-your-writes barrier: travels in the bulk lane behind the index batches the
     /// sender queued before it, so when the receiver handles it every one of those
     /// batches is applied; it answers `Applied { qid }` to `from`.
-    Barrier {
-        from: usize,
-        qid: u64,
-    },
+    Barrier { from: usize, qid: u64 },
     /// Answer to a `Barrier`: the receiver applied everything queued before it.
-    Applied {
-        qid: u64,
-    },
+    Applied { qid: u64 },
     /// `--cluster`: a peer replica's routing or lifecycle call (`cluster_bridge`).
     Replica(Box<super::cluster_bridge::ReplicaOp>),
 }
