@@ -193,28 +193,33 @@ pub fn send_blocking(sh: &Shared, to: usize, mut msg: Msg) -> bool {
 pub async fn deregister(core: &Core, id: &str) -> Result<(), ApiError> {
     crate::ids::check("worker id", id).map_err(EngineError::BadRequest)?;
     let sh = &core.shared;
-    let slot = {
-        let _guard = sh
-            .registry_write
-            .lock()
-            .map_err(|_| EngineError::BadRequest("registry lock poisoned".into()))?;
-        let mut reg = (**sh.registry.load()).clone();
-        let slot = reg
-            .remove(id)
-            .ok_or_else(|| EngineError::UnknownWorker(id.into()))?;
-        if let Some(c) = sh.cells(slot) {
-            c.gen.fetch_add(1, Ordering::AcqRel);
-            c.heartbeat.store(false, Ordering::Release);
-            c.connected.store(0, Ordering::Release);
-            c.suspect.store(false, Ordering::Release);
-        }
-        sh.registry.store(Arc::new(reg));
-        slot
-    };
+    let slot = unregister(sh, id)?;
     super::cluster_bridge::publish_removal(sh, id);
     broadcast(core, |_| Msg::Forget { slot }).await;
     sh.metrics.workers.set(sh.registry.load().len() as i64);
     Ok(())
+}
+
+/// Takes `id` out of the registry and retires its slot's cells (a new generation, no
+/// heartbeat, no connection, not suspect); the caller then tells the cores to forget
+/// the slot. Shared by local and replicated removals.
+fn unregister(sh: &Shared, id: &str) -> Result<WorkerSlot, EngineError> {
+    let _guard = sh
+        .registry_write
+        .lock()
+        .map_err(|_| EngineError::BadRequest("registry lock poisoned".into()))?;
+    let mut reg = (**sh.registry.load()).clone();
+    let slot = reg
+        .remove(id)
+        .ok_or_else(|| EngineError::UnknownWorker(id.into()))?;
+    if let Some(c) = sh.cells(slot) {
+        c.gen.fetch_add(1, Ordering::AcqRel);
+        c.heartbeat.store(false, Ordering::Release);
+        c.connected.store(0, Ordering::Release);
+        c.suspect.store(false, Ordering::Release);
+    }
+    sh.registry.store(Arc::new(reg));
+    Ok(slot)
 }
 
 /// Sends a message to every core (this one through its own mailbox, to keep order).
@@ -377,22 +382,8 @@ pub fn register_replicated(sh: &Shared, spec: WorkerSpec) -> Result<(), ApiError
 /// A removal replicated from another replica: [`deregister`] from a plain thread, not
 /// published again. False if the worker was not registered here.
 pub fn deregister_replicated(sh: &Shared, id: &str) -> bool {
-    let slot = {
-        let Ok(_guard) = sh.registry_write.lock() else {
-            return false;
-        };
-        let mut reg = (**sh.registry.load()).clone();
-        let Some(slot) = reg.remove(id) else {
-            return false;
-        };
-        if let Some(c) = sh.cells(slot) {
-            c.gen.fetch_add(1, Ordering::AcqRel);
-            c.heartbeat.store(false, Ordering::Release);
-            c.connected.store(0, Ordering::Release);
-            c.suspect.store(false, Ordering::Release);
-        }
-        sh.registry.store(Arc::new(reg));
-        slot
+    let Ok(slot) = unregister(sh, id) else {
+        return false;
     };
     for to in 0..sh.cores {
         if !send_blocking(sh, to, Msg::Forget { slot }) {
