@@ -32,34 +32,10 @@ HIT_SCALE=${HIT_SCALE:-20}   # trace time runs this much faster in the hit-rate 
 KV_CORES=${KV_CORES:-2}
 KV_FLAGS=${KV_FLAGS:-}       # extra `kvroute serve` flags, e.g. "--pin-cores false"
 OUT=${OUT:-$(mktemp -d /tmp/proxy_bench.XXXXXX)}; mkdir -p "$OUT"
-# Overhead timing: a cheap worker (E2E ~ 8 decode steps of 2 ms) that is not the
-# bottleneck at 5k requests/s.
-FAST="prefill_base_us=50,prefill_us_per_token=0.2,prefill_attention_us=0,decode_step_base_us=2000,decode_us_per_seq=0"
-SHORT="--max-input-tokens 256 --max-output-tokens 8"
 HAVE_GW=1
 python3 -c "import sglang_router" 2>/dev/null || { HAVE_GW=0; echo "note: sglang_router not installed, no gateway column" >&2; }
-
-# One tokenizer (word tN = token N, ChatML template) for the router and the workers,
-# so both compute the same block hashes from the same text.
-TOK="$OUT/tok"
-"$BIN/kvroute-sim" tokenizer --out "$TOK" >/dev/null
-
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-# start_fleet NAME ARGS...: starts a fleet, waits for "ready", sets URLS / ENGINES.
-start_fleet() {
-  local name=$1; shift
-  "$BIN/kvroute-sim" fleet --tokenizer "$TOK" "$@" >"$OUT/$name.fleet" 2>&1 &
-  FLEET_PID=$!; PIDS+=("$FLEET_PID")
-  for _ in $(seq 200); do grep -q '^ready' "$OUT/$name.fleet" && break; sleep 0.05; done
-  URLS=$(sed -n 's/^worker .* url=\([^ ]*\).*/\1/p' "$OUT/$name.fleet" | paste -sd' ')
-  ENGINES=$(grep -o 'engine=[^ ]*' "$OUT/$name.fleet" | cut -d= -f2- || true)
-}
-stop_pid() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+# shellcheck source=tools/proxy_fleet.sh
+source tools/proxy_fleet.sh
 
 # start_kvroute: kvroute serve with the proxy, fed the fleet's ZMQ events; sets KV_URL.
 start_kvroute() {
@@ -75,18 +51,6 @@ start_kvroute() {
   sleep 0.5 # ZMQ subscriptions
 }
 
-start_gateway() {
-  local gp mp
-  gp=$(free_port); mp=$(free_port)
-  # shellcheck disable=SC2086
-  python3 -m sglang_router.launch_router --host 127.0.0.1 --port "$gp" --prometheus-port "$mp" \
-    --worker-urls $URLS --policy cache_aware --log-level warn >"$OUT/gateway.log" 2>&1 &
-  GW_PID=$!; PIDS+=("$GW_PID")
-  for _ in $(seq 600); do
-    curl -sf "127.0.0.1:$gp/v1/models" >/dev/null 2>&1 && break; sleep 0.05
-  done
-  GW_URL="http://127.0.0.1:$gp"
-}
 
 # replay LABEL TARGET STATS_URLS ARGS...
 replay() {

@@ -33,17 +33,10 @@ PERF=${PERF:-0}
 SYSCALLS=${SYSCALLS:-0}
 SYS_EVENTS=syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_io_uring_enter,syscalls:sys_enter_write,syscalls:sys_enter_socket,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_writev
 OUT=${OUT:-$(mktemp -d /tmp/proxy_cpu.XXXXXX)}; mkdir -p "$OUT"
-FAST="prefill_base_us=50,prefill_us_per_token=0.2,prefill_attention_us=0,decode_step_base_us=2000,decode_us_per_seq=0"
-SHORT="--max-input-tokens 256 --max-output-tokens 8"
 python3 -c "import sglang_router" 2>/dev/null || GATEWAY=0
 
-TOK="$OUT/tok"
-"$BIN/kvroute-sim" tokenizer --out "$TOK" >/dev/null
-
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=tools/proxy_fleet.sh
+source tools/proxy_fleet.sh
 
 # cpu_ns PID: CPU time of PID and its descendants, "schedstat_ns stat_ns".
 cpu_ns() {
@@ -76,11 +69,7 @@ print(sched, stat)
 EOF
 }
 
-"$BIN/kvroute-sim" fleet --tokenizer "$TOK" --workers 1 --timing "$FAST" --max-active 4096 >"$OUT/fleet" 2>&1 &
-PIDS+=("$!")
-for _ in $(seq 200); do grep -q '^ready' "$OUT/fleet" && break; sleep 0.05; done
-URLS=$(sed -n 's/^worker .* url=\([^ ]*\).*/\1/p' "$OUT/fleet" | paste -sd' ')
-ENGINES=$(grep -o 'engine=[^ ]*' "$OUT/fleet" | cut -d= -f2- || true)
+start_fleet one --workers 1 --timing "$FAST" --max-active 4096
 
 # start_kvroute BIN[,FLAGS]: sets KV_URL, KV_PID.
 start_kvroute() {
@@ -95,17 +84,6 @@ start_kvroute() {
   for _ in $(seq 200); do curl -sf "127.0.0.1:$pp/health" >/dev/null 2>&1 && break; sleep 0.05; done
   KV_URL="http://127.0.0.1:$pp"
   sleep 0.5
-}
-start_gateway() {
-  local gp mp
-  gp=$(free_port); mp=$(free_port)
-  # shellcheck disable=SC2086
-  python3 -m sglang_router.launch_router --host 127.0.0.1 --port "$gp" --prometheus-port "$mp" \
-    --worker-urls $URLS --policy cache_aware --log-level warn >"$OUT/gateway.log" 2>&1 &
-  GW_PID=$!; PIDS+=("$GW_PID")
-  for _ in $(seq 600); do curl -sf "127.0.0.1:$gp/v1/models" >/dev/null 2>&1 && break; sleep 0.05; done
-  GW_URL="http://127.0.0.1:$gp"
-  sleep 1
 }
 
 # measure LABEL PID TARGET ARGS...: one replay, the PID tree's CPU per request.
@@ -154,7 +132,7 @@ EOF
 echo "== CPU per proxied request ($N requests per row, streaming, one simulated worker; $OUT)"
 KVP=(); KVU=()
 for b in $KV_BINS; do start_kvroute "$b"; KVP+=("$KV_PID"); KVU+=("$KV_URL"); done
-[ "$GATEWAY" = 1 ] && start_gateway
+[ "$GATEWAY" = 1 ] && { start_gateway; sleep 1; }
 for rate in $RATES; do
   for conn in $CONNS; do
     flag=(); [ "$conn" = new ] && flag=(--new-connections)
