@@ -31,6 +31,7 @@
 //! Every figure is computed by `kvroute::sim` (one model for all paths); hit rate is
 //! measured on the simulated workers. Errors are reported, never panics.
 
+mod clock;
 mod fleet;
 mod replay;
 mod restart;

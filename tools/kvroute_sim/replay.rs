@@ -454,7 +454,7 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
         let mut handles = Vec::with_capacity(n);
         for (at_us, body) in plan {
             let due = start + Duration::from_micros(at_us);
-            tokio::time::sleep_until(due).await;
+            crate::clock::sleep_until(due).await;
             let permit = sem.clone().acquire_owned().await;
             let late = (Instant::now() - due).as_micros() as u64;
             let c = client.clone();

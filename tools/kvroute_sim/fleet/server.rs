@@ -9,6 +9,7 @@
 //! by a drop guard; a client that disconnects stops its generation at the next token.
 
 use super::events::{Events, Job};
+use crate::clock::sleep_until;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming};
@@ -22,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use tokio::sync::mpsc;
-use tokio::time::{sleep_until, Duration, Instant};
+use tokio::time::{Duration, Instant};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
