@@ -107,7 +107,7 @@ fn without_affinity_the_tie_moves_the_turn_and_the_knob_reads_everywhere() {
 #[test]
 fn a_bad_affinity_slack_is_refused_at_start() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvroute"))
-        .args(["serve", "--affinity-slack", "1.5", "--cores", "1"])
+        .args(["serve", "--affinity-slack", "10.5", "--cores", "1"])
         .output()
         .unwrap();
     assert!(!out.status.success());

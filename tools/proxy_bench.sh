@@ -32,8 +32,8 @@ HIT_SCALE=${HIT_SCALE:-20}   # trace time runs this much faster in the hit-rate 
 KV_CORES=${KV_CORES:-2}
 KV_FLAGS=${KV_FLAGS:-}       # extra `kvroute serve` flags, e.g. "--pin-cores false"
 OUT=${OUT:-$(mktemp -d /tmp/proxy_bench.XXXXXX)}; mkdir -p "$OUT"
-HAVE_GW=1
-python3 -c "import sglang_router" 2>/dev/null || { HAVE_GW=0; echo "note: sglang_router not installed, no gateway column" >&2; }
+HAVE_GW=${GATEWAY:-1}          # GATEWAY=0: kvroute and direct rows only
+[ "$HAVE_GW" = 0 ] || python3 -c "import sglang_router" 2>/dev/null || { HAVE_GW=0; echo "note: sglang_router not installed, no gateway column" >&2; }
 # shellcheck source=tools/proxy_fleet.sh
 source tools/proxy_fleet.sh
 
@@ -65,9 +65,9 @@ try:
 except Exception as e:
     print("no report:", e); sys.exit()
 h = r["hit_rate"]
-print("%6d req %4d err %4d stale %7.0f rps | TTFT p50 %7.2f p99 %7.2f | E2E p50 %7.2f p99 %7.2f | stall %6.1f | hit %s" % (
+print("%6d req %4d err %4d stale %7.0f rps | TTFT p50 %7.2f p99 %7.2f | E2E p50 %7.2f p99 %7.2f | ITL p99 %5.2f stall %6.1f | hit %s" % (
     r["requests"], r["errors"], r.get("stale_connection_retries", 0), r["achieved_rps"], r["ttft_ms"]["p50"], r["ttft_ms"]["p99"],
-    r["e2e_ms"]["p50"], r["e2e_ms"]["p99"], r["max_stall_ms"], "-" if h is None else "%.3f" % h) + ("" if len(r.get("worker_requests", [])) < 2 else " | per worker %s" % r["worker_requests"]))
+    r["e2e_ms"]["p50"], r["e2e_ms"]["p99"], r["itl_ms"]["p99"], r["max_stall_ms"], "-" if h is None else "%.3f" % h) + ("" if len(r.get("worker_requests", [])) < 2 else " | per worker %s" % r["worker_requests"]))
 EOF
 )"
 }
