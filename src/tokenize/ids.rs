@@ -200,9 +200,8 @@ mod tests {
         same(&tok);
     }
 
-    #[test]
-    fn byte_level_bpe_gives_the_same_ids() {
-        // A small byte-level BPE: every byte is a token, a few merges.
+    /// A small byte-level BPE: every byte is a token, a few merges.
+    fn byte_level_bpe() -> Tokenizer {
         let bl = ByteLevel::default();
         let alphabet = ByteLevel::alphabet();
         let mut vocab: ahash::AHashMap<String, u32> = Default::default();
@@ -225,7 +224,60 @@ mod tests {
         tok.with_pre_tokenizer(Some(bl));
         tok.with_post_processor(Some(ByteLevel::default()));
         tok.add_special_tokens(&[AddedToken::from("<|im_end|>", true)]);
-        same(&tok);
+        tok
+    }
+
+    #[test]
+    fn byte_level_bpe_gives_the_same_ids() {
+        same(&byte_level_bpe());
+    }
+
+    /// Pieces random texts are made of: vocabulary words, unknown words, special and
+    /// added tokens (also glued to words), whitespace runs, punctuation, Unicode.
+    const PIECES: &[&str] = &[
+        "t1",
+        "t42",
+        "t999",
+        "t1000",
+        "x",
+        "Hello",
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\r\n",
+        "<s>",
+        "</s>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<unk>",
+        "<|im_",
+        ",",
+        "!?",
+        "é",
+        "日本",
+        "\u{200b}",
+        "ÉCOLE",
+        "t7<s>",
+        "Ġt1",
+    ];
+
+    proptest::proptest! {
+        #[test]
+        fn random_texts_give_the_same_ids(picks in proptest::collection::vec(0..PIECES.len(), 0..60)) {
+            let text: String = picks.iter().map(|&i| PIECES[i]).collect();
+            let wl = crate::tokenize::testing::build_tokenizer(1000).unwrap();
+            let mut lower = crate::tokenize::testing::build_tokenizer(1000).unwrap();
+            lower.with_normalizer(Some(Lowercase));
+            lower.with_post_processor(None::<TemplateProcessing>);
+            for tok in [&wl, &lower, &byte_level_bpe()] {
+                let fast = Fast::new(tok).unwrap();
+                for add in [false, true] {
+                    let want = tok.encode_fast(text.as_str(), add).unwrap().get_ids().to_vec();
+                    proptest::prop_assert_eq!(fast.ids(tok, &text, add).unwrap(), want);
+                }
+            }
+        }
     }
 
     #[test]
