@@ -2,7 +2,8 @@
 //! connections. Unlike `service::hyper_io` (the server side, which owns the listener's
 //! deadlines and slots) this adds no clock: the proxy bounds upstream waits itself
 //! (connect timeout, response-head and inter-chunk timeouts in `forward` / `body`).
-//! Reads go through a stack buffer so the adapter needs no `unsafe`.
+//! Reads go through the core's scratch buffer (`service::hyper_io::read_via_scratch`)
+//! so the adapter needs no `unsafe` and zeroes no buffer per read.
 
 use futures_lite::{AsyncRead, AsyncWrite};
 use std::io;
@@ -17,16 +18,8 @@ impl<T: AsyncRead + Unpin> hyper::rt::Read for ClientIo<T> {
         cx: &mut Context<'_>,
         mut buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
-        let mut tmp = [0u8; 16 << 10];
-        let want = buf.remaining().min(tmp.len());
-        match Pin::new(&mut self.0).poll_read(cx, &mut tmp[..want]) {
-            Poll::Ready(Ok(n)) => {
-                buf.put_slice(&tmp[..n]);
-                Poll::Ready(Ok(()))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
-        }
+        let max = crate::service::hyper_io::SCRATCH_BYTES;
+        crate::service::hyper_io::read_via_scratch(&mut self.0, cx, &mut buf, max).map_ok(|_| ())
     }
 }
 

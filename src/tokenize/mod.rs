@@ -31,6 +31,7 @@
 //! [`Tokenizers::prompt_tokens`] (it is synchronous and does no I/O).
 
 pub mod chat;
+mod ids;
 pub mod prompt;
 pub mod testing;
 pub mod tojson;
@@ -79,6 +80,8 @@ pub(crate) struct Model {
     /// Size of the vocabulary with added tokens: token-id prompts must stay below it.
     pub(crate) vocab: u32,
     pub(crate) chat: Option<chat::ChatTemplates>,
+    /// The ids-only path ([`ids::Fast`]) when it is exact for this tokenizer.
+    pub(crate) fast: Option<ids::Fast>,
 }
 
 /// The tokenizers of every configured model.
@@ -299,7 +302,13 @@ fn load_dir(dir: &Path) -> Result<Model, String> {
     };
     let chat = chat::ChatTemplates::from_config(&config, jinja)
         .map_err(|e| format!("{}: {e}", dir.display()))?;
-    Ok(Model { tok, vocab, chat })
+    let fast = ids::Fast::new(&tok);
+    Ok(Model {
+        tok,
+        vocab,
+        chat,
+        fast,
+    })
 }
 
 /// Encodes `text` with the model's tokenizer, refusing results above `max` tokens.
@@ -310,13 +319,16 @@ pub(crate) fn encode(
     max: usize,
 ) -> Result<Vec<u32>, PromptError> {
     check_text_len(text.len(), max)?;
-    let enc = m
-        .tok
-        .encode_fast(text, add_special)
-        .map_err(|e| PromptError(format!("tokenizer: {e}")))?;
-    let ids = enc.get_ids();
+    let ids = match &m.fast {
+        Some(f) => f.ids(&m.tok, text, add_special),
+        None => m
+            .tok
+            .encode_fast(text, add_special)
+            .map(|e| e.get_ids().to_vec()),
+    }
+    .map_err(|e| PromptError(format!("tokenizer: {e}")))?;
     check_token_count(ids.len(), max)?;
-    Ok(ids.to_vec())
+    Ok(ids)
 }
 
 /// Refuses text whose length alone rules it out (before rendering or tokenizing).

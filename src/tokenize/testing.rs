@@ -139,6 +139,7 @@ pub fn in_memory(model: &str, vocab: u32) -> Result<super::Tokenizers, String> {
     t.models.insert(
         model.to_string(),
         std::sync::Arc::new(super::Model {
+            fast: super::ids::Fast::new(&tok),
             tok,
             vocab: size,
             chat,
