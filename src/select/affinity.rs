@@ -14,22 +14,27 @@
 //!
 //! Keys are the router's prefix-chained block hashes, so a hash names the whole prefix
 //! up to its block. A routed prompt is noted at its anchors: every [`STRIDE`]-th block
-//! and its last block. A lookup scans the request's anchors from the deepest down and
-//! answers the worker of the deepest one found, if it covers at least half of the
-//! prompt (a shared system prompt alone does not pull conversations together; the
-//! gateway's `cache_threshold` is 0.5 too).
+//! and its last block. A lookup scans the request's blocks from its last down to the
+//! middle of its prompt and answers the worker of the deepest one found, so it covers
+//! at least half of the prompt (a shared system prompt alone does not pull
+//! conversations together; the gateway's `cache_threshold` is 0.5 too). It reads
+//! every position there, not only its own anchors: the previous turn's last block,
+//! the prefix the next turn shares exactly, is at no fixed stride (scanning the
+//! anchors only missed it and fell back to a stride anchor up to 7 blocks shorter,
+//! often under half the prompt).
 //!
 //! The map is a direct-mapped table of `max_entries` (rounded up to a power of two)
 //! atomic words, each holding a hash's upper 48 bits as its tag and a worker slot:
-//! a lookup reads one word per anchor, a note writes one, and a colliding prefix
+//! a lookup reads one word per position it scans, a note one per anchor, and a colliding prefix
 //! simply replaces the older one, as in a hardware cache. Being atomic, one table
 //! serves every core of the service (a conversation's turns may arrive on different
 //! cores) without a lock; relaxed ordering is enough, since an entry is a hint that
 //! a stale or lost value only makes less useful, never wrong.
 //!
 //! Guarantees: memory fixed at start (8 bytes per entry, at most
-//! [`crate::config::MAX_AFFINITY_ENTRIES`]); O(prompt blocks / STRIDE) word reads per
-//! lookup and writes per note; pure apart from the atomics (no I/O, no clock), no
+//! [`crate::config::MAX_AFFINITY_ENTRIES`]); at most half the prompt's blocks + 1
+//! word reads per lookup (stopping at the deepest hit) and O(prompt blocks / STRIDE)
+//! writes per note; pure apart from the atomics (no I/O, no clock), no
 //! panics. A tag collision (two prefixes with the same upper 48 bits in the same
 //! word) can name the wrong worker: harmless, it only moves one near tie.
 
@@ -109,10 +114,14 @@ impl Affinity {
         if !self.enabled() || hashes.is_empty() {
             return None;
         }
+        // Every position from the last down to half the prompt, not only this
+        // prompt's anchors: an earlier turn's last block (its anchor) sits anywhere.
         let need = hashes.len().div_ceil(2);
-        anchors(hashes.len())
-            .take_while(|&i| i + 1 >= need)
-            .find_map(|i| hashes.get(i).and_then(|&h| self.get(h)))
+        hashes
+            .get(need.saturating_sub(1)..)?
+            .iter()
+            .rev()
+            .find_map(|&h| self.get(h))
     }
 
     /// Remembers that `hashes` was routed to `worker`.
@@ -145,13 +154,16 @@ mod tests {
         let a = Affinity::new(1000);
         let turn1: Vec<u64> = (1..=10).collect();
         a.note(&turn1, 3);
+        // Turn 1's last block (block 10) is found although it is no anchor of turn
+        // 2: 10 blocks of 18 cover half.
         let turn2: Vec<u64> = (1..=18).collect();
-        // Deepest anchor of turn 2 found: 7 (block 8, anchored by turn 1's stride).
-        // 8 blocks of 18 is less than half: not enough.
-        assert_eq!(a.lookup(&turn2), None);
-        let turn2: Vec<u64> = (1..=14).collect();
-        // Block 10 is not an anchor of turn 2 (only 13 and 7 are); 7 covers 8 of 14.
         assert_eq!(a.lookup(&turn2), Some(3));
+        // 10 of 21 do not; block 8 (turn 1's stride anchor) is not looked at either.
+        let turn3: Vec<u64> = (1..=21).collect();
+        assert_eq!(a.lookup(&turn3), None);
+        // 8 blocks (the stride anchor) of a diverging 16-block prompt do.
+        let other: Vec<u64> = (1..=8).chain(100..108).collect();
+        assert_eq!(a.lookup(&other), Some(3));
         // The same prompt again: its last block.
         assert_eq!(a.lookup(&turn1), Some(3));
         // A later routing of the same prefix elsewhere wins.
