@@ -230,6 +230,8 @@ pub struct ServeArgs {
     pub proxy_pool_max_idle: Option<usize>,
     #[arg(long, env = "KVROUTE_PROXY_MAX_PREFILL_RESPONSE_BYTES")]
     pub proxy_max_prefill_response_bytes: Option<usize>,
+    #[arg(long, env = "KVROUTE_PROXY_TOKENIZE_INLINE_MAX_BYTES")]
+    pub proxy_tokenize_inline_max_bytes: Option<usize>,
     /// Client API keys for the proxy port, comma-separated (prefer the file).
     #[arg(
         long,
@@ -473,6 +475,10 @@ impl ServeArgs {
             (
                 &mut p.max_prefill_response_bytes,
                 self.proxy_max_prefill_response_bytes,
+            ),
+            (
+                &mut p.tokenize_inline_max_bytes,
+                self.proxy_tokenize_inline_max_bytes,
             ),
         ] {
             if let Some(v) = src {

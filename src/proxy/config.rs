@@ -36,6 +36,11 @@ pub struct ProxySettings {
     pub api_keys_file: Option<String>,
     /// Largest prefill-leg answer read (P/D flow), in bytes. Default 1 MiB.
     pub max_prefill_response_bytes: usize,
+    /// Request bodies up to this many bytes are tokenized on the core that accepted
+    /// them; larger ones on that core's blocking thread (glommio `spawn_blocking`),
+    /// so a long prompt (a 40 KB prompt takes ~2 ms) does not hold the core's other
+    /// streams. 0 = every tokenized prompt off the core. Default 8,192 bytes.
+    pub tokenize_inline_max_bytes: usize,
 }
 
 impl Default for ProxySettings {
@@ -53,6 +58,7 @@ impl Default for ProxySettings {
             api_keys: Vec::new(),
             api_keys_file: None,
             max_prefill_response_bytes: 1 << 20,
+            tokenize_inline_max_bytes: 8192,
         }
     }
 }

@@ -42,6 +42,8 @@ pub struct ProxyMetrics {
     pub breaker_open: Family<WorkerLabel, Gauge>,
     pub tokenize_seconds: Histogram,
     pub untokenized: Counter,
+    /// Prompts tokenized on the core's blocking thread (`tokenize_inline_max_bytes`).
+    pub tokenized_off_core: Counter,
     pub prefill_fallbacks: Counter,
     pub active: Gauge,
 }
@@ -64,6 +66,7 @@ impl ProxyMetrics {
             breaker_open: Family::default(),
             tokenize_seconds: Histogram::new((0..16).map(|i| 1e-6 * f64::from(1u32 << i))),
             untokenized: Counter::default(),
+            tokenized_off_core: Counter::default(),
             prefill_fallbacks: Counter::default(),
             active: Gauge::default(),
         }
@@ -119,6 +122,11 @@ impl ProxyMetrics {
             "proxy_untokenized",
             "Proxied requests routed by load only (no token ids for their prompt)",
             self.untokenized.clone(),
+        );
+        r.register(
+            "proxy_tokenized_off_core",
+            "Prompts tokenized on the core's blocking thread (bodies over tokenize_inline_max_bytes)",
+            self.tokenized_off_core.clone(),
         );
         r.register(
             "proxy_prefill_fallbacks",

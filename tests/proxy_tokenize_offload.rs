@@ -1,0 +1,141 @@
+//! `tokenize_inline_max_bytes` through the real binary: request bodies above it are
+//! tokenized on the core's blocking thread, and routing is the same either way (the
+//! same token ids, so a shared prefix still goes back to the worker that cached it);
+//! counted in `kvroute_proxy_tokenized_off_core_total`. Flag, env and TOML.
+
+mod common;
+
+use common::proxy::{post, register, FakeWorker};
+use common::Server;
+use serde_json::json;
+use std::sync::{Mutex, MutexGuard};
+
+/// One test at a time: one sets an environment variable for the router it spawns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Setup {
+    s: Server,
+    tok: kvroute::tokenize::Tokenizers,
+    _ws: Vec<FakeWorker>,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start(tag: &str, extra: &[&str]) -> Option<Setup> {
+    if !common::python_has("json", "python3") {
+        return None;
+    }
+    let dir =
+        std::env::temp_dir().join(format!("kvroute-tok-offload-{tag}-{}", std::process::id()));
+    kvroute::tokenize::testing::write_dir(&dir, 5000).unwrap();
+    let tok_flag = format!("m={}", dir.display());
+    let mut flags = vec!["--block-size", "4", "--tokenizer", &tok_flag];
+    flags.extend_from_slice(extra);
+    let s = Server::start(2, &flags);
+    let tok = kvroute::tokenize::Tokenizers::load(&[("m".into(), dir.clone())]).unwrap();
+    let ws: Vec<FakeWorker> = (0..3)
+        .map(|i| FakeWorker::start(&format!("w{i}"), &[]))
+        .collect();
+    for w in &ws {
+        register(&s, &w.id, "m", "aggregated", &w.url());
+    }
+    Some(Setup {
+        s,
+        tok,
+        _ws: ws,
+        dir,
+    })
+}
+
+/// Two rounds of "prompt, its blocks stored on the chosen worker, a longer prompt
+/// sharing it": the longer one must go to the same worker. `words` per prompt.
+fn prefix_rounds(st: &Setup, words: u32) {
+    for round in 0..2u32 {
+        let text: String = (0..words)
+            .map(|i| format!("t{} ", (round * 7 + i) % 4000))
+            .collect();
+        let first = json!({"model": "m", "prompt": text, "max_tokens": 2});
+        let a = post(&st.s, "/v1/completions", &first.to_string(), &[]);
+        assert_eq!(a.status, 200, "{a:?}");
+        let w = a.header("x-kvroute-worker").unwrap().to_string();
+        let ids = st
+            .tok
+            .prompt_tokens(kvroute::tokenize::Endpoint::Completions, "m", &first)
+            .unwrap()
+            .unwrap();
+        let mut hashes = Vec::new();
+        kvroute::hash::sequence_hashes_after(None, &ids, 4, &mut hashes);
+        let before = st.s.cached(&w);
+        st.s.store(&w, "device", &hashes);
+        st.s.wait_until("blocks indexed", |s| {
+            s.cached(&w) >= before + hashes.len() as u64
+        });
+        let second =
+            json!({"model": "m", "prompt": format!("{text}t1 t2 t3 t4 t5"), "max_tokens": 2});
+        let b = post(&st.s, "/v1/completions", &second.to_string(), &[]);
+        assert_eq!(b.status, 200);
+        assert_eq!(
+            b.header("x-kvroute-worker"),
+            Some(w.as_str()),
+            "round {round}"
+        );
+    }
+}
+
+fn off_core(s: &Server) -> f64 {
+    s.metric("kvroute_proxy_tokenized_off_core_total")
+}
+
+#[test]
+fn every_prompt_off_the_core_routes_the_same() {
+    let _one = serial();
+    let Some(st) = start("flag", &["--proxy-tokenize-inline-max-bytes", "0"]) else {
+        return;
+    };
+    prefix_rounds(&st, 60);
+    assert_eq!(off_core(&st.s), 4.0, "all four requests off the core");
+    assert_eq!(st.s.metric("kvroute_proxy_untokenized_total"), 0.0);
+}
+
+#[test]
+fn by_default_only_long_bodies_leave_the_core() {
+    let _one = serial();
+    let Some(st) = start("default", &[]) else {
+        return;
+    };
+    prefix_rounds(&st, 60); // ~400-byte bodies
+    assert_eq!(off_core(&st.s), 0.0, "short bodies stay on the core");
+    prefix_rounds(&st, 3000); // ~20 KB bodies, over the default 8,192
+    assert_eq!(off_core(&st.s), 4.0, "long bodies leave it");
+}
+
+#[test]
+fn the_knob_reads_from_env_and_toml() {
+    let _one = serial();
+    std::env::set_var("KVROUTE_PROXY_TOKENIZE_INLINE_MAX_BYTES", "0");
+    let st = start("env", &[]);
+    std::env::remove_var("KVROUTE_PROXY_TOKENIZE_INLINE_MAX_BYTES");
+    let Some(st) = st else {
+        return;
+    };
+    prefix_rounds(&st, 30);
+    assert_eq!(off_core(&st.s), 4.0, "env");
+    drop(st);
+    let toml =
+        std::env::temp_dir().join(format!("kvroute-tok-offload-{}.toml", std::process::id()));
+    std::fs::write(&toml, "[proxy]\ntokenize_inline_max_bytes = 0\n").unwrap();
+    let t = toml.to_string_lossy().to_string();
+    let st = start("toml", &["--config", &t]).unwrap();
+    prefix_rounds(&st, 30);
+    assert_eq!(off_core(&st.s), 4.0, "TOML");
+    let _ = std::fs::remove_file(&toml);
+}
