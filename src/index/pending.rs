@@ -333,12 +333,9 @@ impl PendingShard {
         self.table.touch(hashes);
         let mut n = 0;
         for &h in hashes {
-            if let Some(i) = self.table.find(h, worker) {
-                if let Some(seq) = self.table.val_mut(i).map(|e| e.seq) {
-                    self.table.remove_at(i);
-                    self.unlive(seq);
-                    n += 1;
-                }
+            if let Some(e) = self.table.take(h, worker) {
+                self.unlive(e.seq);
+                n += 1;
             }
         }
         self.live -= n as usize;

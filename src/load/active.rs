@@ -220,7 +220,11 @@ mod tests {
         let big = s.map.capacity();
         s.add(2, &[7, 1_000_000]);
         s.remove(1, &burst);
-        assert!(s.map.capacity() <= SHRINK_FLOOR, "{} vs {big}", s.map.capacity());
+        assert!(
+            s.map.capacity() <= SHRINK_FLOOR,
+            "{} vs {big}",
+            s.map.capacity()
+        );
         assert_eq!(reuse(&s, &[7, 1_000_000, 5]), vec![(2, 2)]);
         assert_eq!(s.unique_blocks(2), 2);
         assert_eq!(s.unique_blocks(1), 0);

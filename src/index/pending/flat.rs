@@ -183,8 +183,18 @@ impl<V: Copy + Default> Table<V> {
             .map(|s| &mut s.val)
     }
 
+    /// Removes (hash, worker) and returns its value, if present: one probe.
+    #[inline]
+    pub fn take(&mut self, hash: u64, worker: WorkerSlot) -> Option<V> {
+        let i = self.find(hash, worker)?;
+        let v = self.slots[i].val;
+        self.remove_at(i);
+        Some(v)
+    }
+
     /// Removes the entry at slot `i` and shifts the rest of its probe run back so no
     /// entry is cut off from its home (no tombstones).
+    #[inline]
     pub fn remove_at(&mut self, mut i: usize) {
         let n = self.slots.len();
         if i >= n || self.slots[i].worker == EMPTY {
