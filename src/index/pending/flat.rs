@@ -7,7 +7,7 @@
 //! control-byte probe, an inline-or-heap vector and a second probe to delete an emptied
 //! key, for every one of the ~64 hashes a decision adds and later removes (callgrind:
 //! ~150–200 instructions per hash). Here a (hash, worker) pair is one 16–24-byte slot
-//! in one array, found by linear probing from the slot `mix(hash)` names, so every
+//! in one array, found by linear probing from the slot the hash names, so every
 //! worker of a hash sits in the same probe run and a lookup is one cache line in the
 //! common case.
 //!
@@ -50,6 +50,8 @@ pub enum Probe {
 pub struct Table<V: Copy + Default> {
     slots: Vec<Slot<V>>,
     len: usize,
+    /// `64 - log2(slots)` (64 while empty; never used then).
+    shift: u32,
 }
 
 impl<V: Copy + Default> Default for Table<V> {
@@ -57,13 +59,19 @@ impl<V: Copy + Default> Default for Table<V> {
         Table {
             slots: Vec::new(),
             len: 0,
+            shift: 64,
         }
     }
 }
 
+/// The home slot of `hash` in a table of `2^(64 - shift)` slots: the top bits of one
+/// multiplication by 2⁶⁴/φ (Fibonacci hashing). Block hashes are already uniform, and
+/// this also spreads structured keys (consecutive or sharing low bits) evenly, for 2
+/// instructions instead of the full `mix` finaliser (which also picks the shard, so
+/// the top bits of `mix` would be constant within a shard).
 #[inline]
-fn home(hash: u64, mask: usize) -> usize {
-    crate::index::mix(hash) as usize & mask
+fn home(hash: u64, shift: u32) -> usize {
+    (hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> shift) as usize
 }
 
 impl<V: Copy + Default> Table<V> {
@@ -106,6 +114,7 @@ impl<V: Copy + Default> Table<V> {
     fn rehash(&mut self, slots: usize) {
         let old = std::mem::replace(&mut self.slots, Self::empty_slots(slots));
         self.len = 0;
+        self.shift = 64 - slots.trailing_zeros();
         for s in old.into_iter().filter(|s| s.worker != EMPTY) {
             if let Probe::Vacant(i) = self.probe(s.hash, s.worker as WorkerSlot) {
                 self.put(i, s.hash, s.worker as WorkerSlot, s.val);
@@ -136,7 +145,7 @@ impl<V: Copy + Default> Table<V> {
             return Probe::Vacant(0);
         }
         let w = u32::from(worker);
-        let mut i = home(hash, mask);
+        let mut i = home(hash, self.shift);
         loop {
             let s = &self.slots[i];
             if s.worker == EMPTY {
@@ -211,7 +220,7 @@ impl<V: Copy + Default> Table<V> {
             }
             // `s` may fill the hole at `i` when its home is not in the cyclic range
             // (i, j]: moving it back to `i` keeps it reachable from its home.
-            let h = home(s.hash, mask);
+            let h = home(s.hash, self.shift);
             let dist_home = j.wrapping_sub(h) & mask;
             let dist_hole = j.wrapping_sub(i) & mask;
             if dist_home >= dist_hole {
@@ -229,7 +238,7 @@ impl<V: Copy + Default> Table<V> {
             return;
         }
         let mask = self.slots.len() - 1;
-        let mut i = home(hash, mask);
+        let mut i = home(hash, self.shift);
         loop {
             let s = &self.slots[i];
             if s.worker == EMPTY {
@@ -252,10 +261,9 @@ impl<V: Copy + Default> Table<V> {
         if hashes.len() < 8 || self.slots.len() * std::mem::size_of::<Slot<V>>() <= L1_BYTES {
             return;
         }
-        let mask = self.slots.len() - 1;
         let mut acc = 0u64;
         for &h in hashes {
-            acc ^= self.slots[home(h, mask)].hash;
+            acc ^= self.slots[home(h, self.shift) & (self.slots.len() - 1)].hash;
         }
         std::hint::black_box(acc);
     }
@@ -360,7 +368,7 @@ mod tests {
         t.reserve(8);
         let mask = t.capacity() - 1;
         let keys: Vec<u64> = (0..10_000u64)
-            .filter(|&h| home(h, mask) >= mask - 1)
+            .filter(|&h| home(h, t.shift) >= mask - 1)
             .take(8)
             .collect();
         for (n, &h) in keys.iter().enumerate() {
