@@ -16,35 +16,43 @@
 //!
 //! Guarantees:
 //! - bounded memory: at most `cap` live entries per shard (the oldest is evicted first
-//!   when a new one would pass it), and the queue of insertion records is compacted
-//!   once it holds more than `2 × live + 1024` records, so it stays O(cap);
+//!   when a new one would pass it), and the queue of insertion batches is compacted
+//!   once it holds more than `2 × live + 1024` hashes or `live + 1024` batches, so it
+//!   stays O(cap); the table shrinks again after a burst;
 //! - an entry is never reported after `added_at + ttl` (queries check the expiry;
 //!   [`PendingShard::expire`] reclaims expired entries in insertion order, which is
 //!   expiry order because the TTL is one constant and time does not go back);
-//! - re-adding a pending (hash, worker) refreshes its expiry and does not count twice;
+//! - re-adding a pending (hash, worker) refreshes its expiry and does not count twice
+//!   (a hash repeated within one `add` counts once, at its first position);
 //! - `ttl == 0` or `cap == 0` disables it: nothing is stored, queries find nothing;
 //! - pure: no I/O, time is passed in; no method panics.
 
 use super::merge::MergeResult;
 use crate::types::{Overlap, WorkerSlot};
-use smallvec::SmallVec;
+use flat::{Probe, Table};
 use std::collections::VecDeque;
 
-/// One pending (hash, worker) entry.
-#[derive(Clone, Copy, Debug)]
+pub(crate) mod flat;
+
+/// The value of one pending (hash, worker) entry.
+#[derive(Clone, Copy, Debug, Default)]
 struct Entry {
-    worker: WorkerSlot,
-    /// Insertion stamp; a queue record naming another stamp is stale.
-    seq: u64,
+    /// The batch (one `add` call) that inserted or last refreshed it.
+    seq: u32,
     expires_us: u64,
 }
 
-/// One insertion, in time order.
+/// The hashes of one `add` call, in the order they were added. All its entries share
+/// one expiry, so batches expire in queue order.
 #[derive(Clone, Copy, Debug)]
-struct Record {
-    hash: u64,
+struct Batch {
     worker: WorkerSlot,
-    seq: u64,
+    expires_us: u64,
+    /// Its hashes still in `ring` (the batch's segment, in queue order).
+    len: u32,
+    /// Live entries whose `seq` names this batch. A batch whose entries were all
+    /// confirmed, dropped or refreshed is discarded without looking its hashes up.
+    live: u32,
 }
 
 /// What happened to pending entries (for metrics): cumulative counts.
@@ -62,15 +70,27 @@ pub struct PendingStats {
     pub dropped: u64,
 }
 
+/// Tables at most this large (slots) are never shrunk.
+const SHRINK_FLOOR: usize = 4096;
+
 /// The pending blocks of one shard. See the module docs.
+///
+/// Layout: one flat table of (hash, worker) entries ([`flat::Table`]), and a FIFO of
+/// batches (one per `add`) whose hashes sit back to back in `ring`. An entry names its
+/// batch by a sequence number (`seq - base` is the batch's queue index), so removing
+/// an entry keeps its batch's live count right, and expiry or eviction only looks up
+/// the hashes of batches that still have live entries: a routed request's batch that
+/// its finish dropped costs nothing more.
 #[derive(Clone, Debug)]
 pub struct PendingShard {
     ttl_us: u64,
     cap: usize,
-    map: hashbrown::HashMap<u64, SmallVec<[Entry; 2]>>,
-    queue: VecDeque<Record>,
+    table: Table<Entry>,
+    batches: VecDeque<Batch>,
+    ring: VecDeque<u64>,
+    /// `seq` of `batches[0]` (wrapping; far fewer than 2³² batches are ever queued).
+    base: u32,
     live: usize,
-    next_seq: u64,
     stats: PendingStats,
 }
 
@@ -80,10 +100,11 @@ impl PendingShard {
         PendingShard {
             ttl_us,
             cap,
-            map: hashbrown::HashMap::new(),
-            queue: VecDeque::new(),
+            table: Table::default(),
+            batches: VecDeque::new(),
+            ring: VecDeque::new(),
+            base: 0,
             live: 0,
-            next_seq: 0,
             stats: PendingStats::default(),
         }
     }
@@ -108,6 +129,27 @@ impl PendingShard {
         self.stats
     }
 
+    /// Hashes held in the batch queue (live or stale; for the memory-bound tests).
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// Queue index of batch `seq`.
+    #[inline]
+    fn batch_index(&self, seq: u32) -> usize {
+        seq.wrapping_sub(self.base) as usize
+    }
+
+    /// One live entry of batch `seq` is gone.
+    #[inline]
+    fn unlive(&mut self, seq: u32) {
+        let i = self.batch_index(seq);
+        if let Some(b) = self.batches.get_mut(i) {
+            b.live = b.live.saturating_sub(1);
+        }
+    }
+
     /// `hashes` were routed to `worker` at `now_us`: they are pending there until
     /// `now_us + ttl`.
     pub fn add(&mut self, worker: WorkerSlot, hashes: &[u64], now_us: u64) {
@@ -115,107 +157,194 @@ impl PendingShard {
             return;
         }
         self.expire(now_us);
+        if hashes.is_empty() {
+            return;
+        }
         let expires_us = now_us.saturating_add(self.ttl_us);
+        let seq = self.base.wrapping_add(self.batches.len() as u32);
+        self.batches.push_back(Batch {
+            worker,
+            expires_us,
+            len: 0,
+            live: 0,
+        });
+        // Room for every hash up front (the live entries never pass the cap), so the
+        // table does not grow between a probe and its insert.
+        self.table.reserve(hashes.len().min(self.cap));
+        self.table.touch(hashes);
         for &hash in hashes {
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            let refreshed = match self.map.get_mut(&hash) {
-                Some(v) => match v.iter_mut().find(|e| e.worker == worker) {
-                    Some(e) => {
-                        e.seq = seq;
-                        e.expires_us = expires_us;
-                        true
+            match self.table.probe(hash, worker) {
+                Probe::Found(i) => {
+                    let Some(e) = self.table.val_mut(i) else {
+                        continue;
+                    };
+                    if e.seq == seq {
+                        continue; // repeated within this call
                     }
-                    None => false,
-                },
-                None => false,
-            };
-            if !refreshed {
-                while self.live >= self.cap {
-                    if !self.pop_oldest(None) {
-                        break;
-                    }
+                    let old = e.seq;
+                    *e = Entry { seq, expires_us };
+                    self.unlive(old);
                 }
-                self.map.entry(hash).or_default().push(Entry {
-                    worker,
-                    seq,
-                    expires_us,
-                });
-                self.live += 1;
-                self.stats.added += 1;
+                Probe::Vacant(mut i) => {
+                    // An eviction shifts probe runs and a growth moves everything:
+                    // probe again only then.
+                    let mut moved = false;
+                    while self.live >= self.cap {
+                        if !self.evict_oldest() {
+                            break;
+                        }
+                        moved = true;
+                    }
+                    let slots = self.table.capacity();
+                    self.table.reserve(1);
+                    if moved || slots != self.table.capacity() {
+                        match self.table.probe(hash, worker) {
+                            Probe::Vacant(j) => i = j,
+                            Probe::Found(_) => continue, // an eviction cannot add it
+                        }
+                    }
+                    self.table.put(i, hash, worker, Entry { seq, expires_us });
+                    self.live += 1;
+                    self.stats.added += 1;
+                }
             }
-            self.queue.push_back(Record { hash, worker, seq });
+            if let Some(b) = self.batches.back_mut() {
+                b.live += 1;
+                b.len += 1;
+            }
+            self.ring.push_back(hash);
         }
         self.compact();
     }
 
     /// Reclaims every entry whose TTL has passed at `now_us`.
     pub fn expire(&mut self, now_us: u64) {
-        while self.pop_oldest(Some(now_us)) {}
+        while let Some(b) = self.batches.front().copied() {
+            if b.live > 0 {
+                if b.expires_us > now_us {
+                    return;
+                }
+                let seq = self.base;
+                for k in 0..b.len as usize {
+                    let Some(&h) = self.ring.get(k) else { break };
+                    if let Some(i) = self.table.find(h, b.worker) {
+                        if self.table.val_mut(i).is_some_and(|e| e.seq == seq) {
+                            self.table.remove_at(i);
+                            self.live -= 1;
+                            self.stats.expired += 1;
+                        }
+                    }
+                }
+            }
+            self.pop_front_batch();
+        }
+        self.table.shrink_if_sparse(SHRINK_FLOOR);
     }
 
-    /// Removes the oldest live entry (only if expired at `now`, when given); skips
-    /// stale records. True when an entry was removed.
-    fn pop_oldest(&mut self, now: Option<u64>) -> bool {
-        while let Some(r) = self.queue.front().copied() {
-            let Some(v) = self.map.get_mut(&r.hash) else {
-                self.queue.pop_front();
-                continue;
+    /// Discards the front batch and its queued hashes (its live entries must be gone).
+    fn pop_front_batch(&mut self) {
+        if let Some(b) = self.batches.pop_front() {
+            let n = (b.len as usize).min(self.ring.len());
+            self.ring.drain(..n);
+            self.base = self.base.wrapping_add(1);
+        }
+    }
+
+    /// Removes the oldest live entry (for the cap). True when an entry was removed.
+    /// The batch being added (the back) is never discarded, only its entries evicted.
+    fn evict_oldest(&mut self) -> bool {
+        loop {
+            let Some(b) = self.batches.front().copied() else {
+                return false;
             };
-            let Some(i) = v
-                .iter()
-                .position(|e| e.worker == r.worker && e.seq == r.seq)
-            else {
-                self.queue.pop_front();
-                continue;
-            };
-            if let Some(now) = now {
-                if v[i].expires_us > now {
+            if b.live == 0 || b.len == 0 {
+                if self.batches.len() == 1 {
                     return false;
                 }
-                self.stats.expired += 1;
-            } else {
-                self.stats.evicted += 1;
+                self.pop_front_batch();
+                continue;
             }
-            v.swap_remove(i);
-            if v.is_empty() {
-                self.map.remove(&r.hash);
+            let seq = self.base;
+            let Some(h) = self.ring.pop_front() else {
+                return false;
+            };
+            if let Some(front) = self.batches.front_mut() {
+                front.len -= 1;
             }
-            self.live -= 1;
-            self.queue.pop_front();
-            return true;
+            if let Some(i) = self.table.find(h, b.worker) {
+                if self.table.val_mut(i).is_some_and(|e| e.seq == seq) {
+                    self.table.remove_at(i);
+                    self.live -= 1;
+                    self.unlive(seq);
+                    self.stats.evicted += 1;
+                    return true;
+                }
+            }
         }
-        false
     }
 
-    /// Drops stale queue records once they outnumber the live entries.
+    /// Drops stale queued hashes and emptied batches once the queue outgrows the live
+    /// entries (`2 × live + 1024` hashes or `live + 1024` batches), renumbering the
+    /// batches that stay: O(queue), amortised O(1) per added hash.
     fn compact(&mut self) {
-        if self.queue.len() <= 2 * self.live + 1024 {
+        if self.ring.len() <= 2 * self.live + 1024 && self.batches.len() <= self.live + 1024 {
             return;
         }
-        let map = &self.map;
-        self.queue.retain(|r| {
-            map.get(&r.hash)
-                .is_some_and(|v| v.iter().any(|e| e.worker == r.worker && e.seq == r.seq))
-        });
+        let old_batches = std::mem::take(&mut self.batches);
+        let old_ring = std::mem::take(&mut self.ring);
+        let mut at = 0usize;
+        let new_base = self.base;
+        for (k, b) in old_batches.iter().enumerate() {
+            let seq = self.base.wrapping_add(k as u32);
+            let segment = old_ring.range(at..(at + b.len as usize).min(old_ring.len()));
+            at += b.len as usize;
+            if b.live == 0 {
+                continue;
+            }
+            let new_seq = new_base.wrapping_add(self.batches.len() as u32);
+            let mut kept = Batch {
+                len: 0,
+                live: 0,
+                ..*b
+            };
+            for &h in segment {
+                let Some(i) = self.table.find(h, b.worker) else {
+                    continue;
+                };
+                if let Some(e) = self.table.val_mut(i).filter(|e| e.seq == seq) {
+                    e.seq = new_seq;
+                    kept.len += 1;
+                    kept.live += 1;
+                    self.ring.push_back(h);
+                }
+            }
+            if kept.live > 0 {
+                self.batches.push_back(kept);
+            }
+        }
+        self.base = new_base;
     }
 
     /// Removes `worker`'s entries for `hashes`; returns how many there were.
     fn remove(&mut self, worker: WorkerSlot, hashes: &[u64]) -> u64 {
+        if self.live == 0 {
+            return 0;
+        }
+        self.table.touch(hashes);
         let mut n = 0;
-        for h in hashes {
-            if let Some(v) = self.map.get_mut(h) {
-                if let Some(i) = v.iter().position(|e| e.worker == worker) {
-                    v.swap_remove(i);
-                    n += 1;
-                    if v.is_empty() {
-                        self.map.remove(h);
-                    }
-                }
+        for &h in hashes {
+            if let Some(e) = self.table.take(h, worker) {
+                self.unlive(e.seq);
+                n += 1;
             }
         }
         self.live -= n as usize;
         self.compact();
+        // Batches emptied at the front go now (their hashes need no lookup).
+        while self.batches.front().is_some_and(|b| b.live == 0) {
+            self.pop_front_batch();
+        }
+        self.table.shrink_if_sparse(SHRINK_FLOOR);
         n
     }
 
@@ -232,17 +361,28 @@ impl PendingShard {
     }
 
     /// Drops every entry of `worker` (a `Cleared` event, the worker's removal or a new
-    /// epoch). O(live entries of the shard).
+    /// epoch). O(table size).
     pub fn clear_worker(&mut self, worker: WorkerSlot) {
-        let mut n = 0usize;
-        self.map.retain(|_, v| {
-            let before = v.len();
-            v.retain(|e| e.worker != worker);
-            n += before - v.len();
-            !v.is_empty()
+        if self.live == 0 {
+            return;
+        }
+        let mut gone = Vec::new();
+        self.table.retain(|_, w, e| {
+            if w == worker {
+                gone.push(e.seq);
+                false
+            } else {
+                true
+            }
         });
-        self.live -= n;
-        self.stats.dropped += n as u64;
+        for &seq in &gone {
+            self.unlive(seq);
+        }
+        self.live -= gone.len();
+        self.stats.dropped += gone.len() as u64;
+        while self.batches.front().is_some_and(|b| b.live == 0) {
+            self.pop_front_batch();
+        }
         self.compact();
     }
 
@@ -252,13 +392,11 @@ impl PendingShard {
             return;
         }
         for &(pos, h) in items {
-            if let Some(v) = self.map.get(&h) {
-                out.extend(
-                    v.iter()
-                        .filter(|e| e.expires_us > now_us)
-                        .map(|e| (pos, e.worker)),
-                );
-            }
+            self.table.for_each_of(h, |w, e| {
+                if e.expires_us > now_us {
+                    out.push((pos, w));
+                }
+            });
         }
     }
 }

@@ -9,66 +9,31 @@
 //!
 //! Guarantees: `remove` of something never added is a no-op and counts never
 //! underflow; `add` and `remove` cost O(hashes) (plus the few workers sharing a hash);
-//! memory is one map entry per distinct active hash with its worker list inline for up
-//! to two workers (24 bytes), so it is bounded by the hashes of active requests, and
-//! the table shrinks again after a burst (`remove`).
+//! memory is one 16-byte slot per distinct active (hash, worker) at a load of 1/8 to
+//! 1/2, so it is bounded by the hashes of active requests, and the table shrinks again
+//! after a burst (`remove`).
 
 use crate::types::WorkerSlot;
-use smallvec::SmallVec;
 
-/// Keys are block sequence hashes, already uniform 64-bit values: one `mix` (a
-/// bijective finaliser, ~1 ns) spreads them as well as a keyed hasher would, and made
-/// `active_blocks/add_remove` ~13 % faster than ahash (27.4–27.8 vs 23.8–24.9 M ops/s,
-/// old and new bench binaries run alternately; `cargo bench --bench load`).
-/// Like the block index, which stores `mix`ed hashes too, this trades resistance to
-/// crafted collisions for speed: hashes come from authenticated workers and frontends.
-type Map<K, V> = hashbrown::HashMap<K, V, MixState>;
+/// (worker, number of its active requests holding the hash), one flat-table slot per
+/// pair. The count is 32 bits: a common system prompt is held by every active request
+/// of a worker, which may exceed 65 535, and a 16-byte slot has room for it.
+type Table = crate::index::pending::flat::Table<u32>;
 
-/// [`std::hash::BuildHasher`] of [`Map`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MixState;
-
-/// Hasher of one `u64` key (other writes fold in byte by byte; unused here).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MixHasher(u64);
-
-impl std::hash::BuildHasher for MixState {
-    type Hasher = MixHasher;
-    #[inline]
-    fn build_hasher(&self) -> MixHasher {
-        MixHasher(0)
-    }
-}
-
-impl std::hash::Hasher for MixHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        crate::index::mix(self.0)
-    }
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, x: u64) {
-        self.0 ^= x;
-    }
-}
-
-/// (worker, number of its active requests holding the hash). The count is 32 bits: a
-/// common system prompt is held by every active request of a worker, which may exceed
-/// 65 535, and with two inline entries a wider count costs no extra memory.
-type Holders = SmallVec<[(WorkerSlot, u32); 2]>;
-
-/// Tables at most this large are never shrunk (they stay in cache anyway).
+/// Tables at most this large (slots) are never shrunk (they stay in cache anyway).
 const SHRINK_FLOOR: usize = 4096;
 
 /// Active-block reference counts of one index shard.
+///
+/// Layout: one flat open-addressing table of (hash, worker) → count
+/// ([`crate::index::pending::flat`]): an update is one probe per hash in one array,
+/// where a map of per-hash worker lists cost a hasher, a control-byte probe, a small
+/// vector search and a second probe to delete an emptied key (~150 instructions per
+/// hash, and most of the time on cache misses, `perf`, session 4). A large table is
+/// read once ahead of each update (`Table::touch`) so the misses overlap.
 #[derive(Clone, Debug, Default)]
 pub struct ActiveBlocksShard {
-    map: Map<u64, Holders>,
+    map: Table,
     /// Distinct active hashes per worker slot (grown on demand).
     unique: Vec<u64>,
 }
@@ -82,13 +47,22 @@ impl ActiveBlocksShard {
     /// Adds one reference of worker `w` to each hash (a hash repeated in `hashes` gets
     /// one reference per occurrence).
     pub fn add(&mut self, w: WorkerSlot, hashes: &[u64]) {
+        use crate::index::pending::flat::Probe;
+        if hashes.is_empty() {
+            return;
+        }
+        self.map.reserve(hashes.len());
+        self.map.touch(hashes);
         let mut created = 0u64;
         for &h in hashes {
-            let holders = self.map.entry(h).or_default();
-            match holders.iter_mut().find(|(s, _)| *s == w) {
-                Some((_, n)) => *n = n.saturating_add(1),
-                None => {
-                    holders.push((w, 1));
+            match self.map.probe(h, w) {
+                Probe::Found(i) => {
+                    if let Some(n) = self.map.val_mut(i) {
+                        *n = n.saturating_add(1);
+                    }
+                }
+                Probe::Vacant(i) => {
+                    self.map.put(i, h, w, 1);
                     created += 1;
                 }
             }
@@ -105,22 +79,22 @@ impl ActiveBlocksShard {
     /// Removes one reference of worker `w` from each hash. References that do not exist
     /// are ignored (no underflow).
     pub fn remove(&mut self, w: WorkerSlot, hashes: &[u64]) {
+        if self.map.is_empty() {
+            return;
+        }
+        self.map.touch(hashes);
         let mut dropped = 0u64;
         for &h in hashes {
-            let Some(holders) = self.map.get_mut(&h) else {
+            let Some(i) = self.map.find(h, w) else {
                 continue;
             };
-            let Some(pos) = holders.iter().position(|(s, _)| *s == w) else {
+            let Some(n) = self.map.val_mut(i) else {
                 continue;
             };
-            let n = &mut holders[pos].1;
-            *n -= 1; // n >= 1: entries with a zero count are never kept
+            *n = n.saturating_sub(1); // n >= 1: entries with a zero count are never kept
             if *n == 0 {
-                holders.swap_remove(pos);
+                self.map.remove_at(i);
                 dropped += 1;
-                if holders.is_empty() {
-                    self.map.remove(&h);
-                }
             }
         }
         if dropped > 0 {
@@ -132,17 +106,13 @@ impl ActiveBlocksShard {
         }
     }
 
-    /// Gives back the room of a past burst: a map that once held many active hashes
-    /// keeps its table, and every later lookup lands somewhere in it (a cache miss per
-    /// hash once the table outgrows the cache). Shrinks to twice the live entries when
-    /// fewer than an eighth of the room is used; amortised O(1) per removal (the live
-    /// count must fall fourfold again before the next shrink).
+    /// Gives back the room of a past burst: a table that once held many active hashes
+    /// keeps its size, and every later lookup lands somewhere in it (a cache miss per
+    /// hash once the table outgrows the cache). Shrinks when fewer than an eighth of
+    /// the slots are used; amortised O(1) per removal (the live count must fall
+    /// fourfold again before the next shrink).
     fn shrink_if_sparse(&mut self) {
-        let cap = self.map.capacity();
-        if cap > SHRINK_FLOOR && self.map.len() * 8 < cap {
-            self.map
-                .shrink_to((self.map.len() * 2).max(SHRINK_FLOOR / 2));
-        }
+        self.map.shrink_if_sparse(SHRINK_FLOOR);
     }
 
     /// Drops every reference of worker `w` (worker removed or restarted). Costs one pass
@@ -151,11 +121,9 @@ impl ActiveBlocksShard {
         if self.unique_blocks(w) == 0 {
             return;
         }
-        self.map.retain(|_, holders| {
-            holders.retain(|(s, _)| *s != w);
-            !holders.is_empty()
-        });
+        self.map.retain(|_, s, _| s != w);
         self.unique[usize::from(w)] = 0;
+        self.shrink_if_sparse();
     }
 
     /// For the given `(position, hash)` items (positions are ignored here: reuse counts
@@ -165,10 +133,11 @@ impl ActiveBlocksShard {
     /// already holds.
     pub fn count_reuse(&self, items: &[(u32, u64)], out: &mut Vec<(WorkerSlot, u32)>) {
         let start = out.len();
+        if self.map.is_empty() {
+            return;
+        }
         for (_, h) in items {
-            if let Some(holders) = self.map.get(h) {
-                out.extend(holders.iter().map(|&(w, _)| (w, 1)));
-            }
+            self.map.for_each_of(*h, |w, _| out.push((w, 1)));
         }
         // Merge the per-hit entries into one per worker: O(hits · log hits).
         let hits = &mut out[start..];
@@ -191,7 +160,7 @@ impl ActiveBlocksShard {
         self.unique.get(usize::from(w)).copied().unwrap_or(0)
     }
 
-    /// Distinct active hashes in this shard (any worker).
+    /// Distinct active (hash, worker) pairs in this shard.
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -228,7 +197,7 @@ mod tests {
         assert_eq!(s.unique_blocks(1), 3);
         assert_eq!(s.unique_blocks(2), 2);
         assert_eq!(s.unique_blocks(3), 0);
-        assert_eq!(s.len(), 4);
+        assert_eq!(s.len(), 5); // (hash, worker) pairs
         assert_eq!(reuse(&s, &[10, 11, 12, 13]), vec![(1, 3), (2, 1)]);
 
         s.remove(1, &[10, 11, 12]);
@@ -251,7 +220,11 @@ mod tests {
         let big = s.map.capacity();
         s.add(2, &[7, 1_000_000]);
         s.remove(1, &burst);
-        assert!(s.map.capacity() < big / 8, "{} vs {big}", s.map.capacity());
+        assert!(
+            s.map.capacity() <= SHRINK_FLOOR,
+            "{} vs {big}",
+            s.map.capacity()
+        );
         assert_eq!(reuse(&s, &[7, 1_000_000, 5]), vec![(2, 2)]);
         assert_eq!(s.unique_blocks(2), 2);
         assert_eq!(s.unique_blocks(1), 0);

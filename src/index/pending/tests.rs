@@ -86,7 +86,7 @@ fn cap_evicts_oldest_first() {
         p.confirm((i % 3) as WorkerSlot, &[i % 7]);
     }
     assert!(p.len() <= 4);
-    assert!(p.queue.len() <= 2 * p.len() + 1025, "{}", p.queue.len());
+    assert!(p.queued() <= 2 * p.len() + 1025, "{}", p.queued());
 }
 
 #[test]
@@ -169,4 +169,144 @@ fn speculate_continues_the_device_run() {
             },
         ]
     );
+}
+
+/// A plain model of the pending set: every (hash, worker) with its expiry and its
+/// eviction order (the order of the `add` that last inserted or refreshed it).
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[derive(Default)]
+    struct Model {
+        ttl: u64,
+        cap: usize,
+        /// (hash, worker) -> (order, expires)
+        m: BTreeMap<(u64, WorkerSlot), (u64, u64)>,
+        next: u64,
+        stats: PendingStats,
+    }
+
+    impl Model {
+        fn expire(&mut self, now: u64) {
+            let before = self.m.len();
+            self.m.retain(|_, &mut (_, exp)| exp > now);
+            self.stats.expired += (before - self.m.len()) as u64;
+        }
+        fn add(&mut self, w: WorkerSlot, hashes: &[u64], now: u64) {
+            if self.ttl == 0 || self.cap == 0 {
+                return;
+            }
+            self.expire(now);
+            let call = self.next;
+            for &h in hashes {
+                let order = self.next;
+                self.next += 1;
+                let exp = now + self.ttl;
+                if let Some(e) = self.m.get_mut(&(h, w)) {
+                    if e.0 >= call {
+                        continue; // repeated within this call
+                    }
+                    *e = (order, exp);
+                    continue;
+                }
+                while self.m.len() >= self.cap {
+                    let oldest = *self.m.iter().min_by_key(|(_, v)| v.0).unwrap().0;
+                    self.m.remove(&oldest);
+                    self.stats.evicted += 1;
+                }
+                self.m.insert((h, w), (order, exp));
+                self.stats.added += 1;
+            }
+        }
+        fn remove(&mut self, w: WorkerSlot, hashes: &[u64]) -> u64 {
+            hashes
+                .iter()
+                .filter(|&&h| self.m.remove(&(h, w)).is_some())
+                .count() as u64
+        }
+        fn query(&self, hashes: &[u64], now: u64) -> Vec<(u32, WorkerSlot)> {
+            let mut out = Vec::new();
+            for (i, &h) in hashes.iter().enumerate() {
+                for (&(_, w), &(_, exp)) in self.m.range((h, 0)..=(h, WorkerSlot::MAX)) {
+                    if exp > now {
+                        out.push((i as u32, w));
+                    }
+                }
+            }
+            out.sort_unstable();
+            out
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Add(WorkerSlot, Vec<u64>),
+        Confirm(WorkerSlot, Vec<u64>),
+        Drop(WorkerSlot, Vec<u64>),
+        Clear(WorkerSlot),
+        Expire,
+        Tick(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let w = 0u16..3;
+        let hs = proptest::collection::vec(0u64..24, 0..12);
+        prop_oneof![
+            6 => (w.clone(), hs.clone()).prop_map(|(w, h)| Op::Add(w, h)),
+            2 => (w.clone(), hs.clone()).prop_map(|(w, h)| Op::Confirm(w, h)),
+            2 => (w.clone(), hs).prop_map(|(w, h)| Op::Drop(w, h)),
+            1 => w.prop_map(Op::Clear),
+            1 => Just(Op::Expire),
+            3 => (0u64..40).prop_map(Op::Tick),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        #[test]
+        fn matches_the_model(
+            ttl in 0u64..60,
+            cap in prop_oneof![Just(0usize), 1usize..6, 6usize..40],
+            ops in proptest::collection::vec(op(), 0..80),
+        ) {
+            let mut p = PendingShard::new(ttl, cap);
+            let mut m = Model { ttl, cap, ..Model::default() };
+            let mut now = 0u64;
+            let all: Vec<u64> = (0..24).collect();
+            for op in ops {
+                match op {
+                    Op::Add(w, h) => {
+                        p.add(w, &h, now);
+                        m.add(w, &h, now);
+                    }
+                    Op::Confirm(w, h) => {
+                        p.confirm(w, &h);
+                        m.stats.confirmed += m.remove(w, &h);
+                    }
+                    Op::Drop(w, h) => {
+                        p.drop_hashes(w, &h);
+                        m.stats.dropped += m.remove(w, &h);
+                    }
+                    Op::Clear(w) => {
+                        p.clear_worker(w);
+                        let before = m.m.len();
+                        m.m.retain(|&(_, x), _| x != w);
+                        m.stats.dropped += (before - m.m.len()) as u64;
+                    }
+                    Op::Expire => {
+                        p.expire(now);
+                        m.expire(now);
+                    }
+                    Op::Tick(d) => now += d,
+                }
+                prop_assert_eq!(p.len(), m.m.len());
+                prop_assert_eq!(p.stats(), m.stats);
+                prop_assert_eq!(hits(&p, &all, now), m.query(&all, now));
+                prop_assert!(p.len() <= cap);
+                prop_assert!(p.queued() <= 2 * p.len() + 1024 + 12);
+            }
+        }
+    }
 }

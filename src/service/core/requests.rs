@@ -78,6 +78,24 @@ impl Core {
         let mut st = self.st.borrow_mut();
         let st = &mut *st;
         let bits = self.shared.shard_bits;
+        st.mark(slot);
+        if self.shared.cores == 1 {
+            // One shard owns every hash: no filter, no copy.
+            if add {
+                st.active.add(slot, hashes);
+            } else {
+                st.active.remove(slot, hashes);
+            }
+            if let Some(sp) = spec {
+                let rest = hashes.get(sp.from as usize..).unwrap_or(&[]);
+                if add {
+                    st.speculative.add(sp.slot, rest, sp.now_us);
+                } else if !st.speculative.is_empty() {
+                    st.speculative.drop_hashes(sp.slot, rest);
+                }
+            }
+            return;
+        }
         // Branch-free: shard membership is a coin flip per hash with 2 cores, and the
         // filtering branch was ~8 % of a core's samples (`--cores 2`, 20k decisions/s).
         crate::service::msg::select_slice(hashes, self.id, bits, &mut st.scratch);
@@ -86,7 +104,6 @@ impl Core {
         } else {
             st.active.remove(slot, &st.scratch);
         }
-        st.mark(slot);
         if let Some(sp) = spec {
             let rest = hashes.get(sp.from as usize..).unwrap_or(&[]);
             crate::service::msg::select_slice(rest, self.id, bits, &mut st.scratch);
