@@ -255,6 +255,8 @@ pub struct Overlap {
 impl Overlap {
     /// Blocks the worker holds itself (all tiers, without the shared cache).
     pub fn own(&self) -> u32 {
-        self.device + self.host + self.disk
+        self.device
+            .saturating_add(self.host)
+            .saturating_add(self.disk)
     }
 }

@@ -55,6 +55,8 @@ pub struct Hits {
     /// Position of the worker the request's prefix was last routed to
     /// ([`super::Affinity`]), preferred among near ties.
     affinity: Option<usize>,
+    /// Largest `Overlap::own` written (or the base's).
+    max_own: u32,
 }
 
 /// The columns of one request (each `len()` long, or cut by [`Columns::slice`]).
@@ -104,8 +106,15 @@ impl Hits {
     /// [`super::Affinity`]); `None`, or a slot not in `fleet`, clears it. Call after
     /// [`Hits::begin`], which clears it too.
     #[inline]
+    ///
+    /// A worker that holds more of the prompt than the affinity worker cancels it: the
+    /// affinity stands for a cache the index cannot see (evicted, or not reported
+    /// yet), not against one it sees elsewhere. Call after the overlaps are written.
     pub fn set_affinity(&mut self, fleet: &Fleet, slot: Option<WorkerSlot>) {
-        self.affinity = slot.and_then(|s| fleet.position(s)).filter(|&p| p < self.n);
+        self.affinity = slot
+            .and_then(|s| fleet.position(s))
+            .filter(|&p| p < self.n)
+            .filter(|&p| self.ov.get(p).is_some_and(|o| o.own() >= self.max_own));
     }
 
     /// Position of the affinity worker, if any.
@@ -129,6 +138,7 @@ impl Hits {
         self.n = n;
         self.affinity = None;
         let base = saturated(&base);
+        self.max_own = base.own();
         if self.zeros.len() < n {
             self.zeros.resize(n, 0);
         }
@@ -144,6 +154,7 @@ impl Hits {
         if let Some(x) = self.ov.get_mut(p) {
             *x = saturated(o);
             self.extra |= o.disk != 0 || o.shared != 0;
+            self.max_own = self.max_own.max(x.own());
         }
     }
 

@@ -160,3 +160,23 @@ fn a_large_near_tie_set_goes_by_the_routed_counts_not_the_affinity() {
         assert_eq!(route(&ws, &c, Some(3), &mut rng), 3);
     }
 }
+
+/// A worker the index sees holding more of the prompt cancels the affinity: the
+/// remembered worker had the prefix routed to it, but the cache is elsewhere now.
+#[test]
+fn a_bigger_cache_elsewhere_cancels_the_affinity() {
+    // w0 holds 6 of the 10-block prompt (cost 4); w1, the affinity worker, holds
+    // none (cost 10), within the default slack (3x) of w0's.
+    let ws = vec![W::new("w0").dev(6), W::new("w1")];
+    let mut rng = SmallRng::seed_from_u64(5);
+    for c in both(Case::new(), 2) {
+        assert_eq!(route(&ws, &c, Some(1), &mut rng), 0, "the cache wins");
+        assert_eq!(route(&ws, &c, Some(0), &mut rng), 0);
+    }
+    // Nobody holds anything: a load gap within the slack (10 against 22) does not
+    // move the request away from the affinity worker.
+    let ws = vec![W::new("w0"), W::new("w1").unique(12.0)];
+    for c in both(Case::new(), 2) {
+        assert_eq!(route(&ws, &c, Some(1), &mut rng), 1, "the affinity wins");
+    }
+}
