@@ -11,11 +11,19 @@ use std::io::{Read, Write};
 use std::process::Command;
 use std::time::Duration;
 
-/// `(thread name, Cpus_allowed_list)` of every thread of `pid`.
+/// `(thread name, Cpus_allowed_list)` of every thread of `pid`, in thread-id order
+/// (creation order).
 fn threads(pid: u32) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let dir = t.unwrap().path();
+    let mut tasks: Vec<(u64, std::path::PathBuf)> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| {
+            let dir = t.ok()?.path();
+            Some((dir.file_name()?.to_str()?.parse().ok()?, dir))
+        })
+        .collect();
+    tasks.sort();
+    for (_, dir) in tasks {
         let (Ok(comm), Ok(status)) = (
             std::fs::read_to_string(dir.join("comm")),
             std::fs::read_to_string(dir.join("status")),
@@ -34,10 +42,13 @@ fn threads(pid: u32) -> Vec<(String, String)> {
 }
 
 /// The allowed CPUs of each executor thread (glommio names them after the executor).
+/// An executor's blocking thread, which it starts later, inherits its name and is
+/// deliberately unbound: the first thread of each name is the executor.
 fn core_threads(pid: u32) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
     threads(pid)
         .into_iter()
-        .filter(|(name, _)| name.starts_with("kvroute-core-"))
+        .filter(|(name, _)| name.starts_with("kvroute-core-") && seen.insert(name.clone()))
         .map(|(_, cpus)| cpus)
         .collect()
 }
