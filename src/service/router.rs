@@ -291,8 +291,11 @@ async fn route_prepared(
             &mut rr,
             &mut v.scratch,
         )?;
-        let prefilled = d.prefill_worker.unwrap_or(d.decode_worker);
-        sh.affinity.note(&prepared.hashes, prefilled);
+        // A pinned request is the caller's choice, not a routing of its prefix.
+        if prepared.filters.pin.is_none() {
+            let prefilled = d.prefill_worker.unwrap_or(d.decode_worker);
+            sh.affinity.note(&prepared.hashes, prefilled);
+        }
         Ok(d)
     });
     let d = match decided {
