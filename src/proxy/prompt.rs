@@ -6,8 +6,7 @@
 //! whose `prompt` is already token ids — a list of integers, or a list of such lists (a
 //! batch, routed by its first prompt). `Ok(None)` in either case means no tokenizer for
 //! the model: the request is routed by load only (counted in
-//! `kvroute_proxy_untokenized_total`), never refused. [`tokenize`] decides where
-//! it runs: on the accepting core, or for a long body on that core's blocking thread.
+//! `kvroute_proxy_untokenized_total`), never refused.
 
 use super::request::Endpoint;
 use serde_json::Value;
@@ -43,37 +42,6 @@ pub fn prompt_tokens(
         }
         None => token_ids(endpoint, model, body),
     }
-}
-
-/// The prompt's token ids (`prompt::prompt_tokens`): on this core for a body of up to
-/// `tokenize_inline_max_bytes`, else on the core's blocking thread while the core
-/// keeps serving its other streams (the body travels there and back, not copied).
-pub async fn tokenize(
-    sh: &crate::service::shared::Shared,
-    endpoint: Endpoint,
-    mut creq: super::request::ClientRequest,
-    body_bytes: usize,
-) -> (
-    super::request::ClientRequest,
-    Result<Option<Vec<u32>>, PromptError>,
-) {
-    let tok = sh.tokenizers.get();
-    if tok.is_none() || body_bytes <= sh.settings.proxy.tokenize_inline_max_bytes {
-        let r = prompt_tokens(tok.map(|t| &**t), endpoint, &creq.model, &creq.body);
-        return (creq, r);
-    }
-    let tok = tok.cloned();
-    let body = std::mem::take(&mut creq.body);
-    let model = creq.model.clone();
-    let (body, r) = glommio::executor()
-        .spawn_blocking(move || {
-            let r = prompt_tokens(tok.as_deref(), endpoint, &model, &body);
-            (body, r)
-        })
-        .await;
-    creq.body = body;
-    sh.proxy.metrics.tokenized_off_core.inc();
-    (creq, r)
 }
 
 /// Token-id prompts of completions only (no tokenizer needed).
