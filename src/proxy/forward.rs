@@ -145,7 +145,7 @@ pub async fn completions(core: Rc<Core>, endpoint: Endpoint, req: Request<Incomi
         }
     };
     let t0 = Instant::now();
-    let (creq, tokens) = tokenize(&sh, endpoint, creq, raw.len()).await;
+    let (creq, tokens) = super::offload::tokenize(&sh, endpoint, creq, raw.len()).await;
     let tokens = match tokens {
         Ok(t) => t,
         Err(e) => {
@@ -174,37 +174,6 @@ pub async fn completions(core: Rc<Core>, endpoint: Endpoint, req: Request<Incomi
         started,
     };
     job.run(admitted).await
-}
-
-/// The prompt's token ids (`prompt::prompt_tokens`): on this core for a body of up to
-/// `tokenize_inline_max_bytes`, else on the core's blocking thread while the core
-/// keeps serving its other streams (the body travels there and back, not copied).
-async fn tokenize(
-    sh: &crate::service::shared::Shared,
-    endpoint: Endpoint,
-    mut creq: ClientRequest,
-    body_bytes: usize,
-) -> (
-    ClientRequest,
-    Result<Option<Vec<u32>>, super::prompt::PromptError>,
-) {
-    let tok = sh.tokenizers.get();
-    if tok.is_none() || body_bytes <= sh.settings.proxy.tokenize_inline_max_bytes {
-        let r = super::prompt::prompt_tokens(tok.map(|t| &**t), endpoint, &creq.model, &creq.body);
-        return (creq, r);
-    }
-    let tok = tok.cloned();
-    let body = std::mem::take(&mut creq.body);
-    let model = creq.model.clone();
-    let (body, r) = glommio::executor()
-        .spawn_blocking(move || {
-            let r = super::prompt::prompt_tokens(tok.as_deref(), endpoint, &model, &body);
-            (body, r)
-        })
-        .await;
-    creq.body = body;
-    sh.proxy.metrics.tokenized_off_core.inc();
-    (creq, r)
 }
 
 struct Job {

@@ -42,6 +42,8 @@ pub mod health;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod io;
 #[cfg(all(target_os = "linux", feature = "service"))]
+pub mod offload;
+#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod pool;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod refuse;

@@ -1,0 +1,38 @@
+//! Where a proxied request's prompt is tokenized (`tokenize_inline_max_bytes`): on
+//! the core that accepted it, or, for a long body, on that core's blocking thread
+//! (glommio `spawn_blocking`), so that a multi-millisecond tokenization does not
+//! hold the core's other streams. The tokenization itself is `prompt`'s.
+//!
+//! Guarantees: the same token ids either way (one function computes them); the
+//! request body moves to the blocking thread and back, it is not copied.
+
+/// The prompt's token ids (`prompt::prompt_tokens`): on this core for a body of up to
+/// `tokenize_inline_max_bytes`, else on the core's blocking thread while the core
+/// keeps serving its other streams (the body travels there and back, not copied).
+pub async fn tokenize(
+    sh: &crate::service::shared::Shared,
+    endpoint: super::request::Endpoint,
+    mut creq: super::request::ClientRequest,
+    body_bytes: usize,
+) -> (
+    super::request::ClientRequest,
+    Result<Option<Vec<u32>>, super::prompt::PromptError>,
+) {
+    let tok = sh.tokenizers.get();
+    if tok.is_none() || body_bytes <= sh.settings.proxy.tokenize_inline_max_bytes {
+        let r = super::prompt::prompt_tokens(tok.map(|t| &**t), endpoint, &creq.model, &creq.body);
+        return (creq, r);
+    }
+    let tok = tok.cloned();
+    let body = std::mem::take(&mut creq.body);
+    let model = creq.model.clone();
+    let (body, r) = glommio::executor()
+        .spawn_blocking(move || {
+            let r = super::prompt::prompt_tokens(tok.as_deref(), endpoint, &model, &body);
+            (body, r)
+        })
+        .await;
+    creq.body = body;
+    sh.proxy.metrics.tokenized_off_core.inc();
+    (creq, r)
+}
