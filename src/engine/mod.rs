@@ -330,11 +330,8 @@ impl Engine {
             explain,
         };
         let d = decide_view(&input, &mut self.rng, &mut self.rr, &mut self.scratch)?;
-        // A pinned request is the caller's choice, not a routing of its prefix.
-        if prepared.filters.pin.is_none() {
-            let prefilled = d.prefill_worker.unwrap_or(d.decode_worker);
-            self.affinity.note(&prepared.hashes, prefilled);
-        }
+        self.affinity
+            .note_decision(&prepared.hashes, prepared.filters.pin.is_some(), &d);
         let out = plan::to_output(&self.registry, id, &d, explain, &self.spec);
         let (sw, from) = plan::speculative_target(&d, &self.merge);
         self.tracker

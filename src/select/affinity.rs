@@ -124,6 +124,15 @@ impl Affinity {
             .find_map(|&h| self.get(h))
     }
 
+    /// Remembers a decision for `hashes`: its prefill worker (else its only worker).
+    /// A pinned request is the caller's choice, not a routing of its prefix, and
+    /// leaves no note.
+    pub fn note_decision(&self, hashes: &[u64], pinned: bool, d: &super::Decision) {
+        if !pinned {
+            self.note(hashes, d.prefill_worker.unwrap_or(d.decode_worker));
+        }
+    }
+
     /// Remembers that `hashes` was routed to `worker`.
     pub fn note(&self, hashes: &[u64], worker: WorkerSlot) {
         if !self.enabled() {

@@ -105,11 +105,11 @@ impl Hits {
     /// The request's prefix was last routed to the worker in `slot` (see
     /// [`super::Affinity`]); `None`, or a slot not in `fleet`, clears it. Call after
     /// [`Hits::begin`], which clears it too.
-    #[inline]
     ///
     /// A worker that holds more of the prompt than the affinity worker cancels it: the
     /// affinity stands for a cache the index cannot see (evicted, or not reported
     /// yet), not against one it sees elsewhere. Call after the overlaps are written.
+    #[inline]
     pub fn set_affinity(&mut self, fleet: &Fleet, slot: Option<WorkerSlot>) {
         self.affinity = slot
             .and_then(|s| fleet.position(s))

@@ -291,11 +291,8 @@ async fn route_prepared(
             &mut rr,
             &mut v.scratch,
         )?;
-        // A pinned request is the caller's choice, not a routing of its prefix.
-        if prepared.filters.pin.is_none() {
-            let prefilled = d.prefill_worker.unwrap_or(d.decode_worker);
-            sh.affinity.note(&prepared.hashes, prefilled);
-        }
+        sh.affinity
+            .note_decision(&prepared.hashes, prepared.filters.pin.is_some(), &d);
         Ok(d)
     });
     let d = match decided {
