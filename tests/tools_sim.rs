@@ -160,6 +160,74 @@ fn offline_ab_compares_modes_on_the_slice() {
     let _ = std::fs::remove_file(&svg);
 }
 
+/// `--max-output-tokens` caps every answer as the live replay does, and
+/// `--sglang-knobs` reaches the gateway model's row (an unknown knob is an error).
+#[test]
+fn offline_ab_models_the_live_benchmark() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "ab",
+            "--offline",
+            "--trace",
+            SLICE,
+            "--limit",
+            "200",
+            "--workers",
+            "2",
+            "--sglang-baseline",
+        ];
+        args.extend_from_slice(extra);
+        sim(&args).1
+    };
+    let tokens = |v: &Value, i: usize| {
+        let r = &v["reports"][i];
+        r["output_tok_per_s"].as_f64().unwrap() * r["duration_us"].as_f64().unwrap() / 1e6
+    };
+    let full = run(&[]);
+    let capped = run(&["--max-output-tokens", "2"]);
+    for i in 0..2 {
+        // 200 requests of at most 2 tokens each, against the trace's own lengths.
+        assert!(tokens(&capped, i) <= 400.5, "{}", capped["reports"][i]);
+        assert!(tokens(&full, i) > 1000.0, "{}", full["reports"][i]);
+    }
+    let labels = |v: &Value| {
+        v["reports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["label"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let knobbed = run(&[
+        "--sglang-knobs",
+        "balance_abs_threshold=0,balance_rel_threshold=0",
+    ]);
+    assert_eq!(
+        labels(&knobbed).last().map(String::as_str),
+        Some("sglang-cache-aware")
+    );
+    // Imbalance 0 on every decision: the model is plain least-loaded, so its counts
+    // differ from its default form's on this slice.
+    let jobs =
+        |v: &Value| v["reports"].as_array().unwrap().last().unwrap()["jobs_per_worker"].clone();
+    assert_ne!(jobs(&knobbed), jobs(&full));
+    let out = Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))
+        .args([
+            "ab",
+            "--offline",
+            "--trace",
+            SLICE,
+            "--limit",
+            "10",
+            "--sglang-baseline",
+        ])
+        .args(["--sglang-knobs", "bogus=1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown key"));
+}
+
 #[test]
 fn bad_input_is_an_error_not_a_panic() {
     let out = Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))

@@ -124,6 +124,11 @@ struct AbArgs {
     /// `--policy cache_aware` with its defaults (`kvroute::sim::sglang`).
     #[arg(long, conflicts_with_all = ["spawn_router", "router_api"])]
     sglang_baseline: bool,
+    /// The `sglang-cache-aware` row's knobs, `key=value,...` (`cache_threshold`,
+    /// `balance_abs_threshold`, `balance_rel_threshold`, `max_tree_blocks`,
+    /// `eviction_interval_us`; `kvroute::sim::sglang::CacheAwareConfig`).
+    #[arg(long, default_value = "", requires = "sglang_baseline")]
+    sglang_knobs: String,
     /// Real time: model time runs this many times faster than the wall clock.
     #[arg(long, default_value_t = 60.0)]
     time_scale: f64,
@@ -409,7 +414,12 @@ fn ab(a: AbArgs) -> Result<(), String> {
         reports.push(rep);
     }
     if a.sglang_baseline {
-        reports.push(runner::sglang_offline(&fleet, &reqs, seed)?);
+        reports.push(runner::sglang_offline(
+            &fleet,
+            &reqs,
+            seed,
+            &a.sglang_knobs,
+        )?);
     }
     if let Some(p) = &a.svg {
         let bound = hit_rate_bound(&reqs, a.c.work.block_size).ratio;

@@ -42,10 +42,16 @@ pub fn offline(
     Ok(rep)
 }
 
-/// Offline: SGLang Model Gateway's `cache_aware` policy (its defaults) in place of the
-/// router, labelled `sglang-cache-aware`; deterministic for `seed`.
-pub fn sglang_offline(fleet: &FleetSpec, reqs: &[SimRequest], seed: u64) -> Result<Report, String> {
-    let cfg = kvroute::sim::sglang::CacheAwareConfig::default();
+/// Offline: SGLang Model Gateway's `cache_aware` policy (its defaults, then `knobs`:
+/// `key=value,...` naming `CacheAwareConfig` fields) in place of the router, labelled
+/// `sglang-cache-aware`; deterministic for `seed`.
+pub fn sglang_offline(
+    fleet: &FleetSpec,
+    reqs: &[SimRequest],
+    seed: u64,
+    knobs: &str,
+) -> Result<Report, String> {
+    let cfg = sglang_config(knobs)?;
     let t0 = Instant::now();
     let policy = kvroute::sim::sglang::SglangCacheAware::new(cfg, fleet.block_size);
     let mut r = TimedRouter::new(policy, move || t0.elapsed().as_nanos() as u64);
@@ -53,6 +59,23 @@ pub fn sglang_offline(fleet: &FleetSpec, reqs: &[SimRequest], seed: u64) -> Resu
     rep.set_decision_latencies(r.latencies_us());
     rep.label = SGLANG_LABEL.to_string();
     Ok(rep)
+}
+
+/// The gateway model's knobs: its defaults with `key=value,...` applied.
+fn sglang_config(knobs: &str) -> Result<kvroute::sim::sglang::CacheAwareConfig, String> {
+    let mut c = kvroute::sim::sglang::CacheAwareConfig::default();
+    for (k, v) in crate::setup::parse_pairs(knobs)? {
+        let bad = |e: &dyn std::fmt::Display| format!("--sglang-knobs {k}={v}: {e}");
+        match k.as_str() {
+            "cache_threshold" => c.cache_threshold = v.parse().map_err(|e| bad(&e))?,
+            "balance_abs_threshold" => c.balance_abs_threshold = v.parse().map_err(|e| bad(&e))?,
+            "balance_rel_threshold" => c.balance_rel_threshold = v.parse().map_err(|e| bad(&e))?,
+            "max_tree_blocks" => c.max_tree_blocks = v.parse().map_err(|e| bad(&e))?,
+            "eviction_interval_us" => c.eviction_interval_us = v.parse().map_err(|e| bad(&e))?,
+            _ => return Err(format!("--sglang-knobs: unknown key {k:?}")),
+        }
+    }
+    Ok(c)
 }
 
 /// Row label of the SGLang `cache_aware` baseline.

@@ -83,6 +83,11 @@ pub struct WorkloadArgs {
     /// Synthetic: a burst's requests arrive within this many ms.
     #[arg(long, default_value_t = 100)]
     pub synth_burst_window_ms: u32,
+    /// Cap every request's output tokens (trace or synthetic), as `replay
+    /// --max-output-tokens` caps `max_tokens`: an offline run then models the live
+    /// benchmark's short answers instead of the trace's long ones.
+    #[arg(long)]
+    pub max_output_tokens: Option<u32>,
 }
 
 /// The simulated fleet.
@@ -122,6 +127,16 @@ pub fn parse_range(s: &str) -> Result<LenRange, String> {
 
 impl WorkloadArgs {
     pub fn load(&self) -> Result<Vec<SimRequest>, String> {
+        let mut reqs = self.load_uncapped()?;
+        if let Some(cap) = self.max_output_tokens {
+            for r in &mut reqs {
+                r.output_tokens = r.output_tokens.min(cap.max(1));
+            }
+        }
+        Ok(reqs)
+    }
+
+    fn load_uncapped(&self) -> Result<Vec<SimRequest>, String> {
         if !(self.speed.is_finite() && self.speed > 0.0) {
             return Err("--speed must be > 0".into());
         }
