@@ -146,6 +146,7 @@ mod tests {
                     output_tokens: 0,
                     age_us: 0,
                     first_token_age_us: None,
+                    pinned: false,
                 }),
                 LoadOp::Progress {
                     id: "q".into(),
@@ -208,6 +209,7 @@ mod tests {
             output_tokens: 0,
             age_us: 0,
             first_token_age_us: None,
+            pinned: false,
         });
         let synced = LoadOp::Route(CarriedRequest {
             id: "r".into(),
@@ -222,6 +224,7 @@ mod tests {
             output_tokens: 3,
             age_us: 1500,
             first_token_age_us: Some(700),
+            pinned: false,
         });
         let b = LoadBatch {
             origin: "o".into(),
@@ -246,5 +249,40 @@ mod tests {
         assert!(LoadBatch::decode(extra.as_bytes()).is_err());
         let ok = extra.replace(r#","x":1"#, "");
         assert!(LoadBatch::decode(ok.as_bytes()).is_ok(), "{ok}");
+    }
+
+    /// A pinned route says so last (`"pinned":true`); a route without the field (an
+    /// older peer's, or any unpinned one) reads as not pinned.
+    #[test]
+    fn a_pinned_route_carries_its_flag_and_its_absence_means_unpinned() {
+        let route = |pinned| {
+            LoadOp::Route(CarriedRequest {
+                id: "q".into(),
+                decode_worker: "w".into(),
+                prefill_worker: None,
+                input_tokens: 1,
+                cached_tokens: 0,
+                prompt_blocks: 1,
+                hashes: vec![],
+                expected_output_tokens: None,
+                in_prefill: true,
+                output_tokens: 0,
+                age_us: 0,
+                first_token_age_us: None,
+                pinned,
+            })
+        };
+        let unpinned = r#"{"op":"route","id":"q","decode":"w","input_tokens":1,"cached_tokens":0,"prompt_blocks":1,"hashes":[]}"#;
+        let pinned = unpinned.replace("[]}", r#"[],"pinned":true}"#);
+        assert_eq!(serde_json::to_string(&route(false)).unwrap(), unpinned);
+        assert_eq!(serde_json::to_string(&route(true)).unwrap(), pinned);
+        assert_eq!(
+            serde_json::from_str::<LoadOp>(unpinned).unwrap(),
+            route(false)
+        );
+        assert_eq!(
+            serde_json::from_str::<LoadOp>(&pinned).unwrap(),
+            route(true)
+        );
     }
 }
