@@ -23,6 +23,7 @@ fn requests() -> Vec<NewRequest> {
                 hashes: (0..u64::from(isl / 128)).map(|h| h ^ i as u64).collect(),
                 expected_output_tokens: (i % 2 == 0).then_some(512),
                 now_us: i as u64 * 10,
+                pinned: false,
             }
         })
         .collect()

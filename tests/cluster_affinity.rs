@@ -42,12 +42,35 @@ fn poll(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
 }
 
 fn route(s: &Server, id: &str, h: &[u64]) -> String {
-    let (code, d) = s.post(
-        "/v1/route",
-        json!({"request_id": id, "model": "m", "block_hashes": h}),
-    );
+    route_with(s, id, json!({"block_hashes": h}))
+}
+
+/// Routes with `extra` (block hashes, pin, mode) and finishes the request, so no load
+/// is left to decide the next route by.
+fn route_with(s: &Server, id: &str, mut body: serde_json::Value) -> String {
+    body["request_id"] = json!(id);
+    body["model"] = json!("m");
+    let (code, d) = s.post("/v1/route", body);
     assert_eq!(code, 200, "route {id}: {d}");
     d["decode_worker"].as_str().unwrap_or_default().to_string()
+}
+
+fn finish(s: &Server, id: &str) {
+    let (code, body) = s.post(&format!("/v1/requests/{id}/finish"), json!({}));
+    assert_eq!(code, 200, "{body}");
+}
+
+/// Two replicas on one NATS server sharing a fleet of four idle workers.
+fn pair(nats: &NatsServer) -> (Server, Server) {
+    let a = replica(nats);
+    let b = replica(nats);
+    for id in ["w0", "w1", "w2", "w3"] {
+        a.register(json!({
+            "id": id, "role": "aggregated", "model": "m", "capacity_blocks": 100000
+        }));
+    }
+    poll("B sees the fleet", 30, || b.workers().len() == 4);
+    (a, b)
 }
 
 fn applied(s: &Server) -> f64 {
@@ -60,22 +83,14 @@ fn a_conversation_keeps_its_worker_across_replicas() {
         return;
     }
     let nats = NatsServer::start();
-    let a = replica(&nats);
-    let b = replica(&nats);
-    for id in ["w0", "w1", "w2", "w3"] {
-        a.register(json!({
-            "id": id, "role": "aggregated", "model": "m", "capacity_blocks": 100000
-        }));
-    }
-    poll("B sees the fleet", 30, || b.workers().len() == 4);
+    let (a, b) = pair(&nats);
     // First turns on A (8 blocks each), finished, so no load is left to decide by.
     let convs: Vec<Vec<u64>> = (0..8u64).map(|c| hashes(3000 + c, 12)).collect();
     let mut first = Vec::new();
     for (c, conv) in convs.iter().enumerate() {
         let id = format!("c{c}t1");
         first.push(route(&a, &id, &conv[..8]));
-        let (code, body) = a.post(&format!("/v1/requests/{id}/finish"), json!({}));
-        assert_eq!(code, 200, "{body}");
+        finish(&a, &id);
     }
     let spread: std::collections::BTreeSet<_> = first.iter().collect();
     assert!(spread.len() > 1, "A spread the first turns: {first:?}");
@@ -94,8 +109,7 @@ fn a_conversation_keeps_its_worker_across_replicas() {
         .map(|(c, conv)| {
             let id = format!("c{c}t2");
             let w = route(&b, &id, conv);
-            let (code, body) = b.post(&format!("/v1/requests/{id}/finish"), json!({}));
-            assert_eq!(code, 200, "{body}");
+            finish(&b, &id);
             w
         })
         .collect();
@@ -103,5 +117,69 @@ fn a_conversation_keeps_its_worker_across_replicas() {
     assert_eq!(
         second, first,
         "each second turn on B went to its first turn's worker"
+    );
+}
+
+/// A route the caller pinned on A (`pin`, or mode `direct`) is no routing of its
+/// prefix: B admits its load but notes no affinity for it (`CarriedRequest::pinned`),
+/// so the next turns on B are near ties B takes in turn, not all on the pinned worker.
+/// Conversations A routed itself in the same batches still pull theirs, which shows
+/// B did read A's routes.
+#[test]
+fn a_pinned_route_on_one_replica_does_not_pull_the_next_turn_on_another() {
+    if !nats_available() {
+        return;
+    }
+    let nats = NatsServer::start();
+    let (a, b) = pair(&nats);
+    let pinned: Vec<Vec<u64>> = (0..8u64).map(|c| hashes(5000 + c, 12)).collect();
+    let routed: Vec<Vec<u64>> = (0..4u64).map(|c| hashes(6000 + c, 12)).collect();
+    for (c, conv) in pinned.iter().enumerate() {
+        let id = format!("p{c}t1");
+        let body = if c % 2 == 0 {
+            json!({"block_hashes": &conv[..8], "pin": "w3"})
+        } else {
+            json!({"block_hashes": &conv[..8], "pin": "w3", "mode": "direct"})
+        };
+        assert_eq!(route_with(&a, &id, body), "w3", "{id} went to its pin");
+        finish(&a, &id);
+    }
+    let mut first = Vec::new();
+    for (c, conv) in routed.iter().enumerate() {
+        let id = format!("r{c}t1");
+        first.push(route(&a, &id, &conv[..8]));
+        finish(&a, &id);
+    }
+    // B has applied A's 12 routes and 12 finishes.
+    poll("B applies A's load ops", 30, || applied(&b) >= 24.0);
+    poll("B's fleet idle", 30, || {
+        b.workers().iter().all(|w| w["active_requests"] == 0)
+    });
+    let mut second: Vec<String> = routed
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(c, conv)| {
+            let id = format!("r{c}t2");
+            let w = route(&b, &id, conv);
+            finish(&b, &id);
+            w
+        })
+        .collect();
+    second.reverse();
+    assert_eq!(second, first, "A's routed conversations follow on B");
+    let after_pin: Vec<String> = pinned
+        .iter()
+        .enumerate()
+        .map(|(c, conv)| {
+            let id = format!("p{c}t2");
+            let w = route(&b, &id, conv);
+            finish(&b, &id);
+            w
+        })
+        .collect();
+    assert!(
+        after_pin.iter().any(|w| w != "w3"),
+        "B noted A's pinned routes as routed decisions: {after_pin:?}"
     );
 }

@@ -7,6 +7,7 @@
 mod common;
 
 use common::proxy::{events, get, post, register, router_active, wait_until, Answer, FakeWorker};
+use common::tokenizer::TestTokenizer;
 use common::Server;
 use serde_json::{json, Value};
 
@@ -343,11 +344,9 @@ fn chat_prompts_are_tokenized_with_the_models_template_and_keep_their_worker() {
     if !python_ok() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("kvroute-proxy-tok-{}", std::process::id()));
-    kvroute::tokenize::testing::write_dir(&dir, 1000).unwrap();
-    let tok_flag = format!("m={}", dir.display());
-    let s = Server::start(2, &["--block-size", "4", "--tokenizer", &tok_flag]);
-    let tok = kvroute::tokenize::Tokenizers::load(&[("m".into(), dir.clone())]).unwrap();
+    let tt = TestTokenizer::new(1000);
+    let s = Server::start(2, &["--block-size", "4", "--tokenizer", &tt.flag()]);
+    let tok = tt.load();
     let ws: Vec<FakeWorker> = (0..3)
         .map(|i| FakeWorker::start(&format!("w{i}"), &[]))
         .collect();
@@ -387,7 +386,6 @@ fn chat_prompts_are_tokenized_with_the_models_template_and_keep_their_worker() {
     }
     assert_eq!(s.metric("kvroute_proxy_untokenized_total"), 0.0);
     assert!(s.metric("kvroute_proxy_tokenize_seconds_count") >= 6.0);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

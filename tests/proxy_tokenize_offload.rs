@@ -6,6 +6,7 @@
 mod common;
 
 use common::proxy::{post, register, FakeWorker};
+use common::tokenizer::TestTokenizer;
 use common::Server;
 use serde_json::json;
 use std::sync::{Mutex, MutexGuard};
@@ -17,31 +18,25 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Fields drop in order: the router and workers stop before the tokenizer directory
+/// goes.
 struct Setup {
     s: Server,
     tok: kvroute::tokenize::Tokenizers,
     _ws: Vec<FakeWorker>,
-    dir: std::path::PathBuf,
+    _dir: TestTokenizer,
 }
 
-impl Drop for Setup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn start(tag: &str, extra: &[&str]) -> Option<Setup> {
+fn start(extra: &[&str]) -> Option<Setup> {
     if !common::python_has("json", "python3") {
         return None;
     }
-    let dir =
-        std::env::temp_dir().join(format!("kvroute-tok-offload-{tag}-{}", std::process::id()));
-    kvroute::tokenize::testing::write_dir(&dir, 5000).unwrap();
-    let tok_flag = format!("m={}", dir.display());
+    let dir = TestTokenizer::new(5000);
+    let tok_flag = dir.flag();
     let mut flags = vec!["--block-size", "4", "--tokenizer", &tok_flag];
     flags.extend_from_slice(extra);
     let s = Server::start(2, &flags);
-    let tok = kvroute::tokenize::Tokenizers::load(&[("m".into(), dir.clone())]).unwrap();
+    let tok = dir.load();
     let ws: Vec<FakeWorker> = (0..3)
         .map(|i| FakeWorker::start(&format!("w{i}"), &[]))
         .collect();
@@ -52,7 +47,7 @@ fn start(tag: &str, extra: &[&str]) -> Option<Setup> {
         s,
         tok,
         _ws: ws,
-        dir,
+        _dir: dir,
     })
 }
 
@@ -98,7 +93,7 @@ fn off_core(s: &Server) -> f64 {
 #[test]
 fn every_prompt_off_the_core_routes_the_same() {
     let _one = serial();
-    let Some(st) = start("flag", &["--proxy-tokenize-inline-max-bytes", "0"]) else {
+    let Some(st) = start(&["--proxy-tokenize-inline-max-bytes", "0"]) else {
         return;
     };
     prefix_rounds(&st, 60);
@@ -109,7 +104,7 @@ fn every_prompt_off_the_core_routes_the_same() {
 #[test]
 fn by_default_only_long_bodies_leave_the_core() {
     let _one = serial();
-    let Some(st) = start("default", &[]) else {
+    let Some(st) = start(&[]) else {
         return;
     };
     prefix_rounds(&st, 60); // ~400-byte bodies
@@ -122,7 +117,7 @@ fn by_default_only_long_bodies_leave_the_core() {
 fn the_knob_reads_from_env_and_toml() {
     let _one = serial();
     std::env::set_var("KVROUTE_PROXY_TOKENIZE_INLINE_MAX_BYTES", "0");
-    let st = start("env", &[]);
+    let st = start(&[]);
     std::env::remove_var("KVROUTE_PROXY_TOKENIZE_INLINE_MAX_BYTES");
     let Some(st) = st else {
         return;
@@ -134,7 +129,7 @@ fn the_knob_reads_from_env_and_toml() {
         std::env::temp_dir().join(format!("kvroute-tok-offload-{}.toml", std::process::id()));
     std::fs::write(&toml, "[proxy]\ntokenize_inline_max_bytes = 0\n").unwrap();
     let t = toml.to_string_lossy().to_string();
-    let st = start("toml", &["--config", &t]).unwrap();
+    let st = start(&["--config", &t]).unwrap();
     prefix_rounds(&st, 30);
     assert_eq!(off_core(&st.s), 4.0, "TOML");
     let _ = std::fs::remove_file(&toml);

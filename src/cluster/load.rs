@@ -50,15 +50,24 @@ pub struct LoadBatch {
     pub more: bool,
 }
 
+/// Whether `op` travels in a batch of its own: a pinned route, whose `pinned` field
+/// replicas older than it refuse with the whole batch (unknown field), so alone it
+/// costs such a replica that one route and nothing else.
+pub fn alone(op: &LoadOp) -> bool {
+    matches!(op, LoadOp::Route(r) if r.pinned)
+}
+
 /// Cuts a load-sync answer into batches of at most `max_bytes` of ops (roughly:
-/// each op's JSON length is counted), the last one with `more == false`.
+/// each op's JSON length is counted; a pinned route is a batch of its own, see
+/// [`alone`]), the last one with `more == false`.
 pub fn chunk(origin: &str, ops: Vec<LoadOp>, max_bytes: usize) -> Vec<LoadBatch> {
     let mut out = Vec::new();
-    let mut cur = Vec::new();
+    let mut cur: Vec<LoadOp> = Vec::new();
     let mut bytes = 0;
     for op in ops {
         let n = serde_json::to_vec(&op).map_or(0, |v| v.len()) + 1;
-        if bytes + n > max_bytes && !cur.is_empty() {
+        let apart = alone(&op) || cur.first().is_some_and(alone);
+        if (bytes + n > max_bytes || apart) && !cur.is_empty() {
             out.push(LoadBatch {
                 origin: origin.to_string(),
                 ops: std::mem::take(&mut cur),
@@ -90,7 +99,9 @@ impl LoadBatch {
     }
 }
 
-/// Accumulates ops; says when a batch is due.
+/// Accumulates ops; says when a batch is due. A pinned route ([`alone`]) goes in a
+/// batch of its own: [`Batcher::takes`] refuses it after other ops and any op after
+/// it, and a batch holding it is due at once.
 #[derive(Default)]
 pub struct Batcher {
     ops: Vec<LoadOp>,
@@ -98,6 +109,11 @@ pub struct Batcher {
 }
 
 impl Batcher {
+    /// Whether `op` may join the pending ops (else flush them first).
+    pub fn takes(&self, op: &LoadOp) -> bool {
+        self.ops.is_empty() || !(alone(op) || self.ops.first().is_some_and(alone))
+    }
+
     pub fn push(&mut self, op: LoadOp, now_us: u64) {
         if self.ops.is_empty() {
             self.first_us = now_us;
@@ -108,7 +124,9 @@ impl Batcher {
     /// Whether the pending ops should go out now.
     pub fn due(&self, now_us: u64) -> bool {
         !self.ops.is_empty()
-            && (self.ops.len() >= MAX_OPS || now_us.saturating_sub(self.first_us) >= FLUSH_US)
+            && (self.ops.len() >= MAX_OPS
+                || now_us.saturating_sub(self.first_us) >= FLUSH_US
+                || self.ops.first().is_some_and(alone))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -146,6 +164,7 @@ mod tests {
                     output_tokens: 0,
                     age_us: 0,
                     first_token_age_us: None,
+                    pinned: false,
                 }),
                 LoadOp::Progress {
                     id: "q".into(),
@@ -208,6 +227,7 @@ mod tests {
             output_tokens: 0,
             age_us: 0,
             first_token_age_us: None,
+            pinned: false,
         });
         let synced = LoadOp::Route(CarriedRequest {
             id: "r".into(),
@@ -222,6 +242,7 @@ mod tests {
             output_tokens: 3,
             age_us: 1500,
             first_token_age_us: Some(700),
+            pinned: false,
         });
         let b = LoadBatch {
             origin: "o".into(),
@@ -246,5 +267,57 @@ mod tests {
         assert!(LoadBatch::decode(extra.as_bytes()).is_err());
         let ok = extra.replace(r#","x":1"#, "");
         assert!(LoadBatch::decode(ok.as_bytes()).is_ok(), "{ok}");
+    }
+
+    /// A pinned route says so last (`"pinned":true`); a route without the field (an
+    /// older peer's, or any unpinned one) reads as not pinned.
+    #[test]
+    fn a_pinned_route_carries_its_flag_and_its_absence_means_unpinned() {
+        let route = |pinned| {
+            LoadOp::Route(CarriedRequest {
+                id: "q".into(),
+                decode_worker: "w".into(),
+                prefill_worker: None,
+                input_tokens: 1,
+                cached_tokens: 0,
+                prompt_blocks: 1,
+                hashes: vec![],
+                expected_output_tokens: None,
+                in_prefill: true,
+                output_tokens: 0,
+                age_us: 0,
+                first_token_age_us: None,
+                pinned,
+            })
+        };
+        let unpinned = r#"{"op":"route","id":"q","decode":"w","input_tokens":1,"cached_tokens":0,"prompt_blocks":1,"hashes":[]}"#;
+        let pinned = unpinned.replace("[]}", r#"[],"pinned":true}"#);
+        assert_eq!(serde_json::to_string(&route(false)).unwrap(), unpinned);
+        assert_eq!(serde_json::to_string(&route(true)).unwrap(), pinned);
+        assert_eq!(
+            serde_json::from_str::<LoadOp>(unpinned).unwrap(),
+            route(false)
+        );
+        assert_eq!(
+            serde_json::from_str::<LoadOp>(&pinned).unwrap(),
+            route(true)
+        );
+        // It travels alone, live and in a load sync; unpinned routes share batches.
+        let mut bt = Batcher::default();
+        assert!(bt.takes(&route(true)));
+        bt.push(route(false), 0);
+        assert!(bt.takes(&route(false)) && !bt.takes(&route(true)));
+        assert!(!bt.due(0));
+        bt.take();
+        bt.push(route(true), 0);
+        assert!(bt.due(0), "due at once");
+        assert!(!bt.takes(&route(false)) && !bt.takes(&LoadOp::Finish { id: "q".into() }));
+        let f = || LoadOp::Finish { id: "f".into() };
+        let ops = vec![f(), route(true), route(true), f(), f()];
+        let parts: Vec<usize> = chunk("o", ops, 1 << 20)
+            .iter()
+            .map(|p| p.ops.len())
+            .collect();
+        assert_eq!(parts, [1, 1, 1, 2]);
     }
 }

@@ -135,6 +135,7 @@ pub fn new_request(
         hashes,
         expected_output_tokens: osl,
         now_us,
+        pinned: prepared.filters.pin.is_some(),
     }
 }
 

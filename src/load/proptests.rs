@@ -151,6 +151,7 @@ fn run(ops: Vec<Op>, model: PrefillLoadModel, track_output_blocks: bool) {
                     hashes: hashes.clone(),
                     expected_output_tokens: osl,
                     now_us: now,
+                    pinned: false,
                 };
                 let res = t.on_route(r);
                 if active.insert(id) {

@@ -34,6 +34,10 @@ pub struct NewRequest {
     pub expected_output_tokens: Option<u32>,
     /// Routing time (µs, caller's clock).
     pub now_us: u64,
+    /// The caller named the worker (`pin`, mode `direct`): the decision is not a
+    /// routing of the prompt's prefix, so it teaches no prefix affinity, neither here
+    /// nor on a peer replica (`select::Affinity::note_decision`).
+    pub pinned: bool,
 }
 
 /// Why a lifecycle call was rejected. A rejected call changes nothing.
@@ -158,6 +162,11 @@ pub struct CarriedRequest<W = WorkerSlot> {
     /// Time since prefill completed when carried (µs), if it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_token_age_us: Option<u64>,
+    /// Routed to a worker the caller pinned ([`NewRequest::pinned`]): a peer admits
+    /// its load but notes no prefix affinity for it. Left out when false, so a route
+    /// of an older peer reads as not pinned.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub pinned: bool,
 }
 
 impl CarriedRequest {
@@ -176,6 +185,7 @@ impl CarriedRequest {
             output_tokens: 0,
             age_us: 0,
             first_token_age_us: None,
+            pinned: req.pinned,
         }
     }
 }
@@ -205,6 +215,7 @@ impl<W> CarriedRequest<W> {
             output_tokens: self.output_tokens,
             age_us: self.age_us,
             first_token_age_us: self.first_token_age_us,
+            pinned: self.pinned,
         })
     }
 }
@@ -214,6 +225,9 @@ fn yes() -> bool {
 }
 fn is_true(b: &bool) -> bool {
     *b
+}
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 fn is_zero(n: &u32) -> bool {
     *n == 0
@@ -247,6 +261,9 @@ pub(super) struct Req {
     /// Carried across a restart: its routing time is only approximate, so its first
     /// token does not feed the prefill predictor.
     pub carried: bool,
+    /// The caller pinned its worker ([`NewRequest::pinned`]); carried along so a load
+    /// sync tells peers too.
+    pub pinned: bool,
 }
 
 impl Req {

@@ -29,6 +29,7 @@ fn req(id: &str, d: WorkerSlot, p: Option<WorkerSlot>, isl: u32, cached: u32) ->
         hashes: vec![u64::from(isl), 7, 9],
         expected_output_tokens: None,
         now_us: 1_000,
+        pinned: false,
     }
 }
 
@@ -477,6 +478,7 @@ fn carried_requests_restore_the_same_load_and_finish_to_zero() {
         t.on_route(req("b", 2, Some(3), 64, 0)).unwrap();
         let mut c = req("c", 1, None, 40, 0);
         c.expected_output_tokens = Some(100);
+        c.pinned = true;
         t.on_route(c).unwrap();
         t.on_first_token("b", 2_000).unwrap();
         t.on_progress("c", 40, 3_000).unwrap();
@@ -484,10 +486,16 @@ fn carried_requests_restore_the_same_load_and_finish_to_zero() {
         carried.sort_by(|x, y| x.id.cmp(&y.id));
         assert_eq!(carried[0].age_us, 4_000);
         assert_eq!(carried[1].first_token_age_us, Some(3_000));
+        // A pinned request stays pinned when carried (a load sync tells peers).
+        let pins: Vec<bool> = carried.iter().map(|c| c.pinned).collect();
+        assert_eq!(pins, [false, false, true]);
         let mut u = LoadTracker::new(BS, &cfg);
         for c in carried.iter().cloned() {
             u.restore(c, 10).unwrap();
         }
+        let mut again = u.carry(20);
+        again.sort_by(|x, y| x.id.cmp(&y.id));
+        assert_eq!(again.iter().map(|c| c.pinned).collect::<Vec<_>>(), pins);
         assert_eq!(
             u.restore(carried[0].clone(), 10),
             Err(LifecycleError::Duplicate)

@@ -208,6 +208,7 @@ impl LoadTracker {
             output_milli: 0,
             predicted_us,
             carried: false,
+            pinned: r.pinned,
         };
         self.next_seq += 1;
         self.workers.add_prefill(&req, predicted);
@@ -325,6 +326,7 @@ impl LoadTracker {
                 output_tokens: r.output_tokens,
                 age_us: now_us.saturating_sub(r.routed_at_us),
                 first_token_age_us: r.first_token_us.map(|t| now_us.saturating_sub(t)),
+                pinned: r.pinned,
             })
             .collect()
     }
@@ -362,6 +364,7 @@ impl LoadTracker {
                 0
             },
             carried: true,
+            pinned: c.pinned,
         };
         self.next_seq += 1;
         if req.in_prefill {

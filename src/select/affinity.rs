@@ -128,8 +128,20 @@ impl Affinity {
     /// A pinned request is the caller's choice, not a routing of its prefix, and
     /// leaves no note.
     pub fn note_decision(&self, hashes: &[u64], pinned: bool, d: &super::Decision) {
+        self.note_route(hashes, pinned, d.decode_worker, d.prefill_worker);
+    }
+
+    /// [`Affinity::note_decision`]'s rule for a decision known only by its workers:
+    /// a peer replica's route (`--cluster`), whose pinned flag travels with it.
+    pub fn note_route(
+        &self,
+        hashes: &[u64],
+        pinned: bool,
+        decode: WorkerSlot,
+        prefill: Option<WorkerSlot>,
+    ) {
         if !pinned {
-            self.note(hashes, d.prefill_worker.unwrap_or(d.decode_worker));
+            self.note(hashes, prefill.unwrap_or(decode));
         }
     }
 
@@ -180,6 +192,17 @@ mod tests {
         assert_eq!(a.lookup(&turn1), Some(5));
         assert_eq!(a.lookup(&[99]), None);
         assert_eq!(a.lookup(&[]), None);
+    }
+
+    #[test]
+    fn a_pinned_route_leaves_no_note_and_a_routed_one_notes_its_prefill_worker() {
+        let a = Affinity::new(64);
+        a.note_route(&[1, 2], true, 4, None);
+        assert_eq!(a.lookup(&[1, 2]), None);
+        a.note_route(&[1, 2], false, 4, Some(6));
+        assert_eq!(a.lookup(&[1, 2]), Some(6));
+        a.note_route(&[3], false, 4, None);
+        assert_eq!(a.lookup(&[3]), Some(4));
     }
 
     #[test]

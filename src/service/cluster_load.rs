@@ -4,7 +4,7 @@
 //! peer's arrive through [`apply_load`] as [`ReplicaOp`] messages to the cores, which
 //! admit a routed request like a restored one and run lifecycle calls wherever the
 //! record lives; a peer's route also enters this replica's prefix affinity
-//! (`select::affinity`). [`load_sync`] takes the peers' in-flight requests over at start.
+//! (`select::affinity`) unless the peer's caller pinned its worker. [`load_sync`] takes the peers' in-flight requests over at start.
 //! The wire format is `cluster::load`; the NATS side is `cluster_peers`.
 
 use super::cluster_bridge::Cluster;
@@ -73,9 +73,10 @@ fn to_replica(sh: &Shared, op: crate::cluster::load::LoadOp) -> Option<(ReplicaO
             let owner = sh.owner_of(&r.id);
             let c = r.map_workers(|w| reg.slot(w))?;
             // The peer's decision teaches this replica's prefix affinity too, so the
-            // next turn of a conversation follows it whichever replica it reaches.
+            // next turn of a conversation follows it whichever replica it reaches;
+            // a pinned one teaches nothing, as on the peer (`note_decision`).
             sh.affinity
-                .note(&c.hashes, c.prefill_worker.unwrap_or(c.decode_worker));
+                .note_route(&c.hashes, c.pinned, c.decode_worker, c.prefill_worker);
             (ReplicaOp::Route(c), Some(owner))
         }
         LoadOp::FirstToken { id } => (ReplicaOp::Life(L::FirstToken, id), None),

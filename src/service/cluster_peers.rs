@@ -31,15 +31,24 @@ pub(super) async fn load_publisher(
     rx: crossbeam::channel::Receiver<LoadOp>,
 ) {
     let mut b = Batcher::default();
+    // An op the pending batch does not take (a pinned route travels alone): it
+    // starts the next batch.
+    let mut held: Option<LoadOp> = None;
     let t0 = std::time::Instant::now();
     let m = &sh.metrics.cluster;
     loop {
         while b.len() < crate::cluster::load::MAX_OPS {
-            let Ok(op) = rx.try_recv() else { break };
+            let Some(op) = held.take().or_else(|| rx.try_recv().ok()) else {
+                break;
+            };
+            if !b.takes(&op) {
+                held = Some(op);
+                break;
+            }
             b.push(op, t0.elapsed().as_micros() as u64);
         }
         let now = t0.elapsed().as_micros() as u64;
-        if b.due(now) || (!b.is_empty() && rx.is_empty()) {
+        if b.due(now) || (!b.is_empty() && (held.is_some() || rx.is_empty())) {
             let ops = b.take();
             let n = ops.len() as u64;
             if client.connection_state() != async_nats::connection::State::Connected {

@@ -197,6 +197,9 @@ impl SavedRequest {
             output_tokens,
             age_us,
             first_token_age_us,
+            // Not in the snapshot format: a restored request counts as routed, which
+            // only matters if a peer load-syncs it (it then notes its prefix).
+            pinned: false,
         };
         Ok(SavedRequest { request, reroute })
     }

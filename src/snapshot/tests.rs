@@ -37,6 +37,7 @@ fn sample() -> Snapshot {
                     output_tokens: 0,
                     age_us: 1234,
                     first_token_age_us: None,
+                    pinned: false,
                 },
                 reroute: Some(SavedReroute {
                     filters: crate::select::Filters {
@@ -60,6 +61,7 @@ fn sample() -> Snapshot {
                     output_tokens: 17,
                     age_us: 0,
                     first_token_age_us: Some(9),
+                    pinned: false,
                 },
                 reroute: None,
             },

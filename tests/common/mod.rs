@@ -8,6 +8,7 @@ pub mod ident;
 pub mod proxy;
 pub mod raw;
 pub mod sim;
+pub mod tokenizer;
 pub mod ui;
 
 use serde_json::Value;
