@@ -111,6 +111,29 @@ fn by_default_only_long_bodies_leave_the_core() {
     assert_eq!(off_core(&st.s), 0.0, "short bodies stay on the core");
     prefix_rounds(&st, 3000); // ~20 KB bodies, over the default 8,192
     assert_eq!(off_core(&st.s), 4.0, "long bodies leave it");
+    // The thread that tokenized them runs below the executors (`service::blocking`):
+    // some thread of the router now has a higher nice value than the process had.
+    let nices = thread_nices(st.s.pid());
+    let base = nices.iter().copied().min().unwrap_or(0);
+    assert!(
+        nices.iter().any(|&n| n >= base.max(10)),
+        "a blocking thread at nice >= 10: {nices:?}"
+    );
+}
+
+/// Nice value of every thread of process `pid` (field 19 of `/proc/PID/task/TID/stat`).
+fn thread_nices(pid: u32) -> Vec<i64> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .filter_map(|st| {
+            // After the command name's closing parenthesis: state is field 3, nice 19.
+            let rest = &st[st.rfind(')')? + 2..];
+            rest.split_whitespace().nth(16)?.parse().ok()
+        })
+        .collect()
 }
 
 #[test]

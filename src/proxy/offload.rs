@@ -28,6 +28,7 @@ pub async fn tokenize(
     let model = creq.model.clone();
     let (body, r) = glommio::executor()
         .spawn_blocking(move || {
+            crate::service::blocking::lower_priority_once();
             let r = super::prompt::prompt_tokens(tok.as_deref(), endpoint, &model, &body);
             (body, r)
         })

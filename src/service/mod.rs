@@ -16,6 +16,7 @@
 
 pub mod api;
 pub mod batch;
+pub mod blocking;
 pub mod cluster_bridge;
 pub mod cluster_load;
 pub mod cluster_nats;

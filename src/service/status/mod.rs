@@ -279,6 +279,7 @@ pub async fn status_body(sh: Arc<Shared>) -> Bytes {
     let worker = sh.clone();
     glommio::executor()
         .spawn_blocking(move || {
+            super::blocking::lower_priority_once();
             let body = build(&worker, now);
             let st = &worker.status;
             if let Ok(mut c) = st.cache.lock() {
