@@ -19,8 +19,9 @@
 //!   (`sync::lanes`, loom-checked): no lost wake-up, spurious wake-ups are harmless;
 //! - while one of this core's cross-core queries is outstanding and younger than
 //!   `answer_spin_us` (`answer_spin`) it does not park: it keeps polling its inboxes,
-//!   between two looks letting the executor run its other tasks and poll its rings
-//!   (a 1 µs timer), so the answer needs no doorbell and no wake-up of this core.
+//!   between two looks letting the executor run its other tasks, and its rings at
+//!   least every [`SPIN_POLL`], so the answer needs no doorbell and no wake-up of
+//!   this core.
 //!   The inboxes' SLEEPING bits stay down meanwhile, so the protocol is unchanged;
 //!   the spin ends at the bound whatever happens;
 //! - at shutdown it returns once in-flight work is done (or after 5 s).
@@ -45,6 +46,9 @@ const PARKED_LONG: KindLabel = KindLabel {
 const SPIN_EXPIRED: KindLabel = KindLabel {
     kind: "spin_expired",
 };
+
+/// While spinning for an answer, the executor's rings are polled at least this often.
+const SPIN_POLL: Duration = Duration::from_micros(20);
 
 /// Urgent messages handled between two yields.
 const URGENT_SLICE: usize = 256;
@@ -87,6 +91,8 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
     let spin_before_park = Duration::from_micros(shared.settings.spin_before_park_us);
     // Whether the previous pass spun for an answer (to count a spin that ran out).
     let mut spinning = false;
+    // Last pass through the executor's rings (a park, or a poll while spinning).
+    let mut spin_poll = Instant::now();
     loop {
         let mut n = drain_urgent(&core, urgent).await;
         let mut slice = Instant::now();
@@ -155,9 +161,17 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
             spinning = false;
         }
         if n == 0 && answer_spin::should_spin(answer_spin) {
-            // An answer is on its way: look again in ~1 µs instead of parking.
+            // An answer is on its way: look again soon instead of parking. Between
+            // two looks the executor runs this core's other tasks; its rings (socket
+            // completions) only every `SPIN_POLL`, since each pass through the
+            // reactor costs system calls (io_uring submissions).
             spinning = true;
-            super::conn::yield_to_poll().await;
+            if spin_poll.elapsed() >= SPIN_POLL {
+                super::conn::yield_to_poll().await;
+                spin_poll = Instant::now();
+            } else {
+                futures_lite::future::yield_now().await;
+            }
             continue;
         }
         if n == 0 && try_sleep_both(urgent, bulk) {
@@ -185,6 +199,7 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
                 }
             }
             awake_both(urgent, bulk);
+            spin_poll = Instant::now();
         } else if n > 0 {
             glommio::yield_if_needed().await;
         } else {
