@@ -18,6 +18,9 @@ pub const DEFAULT_INGEST_SLICE_HASHES: usize = 128;
 /// on; past this bound the core parks and the answer wakes it as before.
 pub const DEFAULT_ANSWER_SPIN_US: u64 = 200;
 
+/// Largest `answer_spin_us` accepted (1 s): the spin stays bounded whatever is set.
+pub const MAX_ANSWER_SPIN_US: u64 = 1_000_000;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
@@ -322,6 +325,11 @@ impl Settings {
         }
         if self.ingest_slice_hashes == 0 {
             return Err("ingest_slice_hashes must be > 0".into());
+        }
+        if self.answer_spin_us > MAX_ANSWER_SPIN_US {
+            return Err(format!(
+                "answer_spin_us must be at most {MAX_ANSWER_SPIN_US} (a core spins that long per outstanding answer)"
+            ));
         }
         if self.record.is_some() {
             let bs = self.router.block_size;

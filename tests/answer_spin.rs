@@ -172,5 +172,12 @@ fn the_setting_is_read_from_default_toml_env_and_flag() {
         shown(Some("33"), &["--config", file, "--answer-spin-us", "0"]),
         "answer_spin_us = 0"
     );
+    // Above the 1 s cap: refused at start, with the reason.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["print-config", "--answer-spin-us", "1000001"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("answer_spin_us must be at most"));
     let _ = std::fs::remove_dir_all(&dir);
 }
