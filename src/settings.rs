@@ -13,6 +13,14 @@ use serde::{Deserialize, Serialize};
 /// (one atomic load) stays negligible next to the slice.
 pub const DEFAULT_INGEST_SLICE_HASHES: usize = 128;
 
+/// Default `answer_spin_us` (docs/PERFORMANCE.md "Answer spin"): a cross-core round
+/// trip that finds the other core parked takes ~40–120 µs on the VM it was measured
+/// on; past this bound the core parks and the answer wakes it as before.
+pub const DEFAULT_ANSWER_SPIN_US: u64 = 200;
+
+/// Largest `answer_spin_us` accepted (1 s): the spin stays bounded whatever is set.
+pub const MAX_ANSWER_SPIN_US: u64 = 1_000_000;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
@@ -104,6 +112,12 @@ pub struct Settings {
     /// idle, and every route waits for every core (docs/PERFORMANCE.md "Proxy
     /// overhead"). Default true (a router with CPUs of its own).
     pub pin_cores: bool,
+    /// Microseconds a core's run loop keeps polling its inbox instead of parking while
+    /// one of its cross-core queries (a decision's shard query, a lifecycle call held
+    /// elsewhere) is outstanding, counted from the youngest such query (0 = park as
+    /// usual). Spares the asking core a wake-up per decision with `--cores` > 1;
+    /// costs at most this much CPU per round trip. Default [`DEFAULT_ANSWER_SPIN_US`].
+    pub answer_spin_us: u64,
 }
 
 /// Bounds that keep memory and latency finite under any input.
@@ -199,6 +213,7 @@ impl Default for Settings {
             ingest_slice_hashes: DEFAULT_INGEST_SLICE_HASHES,
             cluster: Default::default(),
             pin_cores: true,
+            answer_spin_us: DEFAULT_ANSWER_SPIN_US,
         }
     }
 }
@@ -310,6 +325,11 @@ impl Settings {
         }
         if self.ingest_slice_hashes == 0 {
             return Err("ingest_slice_hashes must be > 0".into());
+        }
+        if self.answer_spin_us > MAX_ANSWER_SPIN_US {
+            return Err(format!(
+                "answer_spin_us must be at most {MAX_ANSWER_SPIN_US} (a core spins that long per outstanding answer)"
+            ));
         }
         if self.record.is_some() {
             let bs = self.router.block_size;

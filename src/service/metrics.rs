@@ -103,6 +103,10 @@ pub struct Metrics {
     pub record_stopped: Gauge,
     /// `--cluster`: `kvroute_cluster_*` (`cluster_bridge`).
     pub cluster: super::cluster_bridge::ClusterMetrics,
+    /// Run-loop parks and spins while an answer from another core was outstanding
+    /// (`answer_spin`): `parked`, `parked_long` (longer than `spin_before_park_us`,
+    /// so the executor likely slept), `spin_expired` (`answer_spin_us` ran out).
+    pub answer_waits: Family<KindLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -157,6 +161,7 @@ impl Metrics {
             record_dropped: Counter::default(),
             record_stopped: Gauge::default(),
             cluster: Default::default(),
+            answer_waits: Family::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -337,6 +342,11 @@ impl Metrics {
                 m.record_stopped.clone(),
             );
             m.cluster.register(&mut r);
+            r.register(
+                "answer_waits",
+                "Run-loop parks (parked, parked_long) and ended spins (spin_expired) while an answer from another core was outstanding",
+                m.answer_waits.clone(),
+            );
         }
         m
     }

@@ -14,6 +14,7 @@
 //!   pre-handshake and idle connections; `http_clock` (pure) / `hyper_io`: HTTP
 //!   header, idle and body deadlines.
 
+pub mod answer_spin;
 pub mod api;
 pub mod batch;
 pub mod blocking;

@@ -183,6 +183,9 @@ async fn route_prepared(
     if !core.claim(id) {
         return Err(EngineError::Duplicate(id.to_string()).into());
     }
+    // Until the answers are in, this core's run loop stays awake for them
+    // (`answer_spin_us`): parking now would add its own wake-up to the round trip.
+    let awaiting = (sh.cores > 1).then(super::answer_spin::awaiting);
     // Scatter: every other core gets its shard's positions and the duplicate check.
     let mut items: Vec<Vec<(u32, u64)>> = vec![Vec::new(); sh.cores];
     for (i, &h) in prepared.hashes.iter().enumerate() {
@@ -222,6 +225,7 @@ async fn route_prepared(
             free &= a.id_free.unwrap_or(true);
         }
     }
+    drop(awaiting);
     if !free {
         core.release(id);
         return Err(EngineError::Duplicate(id.to_string()).into());
@@ -451,6 +455,7 @@ async fn lifecycle_elsewhere(
     id: &str,
 ) -> Result<LifeOutcome, EngineError> {
     let mut qids = Vec::with_capacity(core.shared.cores - 1);
+    let _awaiting = super::answer_spin::awaiting();
     for to in (0..core.shared.cores).filter(|&c| c != core.id) {
         let qid = core.new_wait();
         core.send(

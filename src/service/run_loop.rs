@@ -17,9 +17,18 @@
 //!   backlog drains;
 //! - it parks on the doorbell only when both inboxes are empty and asleep
 //!   (`sync::lanes`, loom-checked): no lost wake-up, spurious wake-ups are harmless;
+//! - while one of this core's cross-core queries is outstanding and younger than
+//!   `answer_spin_us` (`answer_spin`) it does not park: it keeps polling its inboxes,
+//!   between two looks letting the executor run its other tasks, and its rings at
+//!   least every [`SPIN_POLL`], so the answer needs no doorbell and no wake-up of
+//!   this core.
+//!   The inboxes' SLEEPING bits stay down meanwhile, so the protocol is unchanged;
+//!   the spin ends at the bound whatever happens;
 //! - at shutdown it returns once in-flight work is done (or after 5 s).
 
+use super::answer_spin;
 use super::core::Core;
+use super::metrics::KindLabel;
 use super::msg::{Lane, Msg};
 use crate::sync::lanes::{awake_both, try_sleep_both};
 use crate::sync::mailbox::Mailbox;
@@ -29,6 +38,17 @@ use std::os::fd::{FromRawFd, IntoRawFd};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+const PARKED: KindLabel = KindLabel { kind: "parked" };
+const PARKED_LONG: KindLabel = KindLabel {
+    kind: "parked_long",
+};
+const SPIN_EXPIRED: KindLabel = KindLabel {
+    kind: "spin_expired",
+};
+
+/// While spinning for an answer, the executor's rings are polled at least this often.
+const SPIN_POLL: Duration = Duration::from_micros(20);
 
 /// Urgent messages handled between two yields.
 const URGENT_SLICE: usize = 256;
@@ -67,6 +87,12 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
     let mut shutdown_since: Option<std::time::Instant> = None;
     let slice_hashes = shared.settings.ingest_slice_hashes;
     let mut spare: Vec<u64> = Vec::new();
+    let answer_spin = Duration::from_micros(shared.settings.answer_spin_us);
+    let spin_before_park = Duration::from_micros(shared.settings.spin_before_park_us);
+    // Whether the previous pass spun for an answer (to count a spin that ran out).
+    let mut spinning = false;
+    // Last pass through the executor's rings (a park, or a poll while spinning).
+    let mut spin_poll = Instant::now();
     loop {
         let mut n = drain_urgent(&core, urgent).await;
         let mut slice = Instant::now();
@@ -131,9 +157,49 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
             glommio::timer::sleep(Duration::from_micros(20)).await;
             continue;
         }
+        if n > 0 {
+            spinning = false;
+        }
+        if n == 0 && answer_spin::should_spin(answer_spin) {
+            // An answer is on its way: look again soon instead of parking. Between
+            // two looks the executor runs this core's other tasks; its rings (socket
+            // completions) only every `SPIN_POLL`, since each pass through the
+            // reactor costs system calls (io_uring submissions).
+            spinning = true;
+            if spin_poll.elapsed() >= SPIN_POLL {
+                super::conn::yield_to_poll().await;
+                spin_poll = Instant::now();
+            } else {
+                futures_lite::future::yield_now().await;
+            }
+            continue;
+        }
         if n == 0 && try_sleep_both(urgent, bulk) {
-            let _ = bell.read(&mut buf).await;
+            let waits = &shared.metrics.answer_waits;
+            if std::mem::take(&mut spinning) && answer_spin::outstanding() > 0 {
+                waits.get_or_create(&SPIN_EXPIRED).inc();
+            }
+            let awaited = answer_spin::outstanding() > 0;
+            let t0 = awaited.then(Instant::now);
+            if answer_spin.is_zero() {
+                let _ = bell.read(&mut buf).await;
+            } else {
+                // Parked, but a task of this core that begins to wait for another
+                // core's answer wakes us (locally) to spin for it. A doorbell byte
+                // left unread by the dropped read is a spurious wake-up later.
+                let rung = async {
+                    let _ = bell.read(&mut buf).await;
+                };
+                futures_lite::future::or(rung, answer_spin::next_wait()).await;
+            }
+            if let Some(t0) = t0 {
+                waits.get_or_create(&PARKED).inc();
+                if t0.elapsed() > spin_before_park {
+                    waits.get_or_create(&PARKED_LONG).inc();
+                }
+            }
             awake_both(urgent, bulk);
+            spin_poll = Instant::now();
         } else if n > 0 {
             glommio::yield_if_needed().await;
         } else {
