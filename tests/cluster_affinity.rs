@@ -45,8 +45,7 @@ fn route(s: &Server, id: &str, h: &[u64]) -> String {
     route_with(s, id, json!({"block_hashes": h}))
 }
 
-/// Routes with `extra` (block hashes, pin, mode) and finishes the request, so no load
-/// is left to decide the next route by.
+/// Routes `body` (block hashes, pin, mode) with this id and model; the decode worker.
 fn route_with(s: &Server, id: &str, mut body: serde_json::Value) -> String {
     body["request_id"] = json!(id);
     body["model"] = json!("m");
@@ -77,6 +76,31 @@ fn applied(s: &Server) -> f64 {
     s.metric("kvroute_cluster_load_ops_total{outcome=\"applied\"}")
 }
 
+/// Waits until `b` has applied `ops` of its peer's load ops and has no request left.
+fn settle(b: &Server, ops: f64) {
+    poll("B applies A's load ops", 30, || applied(b) >= ops);
+    poll("B's fleet idle", 30, || {
+        b.workers().iter().all(|w| w["active_requests"] == 0)
+    });
+}
+
+/// The next turn of every conversation on `s` (whole `convs`, ids `{tag}{c}t2`), each
+/// finished; routed in reverse order when `reverse`, so that taking ties in turn
+/// cannot give the first turns' workers by coincidence. Workers in `convs` order.
+fn next_turns(s: &Server, tag: &str, convs: &[Vec<u64>], reverse: bool) -> Vec<String> {
+    let mut order: Vec<usize> = (0..convs.len()).collect();
+    if reverse {
+        order.reverse();
+    }
+    let mut out = vec![String::new(); convs.len()];
+    for c in order {
+        let id = format!("{tag}{c}t2");
+        out[c] = route(s, &id, &convs[c]);
+        finish(s, &id);
+    }
+    out
+}
+
 #[test]
 fn a_conversation_keeps_its_worker_across_replicas() {
     if !nats_available() {
@@ -95,25 +119,9 @@ fn a_conversation_keeps_its_worker_across_replicas() {
     let spread: std::collections::BTreeSet<_> = first.iter().collect();
     assert!(spread.len() > 1, "A spread the first turns: {first:?}");
     // B has applied A's 8 routes and 8 finishes.
-    poll("B applies A's load ops", 30, || applied(&b) >= 16.0);
-    poll("B's fleet idle", 30, || {
-        b.workers().iter().all(|w| w["active_requests"] == 0)
-    });
-    // Second turns (12 blocks, extending the first) on B follow the first turns. They
-    // go in the reverse order, so that B taking ties in turn as A did cannot give
-    // the same workers by coincidence.
-    let mut second: Vec<String> = convs
-        .iter()
-        .enumerate()
-        .rev()
-        .map(|(c, conv)| {
-            let id = format!("c{c}t2");
-            let w = route(&b, &id, conv);
-            finish(&b, &id);
-            w
-        })
-        .collect();
-    second.reverse();
+    settle(&b, 16.0);
+    // Second turns (12 blocks, extending the first) on B follow the first turns.
+    let second = next_turns(&b, "c", &convs, true);
     assert_eq!(
         second, first,
         "each second turn on B went to its first turn's worker"
@@ -151,33 +159,10 @@ fn a_pinned_route_on_one_replica_does_not_pull_the_next_turn_on_another() {
         finish(&a, &id);
     }
     // B has applied A's 12 routes and 12 finishes.
-    poll("B applies A's load ops", 30, || applied(&b) >= 24.0);
-    poll("B's fleet idle", 30, || {
-        b.workers().iter().all(|w| w["active_requests"] == 0)
-    });
-    let mut second: Vec<String> = routed
-        .iter()
-        .enumerate()
-        .rev()
-        .map(|(c, conv)| {
-            let id = format!("r{c}t2");
-            let w = route(&b, &id, conv);
-            finish(&b, &id);
-            w
-        })
-        .collect();
-    second.reverse();
+    settle(&b, 24.0);
+    let second = next_turns(&b, "r", &routed, true);
     assert_eq!(second, first, "A's routed conversations follow on B");
-    let after_pin: Vec<String> = pinned
-        .iter()
-        .enumerate()
-        .map(|(c, conv)| {
-            let id = format!("p{c}t2");
-            let w = route(&b, &id, conv);
-            finish(&b, &id);
-            w
-        })
-        .collect();
+    let after_pin = next_turns(&b, "p", &pinned, false);
     assert!(
         after_pin.iter().any(|w| w != "w3"),
         "B noted A's pinned routes as routed decisions: {after_pin:?}"
