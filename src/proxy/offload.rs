@@ -1,6 +1,6 @@
 //! Where a proxied request's prompt is tokenized (`tokenize_inline_max_bytes`): on
 //! the core that accepted it, or, for a long body, on that core's blocking thread
-//! (glommio `spawn_blocking`), so that a multi-millisecond tokenization does not
+//! (`service::blocking`, below the executors' priority), so that a multi-millisecond tokenization does not
 //! hold the core's other streams. The tokenization itself is `prompt`'s.
 //!
 //! Guarantees: the same token ids either way (one function computes them); the
@@ -26,13 +26,11 @@ pub async fn tokenize(
     let tok = tok.cloned();
     let body = std::mem::take(&mut creq.body);
     let model = creq.model.clone();
-    let (body, r) = glommio::executor()
-        .spawn_blocking(move || {
-            crate::service::blocking::lower_priority_once();
-            let r = super::prompt::prompt_tokens(tok.as_deref(), endpoint, &model, &body);
-            (body, r)
-        })
-        .await;
+    let (body, r) = crate::service::blocking::run(move || {
+        let r = super::prompt::prompt_tokens(tok.as_deref(), endpoint, &model, &body);
+        (body, r)
+    })
+    .await;
     creq.body = body;
     sh.proxy.metrics.tokenized_off_core.inc();
     (creq, r)

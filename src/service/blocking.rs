@@ -8,15 +8,31 @@
 //! executor preempt it at once, and the blocking work still gets whatever CPU the
 //! executors leave, so it is slowed under contention, never starved.
 //!
-//! Guarantees: one `setpriority` per thread (the first closure it runs); a failure (a
-//! seccomp filter, say) leaves the normal priority, which nothing depends on.
+//! Guarantees: every closure handed to [`run`] runs at that priority; one
+//! `setpriority` per thread (the first closure it runs); a failure (a seccomp filter,
+//! say) leaves the normal priority, which nothing depends on.
 
 /// Nice value of a blocking thread.
 pub const BLOCKING_NICE: i32 = 10;
 
+/// Runs `f` on this executor's blocking thread (glommio `spawn_blocking`), below the
+/// executors' priority. Every blocking job of the service goes through here.
+pub async fn run<F, R>(f: F) -> R
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    glommio::executor()
+        .spawn_blocking(move || {
+            lower_priority_once();
+            f()
+        })
+        .await
+}
+
 /// Lowers the calling thread's priority to [`BLOCKING_NICE`] the first time it runs
-/// here; call it at the start of every `spawn_blocking` closure.
-pub fn lower_priority_once() {
+/// here ([`run`] calls it first in every closure).
+fn lower_priority_once() {
     thread_local!(static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
     DONE.with(|d| {
         if !d.replace(true) {

@@ -277,18 +277,16 @@ pub async fn status_body(sh: Arc<Shared>) -> Bytes {
     // The blocking thread stores the document and clears the flag itself, so a
     // caller that goes away mid-build (client disconnected) leaves no stuck flag.
     let worker = sh.clone();
-    glommio::executor()
-        .spawn_blocking(move || {
-            super::blocking::lower_priority_once();
-            let body = build(&worker, now);
-            let st = &worker.status;
-            if let Ok(mut c) = st.cache.lock() {
-                *c = Some((now, body.clone()));
-            }
-            if owner {
-                st.building.store(false, Ordering::Release);
-            }
-            body
-        })
-        .await
+    super::blocking::run(move || {
+        let body = build(&worker, now);
+        let st = &worker.status;
+        if let Ok(mut c) = st.cache.lock() {
+            *c = Some((now, body.clone()));
+        }
+        if owner {
+            st.building.store(false, Ordering::Release);
+        }
+        body
+    })
+    .await
 }
