@@ -176,10 +176,10 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
         }
         if n == 0 && try_sleep_both(urgent, bulk) {
             let waits = &shared.metrics.answer_waits;
-            if std::mem::take(&mut spinning) && answer_spin::outstanding() > 0 {
+            let awaited = answer_spin::outstanding() > 0;
+            if std::mem::take(&mut spinning) && awaited {
                 waits.get_or_create(&SPIN_EXPIRED).inc();
             }
-            let awaited = answer_spin::outstanding() > 0;
             let t0 = awaited.then(Instant::now);
             if answer_spin.is_zero() {
                 let _ = bell.read(&mut buf).await;
