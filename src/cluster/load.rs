@@ -57,6 +57,13 @@ pub fn alone(op: &LoadOp) -> bool {
     matches!(op, LoadOp::Route(r) if r.pinned)
 }
 
+/// Whether `op` must start a new batch after the `pending` ones: either of them
+/// travels [`alone`]. The one rule of live batches ([`Batcher::takes`]) and load-sync
+/// answers ([`chunk`]).
+fn apart(pending: &[LoadOp], op: &LoadOp) -> bool {
+    !pending.is_empty() && (alone(op) || pending.first().is_some_and(alone))
+}
+
 /// Cuts a load-sync answer into batches of at most `max_bytes` of ops (roughly:
 /// each op's JSON length is counted; a pinned route is a batch of its own, see
 /// [`alone`]), the last one with `more == false`.
@@ -66,8 +73,7 @@ pub fn chunk(origin: &str, ops: Vec<LoadOp>, max_bytes: usize) -> Vec<LoadBatch>
     let mut bytes = 0;
     for op in ops {
         let n = serde_json::to_vec(&op).map_or(0, |v| v.len()) + 1;
-        let apart = alone(&op) || cur.first().is_some_and(alone);
-        if (bytes + n > max_bytes || apart) && !cur.is_empty() {
+        if (bytes + n > max_bytes && !cur.is_empty()) || apart(&cur, &op) {
             out.push(LoadBatch {
                 origin: origin.to_string(),
                 ops: std::mem::take(&mut cur),
@@ -111,7 +117,7 @@ pub struct Batcher {
 impl Batcher {
     /// Whether `op` may join the pending ops (else flush them first).
     pub fn takes(&self, op: &LoadOp) -> bool {
-        self.ops.is_empty() || !(alone(op) || self.ops.first().is_some_and(alone))
+        !apart(&self.ops, op)
     }
 
     pub fn push(&mut self, op: LoadOp, now_us: u64) {

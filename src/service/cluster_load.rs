@@ -4,7 +4,8 @@
 //! peer's arrive through [`apply_load`] as [`ReplicaOp`] messages to the cores, which
 //! admit a routed request like a restored one and run lifecycle calls wherever the
 //! record lives; a peer's route also enters this replica's prefix affinity
-//! (`select::affinity`) unless the peer's caller pinned its worker. [`load_sync`] takes the peers' in-flight requests over at start.
+//! (`select::affinity`) unless the peer's caller pinned its worker. [`load_sync`]
+//! takes the peers' in-flight requests over at start.
 //! The wire format is `cluster::load`; the NATS side is `cluster_peers`.
 
 use super::cluster_bridge::Cluster;
