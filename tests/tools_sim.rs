@@ -225,7 +225,11 @@ fn offline_ab_models_the_live_benchmark() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown key"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(r#"unknown --sglang-knobs key "bogus""#),
+        "{err}"
+    );
 }
 
 #[test]

@@ -28,9 +28,10 @@
 use super::driver::{RouteQuery, Routed, RouterApi};
 use crate::types::{Role, WorkerSpec};
 use hashbrown::HashMap;
+use serde::{Deserialize, Serialize};
 
-/// The gateway's knobs (its defaults).
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// The gateway's knobs (its defaults); serde so tools can set them by name.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CacheAwareConfig {
     /// Match rate above which the longest-match worker is taken. Default 0.5.
     pub cache_threshold: f64,

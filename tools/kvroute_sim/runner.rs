@@ -63,19 +63,8 @@ pub fn sglang_offline(
 
 /// The gateway model's knobs: its defaults with `key=value,...` applied.
 fn sglang_config(knobs: &str) -> Result<kvroute::sim::sglang::CacheAwareConfig, String> {
-    let mut c = kvroute::sim::sglang::CacheAwareConfig::default();
-    for (k, v) in crate::setup::parse_pairs(knobs)? {
-        let bad = |e: &dyn std::fmt::Display| format!("--sglang-knobs {k}={v}: {e}");
-        match k.as_str() {
-            "cache_threshold" => c.cache_threshold = v.parse().map_err(|e| bad(&e))?,
-            "balance_abs_threshold" => c.balance_abs_threshold = v.parse().map_err(|e| bad(&e))?,
-            "balance_rel_threshold" => c.balance_rel_threshold = v.parse().map_err(|e| bad(&e))?,
-            "max_tree_blocks" => c.max_tree_blocks = v.parse().map_err(|e| bad(&e))?,
-            "eviction_interval_us" => c.eviction_interval_us = v.parse().map_err(|e| bad(&e))?,
-            _ => return Err(format!("--sglang-knobs: unknown key {k:?}")),
-        }
-    }
-    Ok(c)
+    let pairs = crate::setup::parse_pairs(knobs)?;
+    crate::setup::apply_pairs(&Default::default(), &pairs, "--sglang-knobs")
 }
 
 /// Row label of the SGLang `cache_aware` baseline.
