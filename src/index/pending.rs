@@ -227,18 +227,28 @@ impl PendingShard {
                 let seq = self.base;
                 for k in 0..b.len as usize {
                     let Some(&h) = self.ring.get(k) else { break };
-                    if let Some(i) = self.table.find(h, b.worker) {
-                        if self.table.val_mut(i).is_some_and(|e| e.seq == seq) {
-                            self.table.remove_at(i);
-                            self.live -= 1;
-                            self.stats.expired += 1;
-                        }
+                    if self.remove_of_batch(h, b.worker, seq) {
+                        self.stats.expired += 1;
                     }
                 }
             }
             self.pop_front_batch();
         }
         self.table.shrink_if_sparse(SHRINK_FLOOR);
+    }
+
+    /// Removes `worker`'s entry for `hash` if batch `seq` still owns it (a later batch
+    /// that refreshed it owns it now); true when removed. The caller counts why.
+    fn remove_of_batch(&mut self, hash: u64, worker: WorkerSlot, seq: u32) -> bool {
+        let Some(i) = self.table.find(hash, worker) else {
+            return false;
+        };
+        if self.table.val_mut(i).is_none_or(|e| e.seq != seq) {
+            return false;
+        }
+        self.table.remove_at(i);
+        self.live -= 1;
+        true
     }
 
     /// Discards the front batch and its queued hashes (its live entries must be gone).
@@ -271,14 +281,10 @@ impl PendingShard {
             if let Some(front) = self.batches.front_mut() {
                 front.len -= 1;
             }
-            if let Some(i) = self.table.find(h, b.worker) {
-                if self.table.val_mut(i).is_some_and(|e| e.seq == seq) {
-                    self.table.remove_at(i);
-                    self.live -= 1;
-                    self.unlive(seq);
-                    self.stats.evicted += 1;
-                    return true;
-                }
+            if self.remove_of_batch(h, b.worker, seq) {
+                self.unlive(seq);
+                self.stats.evicted += 1;
+                return true;
             }
         }
     }
@@ -293,6 +299,7 @@ impl PendingShard {
         let old_batches = std::mem::take(&mut self.batches);
         let old_ring = std::mem::take(&mut self.ring);
         let mut at = 0usize;
+        // The kept batches are renumbered from the same base.
         let new_base = self.base;
         for (k, b) in old_batches.iter().enumerate() {
             let seq = self.base.wrapping_add(k as u32);
@@ -322,7 +329,6 @@ impl PendingShard {
                 self.batches.push_back(kept);
             }
         }
-        self.base = new_base;
     }
 
     /// Removes `worker`'s entries for `hashes`; returns how many there were.
