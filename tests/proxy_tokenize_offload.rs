@@ -157,3 +157,32 @@ fn the_knob_reads_from_env_and_toml() {
     assert_eq!(off_core(&st.s), 4.0, "TOML");
     let _ = std::fs::remove_file(&toml);
 }
+
+fn answer_waits(s: &Server, kind: &str) -> f64 {
+    s.metric(&format!("kvroute_answer_waits_total{{kind=\"{kind}\"}}"))
+}
+
+#[test]
+fn a_prompt_tokenized_on_the_core_is_announced_to_the_other_core() {
+    let _one = serial();
+    // A bound of a second: every announced query arrives well within it, even on a
+    // loaded machine, so none expires.
+    let Some(st) = start(&["--answer-spin-us", "1000000"]) else {
+        return;
+    };
+    prefix_rounds(&st, 60); // four short bodies, tokenized on the core
+    st.s.wait_until("announcements counted", |s| {
+        answer_waits(s, "expected") == 4.0
+    });
+    assert_eq!(answer_waits(&st.s, "expect_expired"), 0.0);
+    // A long body is tokenized off the core, which takes long enough that the other
+    // core would spin for nothing: not announced.
+    prefix_rounds(&st, 3000);
+    assert_eq!(off_core(&st.s), 4.0);
+    assert_eq!(answer_waits(&st.s, "expected"), 4.0);
+    drop(st);
+    // No answer spin, no announcement.
+    let st = start(&["--answer-spin-us", "0"]).unwrap();
+    prefix_rounds(&st, 60);
+    assert_eq!(answer_waits(&st.s, "expected"), 0.0);
+}

@@ -145,7 +145,7 @@ pub async fn completions(core: Rc<Core>, endpoint: Endpoint, req: Request<Incomi
         }
     };
     let t0 = Instant::now();
-    let (creq, tokens) = super::offload::tokenize(&sh, endpoint, creq, raw.len()).await;
+    let (creq, tokens) = super::offload::tokenize(&core, endpoint, creq, raw.len()).await;
     let tokens = match tokens {
         Ok(t) => t,
         Err(e) => {

@@ -4,13 +4,17 @@
 //! hold the core's other streams. The tokenization itself is `prompt`'s.
 //!
 //! Guarantees: the same token ids either way (one function computes them); the
-//! request body moves to the blocking thread and back, it is not copied.
+//! request body moves to the blocking thread and back, it is not copied. A prompt
+//! tokenized on the core is announced to the other cores first
+//! (`service::router::announce`), so that with `--cores` > 1 their wake-up for the
+//! route's shard query overlaps the tokenizing; one tokenized off the core is not
+//! (it takes long enough that they would spin for nothing).
 
 /// The prompt's token ids (`prompt::prompt_tokens`): on this core for a body of up to
 /// `tokenize_inline_max_bytes`, else on the core's blocking thread while the core
 /// keeps serving its other streams (the body travels there and back, not copied).
 pub async fn tokenize(
-    sh: &crate::service::shared::Shared,
+    core: &crate::service::core::Core,
     endpoint: super::request::Endpoint,
     mut creq: super::request::ClientRequest,
     body_bytes: usize,
@@ -18,8 +22,14 @@ pub async fn tokenize(
     super::request::ClientRequest,
     Result<Option<Vec<u32>>, super::prompt::PromptError>,
 ) {
+    let sh = &core.shared;
     let tok = sh.tokenizers.get();
     if tok.is_none() || body_bytes <= sh.settings.proxy.tokenize_inline_max_bytes {
+        if tok.is_some() {
+            // The route after tokenizing queries the other cores' shards: wake them
+            // now, so their wake-up overlaps the tokenizing (`answer_spin`).
+            crate::service::router::announce(core);
+        }
         let r = super::prompt::prompt_tokens(tok.map(|t| &**t), endpoint, &creq.model, &creq.body);
         return (creq, r);
     }

@@ -20,6 +20,13 @@
 //! A run loop already parked when a task begins to wait is woken for it through
 //! [`next_wait`] (a local waker, no system call), so it spins for that answer too.
 //!
+//! The other side of the round trip: a proxied request tokenizes its prompt before it
+//! routes, and the core that owns the other shard would sleep through that and pay a
+//! wake-up when the query comes. So the accepting core announces the query first
+//! (`Msg::Expect`, sent before tokenizing: its doorbell wakes the other core while the
+//! prompt is tokenized), and a core with an announced query not yet arrived spins the
+//! same way, for at most `answer_spin_us` after the announcement ([`Expected`]).
+//!
 //! [`Outstanding`] is the pure bookkeeping (unit-tested here); the per-core instance
 //! lives in a thread local (one executor per thread) so the router and the run loop
 //! share it without passing it around.
@@ -85,10 +92,70 @@ impl Outstanding {
     }
 }
 
+/// Queries other cores announced to this core but have not sent yet.
+///
+/// Guarantees: the spin ends `bound` after the youngest announcement, whether or not
+/// its query came; then every announcement is forgotten, so a request that never
+/// routes (a prompt that fails to tokenize, a closed connection) cannot keep the core
+/// awake, and the count never grows without bound.
+#[derive(Debug, Default)]
+pub struct Expected {
+    count: u32,
+    until: Option<Instant>,
+    /// Announced queries forgotten at the bound, not yet taken by
+    /// [`Expected::take_expired`].
+    expired: u64,
+}
+
+impl Expected {
+    /// A query was announced at `now`; `bound` zero disables the spin.
+    pub fn announce(&mut self, now: Instant, bound: Duration) {
+        let Some(end) = now.checked_add(bound).filter(|_| !bound.is_zero()) else {
+            return;
+        };
+        self.count = self.count.saturating_add(1);
+        self.until = Some(self.until.map_or(end, |u| u.max(end)));
+    }
+
+    /// A query arrived: one announcement fewer to stay awake for.
+    pub fn arrived(&mut self) {
+        self.count = self.count.saturating_sub(1);
+        if self.count == 0 {
+            self.until = None;
+        }
+    }
+
+    /// `true` while an announced query is awaited and the bound has not passed;
+    /// forgets every announcement once it has.
+    pub fn should_spin(&mut self, now: Instant) -> bool {
+        match self.until {
+            Some(u) if now < u => true,
+            Some(_) => {
+                self.expired += u64::from(self.count);
+                self.count = 0;
+                self.until = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Announced queries not yet arrived (and not expired).
+    pub fn pending(&self) -> u32 {
+        self.count
+    }
+
+    /// Announced queries that never came within the bound, since the last call.
+    pub fn take_expired(&mut self) -> u64 {
+        std::mem::take(&mut self.expired)
+    }
+}
+
 /// This core's waits, and the run loop's waker while it is parked.
 #[derive(Default)]
 struct Local {
     outstanding: Outstanding,
+    expected: Expected,
     /// Waits begun so far (a parked run loop wakes when it moves).
     begun: u64,
     /// The run loop, parked on its doorbell and on [`next_wait`].
@@ -130,15 +197,40 @@ pub fn awaiting() -> Awaiting {
     Awaiting { ticket }
 }
 
-/// Whether this core's run loop should keep polling instead of parking now.
+/// Whether this core's run loop should keep polling instead of parking now: an
+/// answer or an announced query is on its way.
 pub fn should_spin(bound: Duration) -> bool {
     if bound.is_zero() {
         return false;
     }
     LOCAL.with(|l| {
-        let l = l.borrow();
-        !l.outstanding.is_empty() && l.outstanding.should_spin(bound, Instant::now())
+        let mut l = l.borrow_mut();
+        let now = Instant::now();
+        (!l.outstanding.is_empty() && l.outstanding.should_spin(bound, now))
+            | l.expected.should_spin(now)
     })
+}
+
+/// Another core announced a query to this core (`Msg::Expect`): stay awake for it for
+/// at most `bound`.
+pub fn expect(bound: Duration) {
+    LOCAL.with(|l| l.borrow_mut().expected.announce(Instant::now(), bound));
+}
+
+/// A query from another core arrived (announced or not).
+pub fn query_arrived() {
+    LOCAL.with(|l| l.borrow_mut().expected.arrived());
+}
+
+/// Announced queries this core still stays awake for.
+pub fn expected() -> u32 {
+    LOCAL.with(|l| l.borrow().expected.pending())
+}
+
+/// Announced queries that never came within the bound, since the last call (the run
+/// loop counts them in `kvroute_answer_waits_total{kind="expect_expired"}`).
+pub fn take_expired() -> u64 {
+    LOCAL.with(|l| l.borrow_mut().expected.take_expired())
 }
 
 /// Waits outstanding on this core.
@@ -239,6 +331,45 @@ mod tests {
         let _a = o.begin(t0);
         let _b = o.begin(t0 - us(500));
         assert_eq!(o.spin_until(us(100)), Some(t0 + us(100)));
+    }
+
+    #[test]
+    fn an_announced_query_keeps_the_core_awake_until_it_arrives() {
+        let t0 = Instant::now();
+        let mut e = Expected::default();
+        assert!(!e.should_spin(t0), "nothing announced");
+        e.announce(t0, Duration::ZERO);
+        assert!(!e.should_spin(t0), "disabled");
+        assert_eq!(e.pending(), 0);
+        e.announce(t0, us(100));
+        e.announce(t0 + us(50), us(100));
+        assert!(e.should_spin(t0 + us(120)), "the youngest sets the bound");
+        e.arrived();
+        assert!(e.should_spin(t0 + us(120)), "one query still to come");
+        e.arrived();
+        assert!(!e.should_spin(t0 + us(1)), "both arrived");
+        e.arrived();
+        assert_eq!(e.pending(), 0, "an unannounced query is harmless");
+        assert_eq!(e.take_expired(), 0, "nothing expired");
+    }
+
+    #[test]
+    fn an_announcement_whose_query_never_comes_expires() {
+        let t0 = Instant::now();
+        let mut e = Expected::default();
+        for i in 0..1000 {
+            e.announce(t0 + us(i), us(100));
+        }
+        assert!(e.should_spin(t0 + us(1098)));
+        assert!(!e.should_spin(t0 + us(1099)), "bound after the youngest");
+        assert_eq!(e.pending(), 0, "every announcement forgotten");
+        assert_eq!(e.take_expired(), 1000);
+        assert_eq!(e.take_expired(), 0);
+        // A later announcement starts afresh.
+        e.announce(t0 + us(2000), us(100));
+        assert!(e.should_spin(t0 + us(2050)));
+        e.arrived();
+        assert!(!e.should_spin(t0 + us(2050)));
     }
 
     #[test]

@@ -203,6 +203,7 @@ impl Core {
                 items,
                 check_id,
             } => {
+                super::answer_spin::query_arrived();
                 let answer = self.local_query(&items, check_id.as_deref());
                 self.post(
                     from,
@@ -228,6 +229,15 @@ impl Core {
             Msg::Barrier { from, qid } => self.post(from, Msg::Applied { qid }),
             Msg::Applied { qid } => self.complete(qid, Reply::Applied),
             Msg::Replica(op) => self.apply_replica(*op),
+            Msg::Expect => {
+                let waits = &self.shared.metrics.answer_waits;
+                waits
+                    .get_or_create(&super::metrics::KindLabel { kind: "expected" })
+                    .inc();
+                super::answer_spin::expect(Duration::from_micros(
+                    self.shared.settings.answer_spin_us,
+                ));
+            }
         }
     }
 

@@ -105,7 +105,9 @@ pub struct Metrics {
     pub cluster: super::cluster_bridge::ClusterMetrics,
     /// Run-loop parks and spins while an answer from another core was outstanding
     /// (`answer_spin`): `parked`, `parked_long` (longer than `spin_before_park_us`,
-    /// so the executor likely slept), `spin_expired` (`answer_spin_us` ran out).
+    /// so the executor likely slept), `spin_expired` (`answer_spin_us` ran out);
+    /// and queries other cores announced: `expected` (announcements received),
+    /// `expect_expired` (announced queries that did not come within `answer_spin_us`).
     pub answer_waits: Family<KindLabel, Counter>,
 }
 
@@ -344,7 +346,7 @@ impl Metrics {
             m.cluster.register(&mut r);
             r.register(
                 "answer_waits",
-                "Run-loop parks (parked, parked_long) and ended spins (spin_expired) while an answer from another core was outstanding",
+                "Run-loop parks (parked, parked_long) and ended spins (spin_expired) while an answer from another core was outstanding; queries announced by other cores (expected) and announced queries that did not come in time (expect_expired)",
                 m.answer_waits.clone(),
             );
         }

@@ -171,6 +171,9 @@ pub enum Msg {
     Applied { qid: u64 },
     /// `--cluster`: a peer replica's routing or lifecycle call (`cluster_bridge`).
     Replica(Box<super::cluster_bridge::ReplicaOp>),
+    /// A route on the sender will query this core soon (a proxied request is being
+    /// tokenized there): stay awake for it (`answer_spin`). A hint; nothing answers it.
+    Expect,
 }
 
 /// Which inbox of a core a message travels in (see `service::lanes`).
@@ -196,7 +199,8 @@ impl Msg {
             | Msg::Lifecycle { .. }
             | Msg::LifecycleDone { .. }
             | Msg::Applied { .. }
-            | Msg::Replica(_) => Lane::Urgent,
+            | Msg::Replica(_)
+            | Msg::Expect => Lane::Urgent,
         }
     }
 }

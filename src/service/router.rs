@@ -122,6 +122,21 @@ fn refuse_when_stopping(core: &Core) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Tells the other cores that a route from this core will query their shards soon
+/// (the caller is about to tokenize a prompt), so their doorbells ring now, while the
+/// prompt is tokenized, and they stay awake for the query (`answer_spin`) instead of
+/// paying a wake-up when it comes. A hint only: a full inbox drops it, and a query
+/// that never comes ends the other core's spin at `answer_spin_us`.
+pub fn announce(core: &Core) {
+    let sh = &core.shared;
+    if sh.cores < 2 || sh.settings.answer_spin_us == 0 {
+        return;
+    }
+    for c in (0..sh.cores).filter(|&c| c != core.id) {
+        let _ = sh.try_send(c, Msg::Expect);
+    }
+}
+
 /// Routes one request (from the binary API or HTTP).
 pub async fn route(core: &Core, req: &RouteRequest) -> Result<RouteDecision, ApiError> {
     let started = Instant::now();

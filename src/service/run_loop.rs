@@ -46,6 +46,9 @@ const PARKED_LONG: KindLabel = KindLabel {
 const SPIN_EXPIRED: KindLabel = KindLabel {
     kind: "spin_expired",
 };
+const EXPECT_EXPIRED: KindLabel = KindLabel {
+    kind: "expect_expired",
+};
 
 /// While spinning for an answer, the executor's rings are polled at least this often.
 const SPIN_POLL: Duration = Duration::from_micros(20);
@@ -179,6 +182,10 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
             let awaited = answer_spin::outstanding() > 0;
             if std::mem::take(&mut spinning) && awaited {
                 waits.get_or_create(&SPIN_EXPIRED).inc();
+            }
+            let expired = answer_spin::take_expired();
+            if expired > 0 {
+                waits.get_or_create(&EXPECT_EXPIRED).inc_by(expired);
             }
             let t0 = awaited.then(Instant::now);
             if answer_spin.is_zero() {
