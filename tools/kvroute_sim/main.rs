@@ -27,12 +27,15 @@
 //! - `replay`: a Mooncake trace replayed as OpenAI requests against any endpoint
 //!   (a worker, kvroute's proxy, another gateway): TTFT / ITL / E2E, stalls and the hit
 //!   rate measured at the workers (`replay.rs`).
+//! - `relay`: a protocol-less byte relay, the floor of any proxy's added latency on
+//!   the machine (`relay.rs`).
 //!
 //! Every figure is computed by `kvroute::sim` (one model for all paths); hit rate is
 //! measured on the simulated workers. Errors are reported, never panics.
 
 mod clock;
 mod fleet;
+mod relay;
 mod replay;
 mod restart;
 mod runner;
@@ -75,6 +78,8 @@ enum Cmd {
     Replay(replay::ReplayArgs),
     /// Write a small real HF tokenizer (word tN = token id N) for tests and demos.
     Tokenizer(tokenizer::TokenizerArgs),
+    /// A byte relay (no protocol): the floor of any proxy's added latency here.
+    Relay(relay::RelayArgs),
 }
 
 /// Output and knob flags shared by the subcommands.
@@ -226,6 +231,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Fleet(a) => fleet::run(a),
         Cmd::Replay(a) => replay::run(a),
         Cmd::Tokenizer(a) => tokenizer::run(a),
+        Cmd::Relay(a) => relay::run(a),
     }
 }
 
