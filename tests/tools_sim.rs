@@ -256,3 +256,75 @@ fn bad_input_is_an_error_not_a_panic() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// `kvroute-sim relay` copies bytes both ways, over several connections at once, and
+/// closes a client whose upstream cannot be reached.
+#[test]
+fn relay_copies_both_ways_and_closes_on_a_dead_upstream() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::process::Stdio;
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    fn start(upstream: &str) -> (Kill, String) {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_kvroute-sim"))
+            .args(["relay", "--upstream", upstream])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(c.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        // "relay listening on ADDR -> UPSTREAM"
+        let addr = line.split_whitespace().nth(3).unwrap().to_string();
+        (Kill(c), addr)
+    }
+    // An upstream that answers each read with its bytes reversed.
+    let up = TcpListener::bind("127.0.0.1:0").unwrap();
+    let up_addr = up.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for s in up.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    let r: Vec<u8> = buf[..n].iter().rev().copied().collect();
+                    if s.write_all(&r).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let (_relay, addr) = start(&up_addr);
+    let mut clients: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    for round in 0..3 {
+        for (i, c) in clients.iter_mut().enumerate() {
+            let msg = format!("c{i}r{round}");
+            c.write_all(msg.as_bytes()).unwrap();
+            let mut got = vec![0u8; msg.len()];
+            c.read_exact(&mut got).unwrap();
+            let want: Vec<u8> = msg.bytes().rev().collect();
+            assert_eq!(got, want);
+        }
+    }
+    // No upstream listening: the relay closes the client (EOF, not a hang).
+    let dead = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap().to_string();
+    drop(dead);
+    let (_relay2, addr2) = start(&dead_addr);
+    let mut c = TcpStream::connect(&addr2).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut buf = [0u8; 8];
+    assert_eq!(c.read(&mut buf).unwrap_or(0), 0, "closed");
+}
