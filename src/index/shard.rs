@@ -120,6 +120,7 @@ impl std::ops::AddAssign for ShardStats {
 }
 
 mod query;
+pub(crate) use query::QueryRing;
 mod snapshot;
 
 /// Per-worker counters of a shard (its generations are in `IndexShard::gens`).
