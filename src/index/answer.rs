@@ -124,6 +124,16 @@ impl ShardAnswer {
         self.positions.push(pos);
     }
 
+    /// Appends the answered positions `positions.len()..n` (same holders as the last
+    /// run): the one-shard query, whose answered positions are `0..`, writes them in
+    /// bulk instead of one push per position (see `IndexShard::query_seq`). The run's
+    /// end is written as by [`ShardAnswer::repeat_position`].
+    #[inline]
+    pub(crate) fn fill_positions(&mut self, n: u32) {
+        let from = self.positions.len() as u32;
+        self.positions.extend(from..n);
+    }
+
     /// Ends the last run at the last answered position (after
     /// [`ShardAnswer::repeat_position`]s).
     #[inline]

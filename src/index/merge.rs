@@ -215,7 +215,12 @@ pub fn merge(
     // is not, the end moves to the first such position.
     let covered: usize = answers
         .iter()
-        .map(|a| a.positions.partition_point(|&p| p < end))
+        .map(|a| match a.positions.last() {
+            // Positions increase: all of them lie below the end (the common case, no
+            // binary search needed) when the last one does.
+            Some(&p) if p < end => a.positions.len(),
+            _ => a.positions.partition_point(|&p| p < end),
+        })
         .sum();
     if covered != end as usize {
         end = first_unanswered(answers, end, covered, &mut out.seen);

@@ -35,6 +35,8 @@ mod tests_merge;
 #[cfg(test)]
 mod tests_prop;
 #[cfg(test)]
+mod tests_query;
+#[cfg(test)]
 mod tests_shard;
 
 pub use answer::{Holder, Match, Run, ShardAnswer};

@@ -30,8 +30,8 @@ pub const DEFAULT_WORKER_CAP: u64 = 1 << 20;
 /// keeps small shards from compacting on every clear.
 const COMPACT_FLOOR: u64 = 4096;
 
-/// How many keys ahead of its use [`Ahead`] (and a query) prefetches a home slot (a
-/// power of two).
+/// How many keys ahead of its use [`Ahead`] (stores and removes) prefetches a home slot
+/// (a power of two; queries use `query::QUERY_AHEAD`).
 pub(crate) const AHEAD: usize = 16;
 
 /// The keys of a hash list in order, each key's home slot prefetched [`AHEAD`] keys
@@ -120,6 +120,7 @@ impl std::ops::AddAssign for ShardStats {
 }
 
 mod query;
+pub(crate) use query::QueryRing;
 mod snapshot;
 
 /// Per-worker counters of a shard (its generations are in `IndexShard::gens`).

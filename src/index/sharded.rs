@@ -10,7 +10,7 @@
 use super::answer::ShardAnswer;
 use super::holders::Holders;
 use super::merge::{merge, MergeResult};
-use super::shard::{IndexShard, ShardStats, StoreOutcome, AHEAD};
+use super::shard::{IndexShard, QueryRing, ShardStats, StoreOutcome};
 use super::{mix, shard_of, Budget};
 use crate::types::{Tier, WorkerSlot, MAX_WORKER_SLOTS};
 use std::sync::Arc;
@@ -229,20 +229,14 @@ where
     }
     let mask = n - 1;
     let lane = |k: u64| (k >> shift) as usize & mask;
-    let mut ring = [(0u64, 0usize); AHEAD];
-    for (r, &h) in ring.iter_mut().zip(hashes) {
-        let k = mix(h);
-        *r = (k, shards[lane(k)].prefetch_lookup(k));
-    }
+    let key_of = |&h: &u64| mix(h);
+    let prefetch = |k| shards[lane(k)].prefetch_lookup(k);
+    let mut ring = QueryRing::new();
+    ring.start(hashes, key_of, prefetch);
     for i in 0..hashes.len() {
-        let r = &mut ring[i % AHEAD];
-        let (k, home) = *r;
-        if let Some(&h) = hashes.get(i + AHEAD) {
-            let k2 = mix(h);
-            *r = (k2, shards[lane(k2)].prefetch_lookup(k2));
-        }
+        let k = ring.key(hashes, i, key_of, prefetch);
         let s = lane(k);
-        if !shards[s].answer_one(i as u32, k, home, &mut prevs[s], &mut answers[s]) {
+        if !shards[s].answer_one(i as u32, k, &mut prevs[s], &mut answers[s]) {
             answers[s].first_miss = i as u32;
             break;
         }

@@ -92,48 +92,10 @@ impl Table {
         let _ = key;
     }
 
-    /// Asks the CPU to start loading what a lookup of `key` reads: the cache lines of
-    /// its home slot and of the slot after it (the same line three times in four).
-    /// Why not [`Table::prefetch`]'s two lines: a lookup shifts nothing, and every
-    /// useless line in flight takes a miss slot from the next keys' lookups. Returns
-    /// the home slot, for [`Table::lookup`].
+    /// The slots, read-only, for a query's loop (see [`Reader`]).
     #[inline(always)]
-    pub(crate) fn prefetch_lookup(&self, key: u64) -> usize {
-        let home = self.home(key);
-        #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let p = self.slots.as_ptr().wrapping_add(home);
-            // SAFETY: as in `prefetch`: a prefetch never faults.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(1).cast::<i8>());
-            }
-        }
-        home
-    }
-
-    /// Holders of `key`, whose home slot is `home` (from [`Table::prefetch_lookup`]
-    /// since the table last changed), if present: the query's probe, which returns
-    /// the holders from the slot it already read.
-    #[inline(always)]
-    pub(crate) fn lookup(&self, home: usize, key: u64) -> Option<Holders> {
-        let mut i = home;
-        let mut d = 0usize;
-        loop {
-            let s = self.slots.get(i)?;
-            if s.hs.is_empty() {
-                return None;
-            }
-            if s.key == key {
-                return Some(s.hs);
-            }
-            if self.dist(i, s.key) < d {
-                return None;
-            }
-            d += 1;
-            i = self.next(i);
-        }
+    pub(crate) fn reader(&self) -> Reader<'_> {
+        Reader { slots: &self.slots }
     }
 
     /// Home slot of `key`: below the capacity (0 when unallocated).
@@ -335,6 +297,89 @@ impl Table {
     }
 }
 
+/// A [`Table`]'s slots borrowed for the read path: what a query's loop keeps in
+/// registers (the slice's pointer and length) instead of reloading them through the
+/// table for every block.
+///
+/// Why a lookup needs no Robin Hood distance check: linear probing alone guarantees
+/// that a present key lies between its home slot and the first free slot after it
+/// (inserts and backward-shift removals keep clusters contiguous); the distance check
+/// only shortens unsuccessful probes, which a query meets at most once (its first
+/// miss ends it), while it costs a multiply and a compare on every displaced slot of
+/// every hit.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reader<'a> {
+    slots: &'a [Slot],
+}
+
+impl Reader<'_> {
+    /// Home slot of `key` (as `Table::home`): below the capacity, 0 when unallocated.
+    #[inline(always)]
+    fn home(&self, key: u64) -> usize {
+        // cap ≤ 2^32, so the product fits in 64 bits and the result is < cap.
+        (((key as u32 as u64) * self.slots.len() as u64) >> 32) as usize
+    }
+
+    /// Asks the CPU to start loading what a lookup of `key` reads: the cache lines of
+    /// its home slot and of the slot after it (the same line three times in four).
+    /// Why not [`Table::prefetch`]'s two lines: a lookup shifts nothing, and every
+    /// useless line in flight takes a miss slot from the next keys' lookups. A no-op
+    /// off x86-64.
+    #[inline(always)]
+    pub(crate) fn prefetch_lookup(&self, key: u64) {
+        #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let p = self.slots.as_ptr().wrapping_add(self.home(key));
+            // SAFETY: a prefetch never faults and reads nothing architecturally; the
+            // address is in (or, for an unallocated table, at) the slot array.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(1).cast::<i8>());
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_feature = "sse")))]
+        let _ = key;
+    }
+
+    /// Holders of `key`, if present. Scans from the home slot to the key or the first
+    /// free slot (see the type's docs). The home slot, where about half the hits are,
+    /// is checked inline; the rest of the cluster by [`Reader::lookup_after`].
+    #[inline(always)]
+    pub(crate) fn lookup(&self, key: u64) -> Option<Holders> {
+        let home = self.home(key);
+        let s = self.slots.get(home)?;
+        if s.key == key {
+            // A free slot (whatever its key) ends the cluster: the key is absent.
+            return if s.hs.is_empty() { None } else { Some(s.hs) };
+        }
+        if s.hs.is_empty() {
+            return None;
+        }
+        self.lookup_after(home, key)
+    }
+
+    /// [`Reader::lookup`] past the home slot `home`, the end of the array wrapping to
+    /// slot 0. Terminates: the load factor leaves a free slot, and the scan visits
+    /// each slot at most once.
+    #[inline]
+    fn lookup_after(&self, home: usize, key: u64) -> Option<Holders> {
+        let n = self.slots.len();
+        let mut i = home;
+        for _ in 1..n {
+            i = if i + 1 < n { i + 1 } else { 0 };
+            let s = self.slots.get(i)?;
+            if s.key == key {
+                return if s.hs.is_empty() { None } else { Some(s.hs) };
+            }
+            if s.hs.is_empty() {
+                return None;
+            }
+        }
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Probe, Table};
@@ -348,9 +393,20 @@ mod tests {
     fn check(t: &Table, model: &HashMap<u64, u32>) {
         assert_eq!(t.len(), model.len());
         assert_eq!(t.iter().count(), model.len());
+        let r = t.reader();
         for (k, v) in model {
             let i = t.find(*k).expect("key present");
             assert_eq!(t.holders(i), Holders::single(*v));
+            // The query's probe (no distance check, wrap off the hot path) agrees.
+            r.prefetch_lookup(*k);
+            assert_eq!(r.lookup(*k), Some(Holders::single(*v)));
+        }
+        // Absent keys, including 0 (the key of a free slot) and keys whose home is
+        // at either end of the array, are not found.
+        for k in [0u64, 1, 0xFFFF_FFFF, 0xFFFF_FFF8, 5 << 40, (31 << 40) | 7] {
+            if !model.contains_key(&k) {
+                assert_eq!(r.lookup(k), None, "{k:#x}");
+            }
         }
     }
 
@@ -406,6 +462,9 @@ mod tests {
     fn empty_table_finds_nothing() {
         let mut t = Table::default();
         assert!(t.find(7).is_none());
+        t.reader().prefetch_lookup(7);
+        assert_eq!(t.reader().lookup(7), None);
+        assert_eq!(t.reader().lookup(0), None);
         t.remove_at(0);
         t.retain(|_| false);
         t.shrink_to(0);
