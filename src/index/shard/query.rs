@@ -96,21 +96,7 @@ impl IndexShard {
         ring.start(items, key_of, prefetch);
         for (i, &(pos, _)) in items.iter().enumerate() {
             let k = ring.key(items, i, key_of, prefetch);
-            let ok = match t.lookup(k) {
-                Some(hs) if hs == prev => {
-                    out.repeat_position(pos);
-                    true
-                }
-                Some(hs) => {
-                    let ok = self.start_run(pos, hs, out);
-                    if ok {
-                        prev = hs;
-                    }
-                    ok
-                }
-                None => false,
-            };
-            if !ok {
+            if !self.answer_found(pos, t.lookup(k), &mut prev, out) {
                 out.first_miss = pos;
                 break;
             }
@@ -179,7 +165,21 @@ impl IndexShard {
         prev: &mut Holders,
         out: &mut ShardAnswer,
     ) -> bool {
-        match self.map.reader().lookup(key) {
+        self.answer_found(pos, self.map.reader().lookup(key), prev, out)
+    }
+
+    /// [`IndexShard::answer_one`] once the key was looked up: `found` is its raw
+    /// holder set, if present (the one-shard loop looks up through a reader it keeps
+    /// in registers).
+    #[inline(always)]
+    fn answer_found(
+        &self,
+        pos: u32,
+        found: Option<Holders>,
+        prev: &mut Holders,
+        out: &mut ShardAnswer,
+    ) -> bool {
+        match found {
             Some(hs) if hs == *prev => {
                 out.repeat_position(pos);
                 true
