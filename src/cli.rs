@@ -138,8 +138,8 @@ pub struct ServeArgs {
     /// Pin executor N to CPU N (`false`: leave placement to the kernel).
     #[arg(long, env = "KVROUTE_PIN_CORES")]
     pub pin_cores: Option<bool>,
-    /// Microseconds a core keeps polling for an outstanding cross-core answer before
-    /// parking (0 = park at once).
+    /// Microseconds a core keeps polling for an outstanding cross-core answer (or an
+    /// announced query) before parking (0 = park at once).
     #[arg(long, env = "KVROUTE_ANSWER_SPIN_US")]
     pub answer_spin_us: Option<u64>,
     /// Join a replica tier through this NATS server (nats://HOST:PORT).

@@ -116,7 +116,9 @@ pub struct Settings {
     /// one of its cross-core queries (a decision's shard query, a lifecycle call held
     /// elsewhere) is outstanding, counted from the youngest such query (0 = park as
     /// usual). Spares the asking core a wake-up per decision with `--cores` > 1;
-    /// costs at most this much CPU per round trip. Default [`DEFAULT_ANSWER_SPIN_US`].
+    /// costs at most this much CPU per round trip. Also how long a core stays awake
+    /// for a query another core announced before tokenizing a proxied prompt (0: no
+    /// announcements). Default [`DEFAULT_ANSWER_SPIN_US`].
     pub answer_spin_us: u64,
 }
 

@@ -206,8 +206,9 @@ pub fn should_spin(bound: Duration) -> bool {
     LOCAL.with(|l| {
         let mut l = l.borrow_mut();
         let now = Instant::now();
-        (!l.outstanding.is_empty() && l.outstanding.should_spin(bound, now))
-            | l.expected.should_spin(now)
+        // `|`, not `||`: an expired announcement is forgotten (and counted) on every
+        // look, whatever the answers do.
+        l.outstanding.should_spin(bound, now) | l.expected.should_spin(now)
     })
 }
 
@@ -220,11 +221,6 @@ pub fn expect(bound: Duration) {
 /// A query from another core arrived (announced or not).
 pub fn query_arrived() {
     LOCAL.with(|l| l.borrow_mut().expected.arrived());
-}
-
-/// Announced queries this core still stays awake for.
-pub fn expected() -> u32 {
-    LOCAL.with(|l| l.borrow().expected.pending())
 }
 
 /// Announced queries that never came within the bound, since the last call (the run

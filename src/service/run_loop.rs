@@ -18,7 +18,8 @@
 //! - it parks on the doorbell only when both inboxes are empty and asleep
 //!   (`sync::lanes`, loom-checked): no lost wake-up, spurious wake-ups are harmless;
 //! - while one of this core's cross-core queries is outstanding and younger than
-//!   `answer_spin_us` (`answer_spin`) it does not park: it keeps polling its inboxes,
+//!   `answer_spin_us`, or a query another core announced (`Msg::Expect`) is still to
+//!   come and announced less than that ago (`answer_spin`), it does not park: it keeps polling its inboxes,
 //!   between two looks letting the executor run its other tasks, and its rings at
 //!   least every [`SPIN_POLL`], so the answer needs no doorbell and no wake-up of
 //!   this core.
