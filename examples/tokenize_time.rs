@@ -4,7 +4,9 @@
 //! Times `prompt_tokens` on the test tokenizer (WordLevel, `kvroute-sim tokenizer`) and
 //! on any HF tokenizer directories given (e.g. the byte-level BPE that
 //! tests/py/hf_tokenizer.py writes): completions prompts and 4-turn chats of 1k, 8k and
-//! 32k words, median of repeated runs.
+//! 32k words, median of repeated runs. Each tokenizer twice, alternately: by the lean
+//! walk of its pipeline (the default where it is exact) and by HF's pipeline
+//! (`--tokenize-lean false`), with the ratio.
 
 use kvroute::tokenize::{testing, Endpoint, Tokenizers};
 use serde_json::json;
@@ -24,19 +26,25 @@ fn median_us(mut f: impl FnMut() -> usize) -> (f64, usize) {
 }
 
 fn main() {
-    let mut sets: Vec<(String, Tokenizers, bool)> = vec![(
+    let test = || testing::in_memory("m", testing::DEFAULT_VOCAB).expect("test tokenizer");
+    let mut sets: Vec<(String, Tokenizers, Tokenizers, bool)> = vec![(
         "test (WordLevel)".into(),
-        testing::in_memory("m", testing::DEFAULT_VOCAB).expect("test tokenizer"),
+        test(),
+        test().with_lean(false),
         true,
     )];
     for arg in std::env::args().skip(1) {
         let (name, dir) = arg.split_once('=').expect("NAME=DIR");
-        let t = Tokenizers::load(&[("m".into(), dir.into())]).expect("load");
-        sets.push((name.into(), t, false));
+        let load = || Tokenizers::load(&[("m".into(), dir.into())]).expect("load");
+        sets.push((name.into(), load(), load().with_lean(false), false));
     }
-    println!("| tokenizer | request | words | tokens | median µs | µs / 1k tokens |");
-    println!("|---|---|---|---|---|---|");
-    for (name, t, ids_words) in &sets {
+    println!("| tokenizer | request | words | tokens | lean µs | HF pipeline µs | HF / lean | lean µs / 1k tokens |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (name, lean, hf, ids_words) in &sets {
+        assert!(
+            lean.is_lean("m"),
+            "{name}: the lean walk does not cover this tokenizer"
+        );
         for words in [1_000usize, 8_000, 32_000] {
             let list: Vec<String> = if *ids_words {
                 (0..words as u32)
@@ -65,15 +73,31 @@ fn main() {
                 ("completions", Endpoint::Completions, &comp),
                 ("chat", Endpoint::Chat, &chat),
             ] {
-                let (us, n) = median_us(|| {
-                    t.prompt_tokens(ep, "m", body)
-                        .ok()
-                        .flatten()
-                        .map_or(0, |v| v.len())
-                });
+                let run = |t: &Tokenizers| {
+                    median_us(|| {
+                        t.prompt_tokens(ep, "m", body)
+                            .ok()
+                            .flatten()
+                            .map_or(0, |v| v.len())
+                    })
+                };
+                let (mut l, mut h) = (Vec::new(), Vec::new());
+                let mut n = 0;
+                for _ in 0..3 {
+                    let (us, k) = run(lean);
+                    l.push(us);
+                    let (us, k2) = run(hf);
+                    h.push(us);
+                    assert_eq!(k, k2, "the two paths gave different token counts");
+                    n = k;
+                }
+                l.sort_by(f64::total_cmp);
+                h.sort_by(f64::total_cmp);
+                let (l, h) = (l[1], h[1]);
                 println!(
-                    "| {name} | {label} | {words} | {n} | {us:.0} | {:.0} |",
-                    us * 1000.0 / n.max(1) as f64
+                    "| {name} | {label} | {words} | {n} | {l:.0} | {h:.0} | {:.1}× | {:.0} |",
+                    h / l,
+                    l * 1000.0 / n.max(1) as f64
                 );
             }
         }

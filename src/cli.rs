@@ -138,6 +138,10 @@ pub struct ServeArgs {
     /// Pin executor N to CPU N (`false`: leave placement to the kernel).
     #[arg(long, env = "KVROUTE_PIN_CORES")]
     pub pin_cores: Option<bool>,
+    /// Tokenize prompts by the lean walk of each tokenizer's pipeline where it is
+    /// exact (`false`: HF's pipeline for every prompt).
+    #[arg(long, env = "KVROUTE_TOKENIZE_LEAN")]
+    pub tokenize_lean: Option<bool>,
     /// Microseconds a core keeps polling for an outstanding cross-core answer (or an
     /// announced query) before parking (0 = park at once).
     #[arg(long, env = "KVROUTE_ANSWER_SPIN_US")]
@@ -503,6 +507,7 @@ impl ServeArgs {
         }
         overlay!(s, self, ingest_slice_hashes);
         overlay!(s, self, pin_cores);
+        overlay!(s, self, tokenize_lean);
         overlay!(s, self, answer_spin_us);
         self.apply_cluster(&mut s.cluster);
     }

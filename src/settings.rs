@@ -100,6 +100,10 @@ pub struct Settings {
     /// adapter use the base model's tokenizer and the adapter's hash space. Default none.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub lora_adapters: std::collections::BTreeMap<String, String>,
+    /// Tokenize prompts by the lean walk of each tokenizer's pipeline where it is
+    /// exact for that tokenizer (`crate::tokenize` "lean"; checked at load and on
+    /// sampled prompts); `false` runs HF's pipeline for every prompt. Default true.
+    pub tokenize_lean: bool,
     /// Most of a shard's block hashes applied between two looks at its urgent inbox
     /// (routing queries wait behind at most this much ingest; `service::ingest_slice`).
     pub ingest_slice_hashes: usize,
@@ -215,6 +219,7 @@ impl Default for Settings {
             ingest_slice_hashes: DEFAULT_INGEST_SLICE_HASHES,
             cluster: Default::default(),
             pin_cores: true,
+            tokenize_lean: true,
             answer_spin_us: DEFAULT_ANSWER_SPIN_US,
         }
     }

@@ -225,7 +225,7 @@ fn tokenizer_settings_layer_toml_env_and_flags() {
     let cfg = tmp.path().join("k.toml");
     std::fs::write(
         &cfg,
-        "[limits]\nmax_prompt_tokens = 5000\n[tokenizers]\n\"org/model-a\" = \"/models/a\"\n\
+        "tokenize_lean = false\n[limits]\nmax_prompt_tokens = 5000\n[tokenizers]\n\"org/model-a\" = \"/models/a\"\n\
          [lora_adapters]\nsql = \"org/model-a\"\n",
     )
     .unwrap();
@@ -246,21 +246,32 @@ fn tokenizer_settings_layer_toml_env_and_flags() {
     assert_eq!(v["tokenizers"], json!({"org/model-a": "/models/a"}));
     assert_eq!(v["lora_adapters"], json!({"sql": "org/model-a"}));
     assert_eq!(v["limits"]["max_prompt_tokens"], 5000);
+    assert_eq!(v["tokenize_lean"], false);
     let v = print(
         &[
             ("KVROUTE_TOKENIZERS", "b=/models/b,c=/models/c"),
             ("KVROUTE_LORA_ADAPTERS", "x=b"),
+            ("KVROUTE_TOKENIZE_LEAN", "true"),
         ],
         &["--max-prompt-tokens", "77"],
     );
     assert_eq!(v["tokenizers"], json!({"b": "/models/b", "c": "/models/c"}));
     assert_eq!(v["lora_adapters"], json!({"x": "b"}));
     assert_eq!(v["limits"]["max_prompt_tokens"], 77);
+    assert_eq!(v["tokenize_lean"], true);
     let v = print(
         &[("KVROUTE_TOKENIZERS", "b=/models/b")],
-        &["--tokenizer", "d=/models/d", "--lora-adapter", "y=d"],
+        &[
+            "--tokenizer",
+            "d=/models/d",
+            "--lora-adapter",
+            "y=d",
+            "--tokenize-lean",
+            "false",
+        ],
     );
     assert_eq!(v["tokenizers"], json!({"d": "/models/d"}));
+    assert_eq!(v["tokenize_lean"], false);
     // Defaults: none, and a generous prompt limit.
     let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
         .arg("print-config")
@@ -270,6 +281,29 @@ fn tokenizer_settings_layer_toml_env_and_flags() {
     let v = serde_json::to_value(t).unwrap();
     assert!(v.get("tokenizers").is_none());
     assert_eq!(v["limits"]["max_prompt_tokens"], 262_144);
+    assert_eq!(v["tokenize_lean"], true);
+}
+
+/// The running service says how each model's prompts are tokenized, and
+/// `--tokenize-lean false` takes the lean walk away.
+#[test]
+fn the_service_names_the_tokenizing_path_of_each_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tok");
+    build_tokenizer(&dir, 100);
+    let m = format!("m={}", dir.display());
+    for (flags, want) in [
+        (vec!["--tokenizer", m.as_str()], "lean walk"),
+        (
+            vec!["--tokenizer", m.as_str(), "--tokenize-lean", "false"],
+            "HF pipeline",
+        ),
+    ] {
+        let s = Server::start_logged(1, &flags);
+        let line = format!("kvroute: tokenizer for model \"m\": {want}");
+        let log = s.log();
+        assert!(log.iter().any(|l| l.starts_with(&line)), "{line:?} not in {log:?}");
+    }
 }
 
 /// A real HF tokenizer.json (byte-level BPE, Llama-3 regex with look-ahead, NFC) written
@@ -295,6 +329,9 @@ fn python_tokenizers_files_load_and_encode_like_python() {
     );
     let expect: Value = serde_json::from_slice(&out.stdout).unwrap();
     let toks = Tokenizers::load(&[("llama".into(), dir.clone())]).unwrap();
+    // The comparison below is of the lean walk (tokenize::lean), which this
+    // Llama-3-style pipeline (NFC, Split + ByteLevel, BPE) must take.
+    assert!(toks.is_lean("llama"));
     for t in expect["texts"].as_array().unwrap() {
         let text = t["text"].as_str().unwrap();
         let with: Vec<u32> = serde_json::from_value(t["with_special"].clone()).unwrap();

@@ -44,6 +44,9 @@ pub struct ProxyMetrics {
     pub untokenized: Counter,
     /// Prompts tokenized on the core's blocking thread (`tokenize_inline_max_bytes`).
     pub tokenized_off_core: Counter,
+    /// Sampled prompts whose lean ids differed from HF's (`tokenize::lean`; set at
+    /// scrape time).
+    pub tokenize_lean_mismatches: Gauge,
     pub prefill_fallbacks: Counter,
     pub active: Gauge,
 }
@@ -67,6 +70,7 @@ impl ProxyMetrics {
             tokenize_seconds: Histogram::new((0..16).map(|i| 1e-6 * f64::from(1u32 << i))),
             untokenized: Counter::default(),
             tokenized_off_core: Counter::default(),
+            tokenize_lean_mismatches: Gauge::default(),
             prefill_fallbacks: Counter::default(),
             active: Gauge::default(),
         }
@@ -127,6 +131,11 @@ impl ProxyMetrics {
             "proxy_tokenized_off_core",
             "Prompts tokenized on the core's blocking thread (bodies over tokenize_inline_max_bytes)",
             self.tokenized_off_core.clone(),
+        );
+        r.register(
+            "proxy_tokenize_lean_mismatches",
+            "Sampled prompts whose token ids by the lean walk differed from the HF pipeline's (each turns the lean walk off for its model)",
+            self.tokenize_lean_mismatches.clone(),
         );
         r.register(
             "proxy_prefill_fallbacks",

@@ -168,6 +168,14 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     settings.validate()?;
     // Before anything is bound: a missing or broken tokenizer directory stops the start.
     let tokenizers = Arc::new(crate::tokenize::Tokenizers::from_settings(&settings)?);
+    for m in tokenizers.models() {
+        let how = if tokenizers.is_lean(m) {
+            "lean walk of its pipeline"
+        } else {
+            "HF pipeline (a step the lean walk does not cover)"
+        };
+        eprintln!("kvroute: tokenizer for model {m:?}: {how}");
+    }
     let token = settings.resolve_token()?;
     let worker_tokens = match &settings.worker_tokens_file {
         Some(path) => crate::credentials::load_worker_tokens(path, token.as_deref())?,

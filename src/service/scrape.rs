@@ -69,6 +69,10 @@ pub fn scrape(core: &Core) -> String {
         m.index_budget_used.set(sh.budget.total() as i64);
         m.active_requests.set(active as i64);
         m.workers.set(reg.len() as i64);
+        if let Some(t) = sh.tokenizers.get() {
+            let n = i64::try_from(t.lean_mismatches()).unwrap_or(i64::MAX);
+            sh.proxy.metrics.tokenize_lean_mismatches.set(n);
+        }
     })
 }
 

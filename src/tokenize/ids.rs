@@ -97,6 +97,11 @@ impl Fast {
         (out.get_ids() == both.as_slice()).then_some(f)
     }
 
+    /// The special tokens the post-processor puts before and after a single sequence.
+    pub(crate) fn special(&self) -> (&[u32], &[u32]) {
+        (&self.prefix, &self.suffix)
+    }
+
     /// The ids `tok.encode_fast(text, add_special)` would give (`tok` is the tokenizer
     /// this was made for).
     pub(crate) fn ids(

@@ -32,6 +32,9 @@
 
 pub mod chat;
 mod ids;
+mod lean;
+#[cfg(test)]
+mod lean_tests;
 pub mod prompt;
 pub mod testing;
 pub mod tojson;
@@ -82,6 +85,30 @@ pub(crate) struct Model {
     pub(crate) chat: Option<chat::ChatTemplates>,
     /// The ids-only path ([`ids::Fast`]) when it is exact for this tokenizer.
     pub(crate) fast: Option<ids::Fast>,
+    /// The lean walk of the pipeline ([`lean::Lean`]) when it is exact for it (it
+    /// takes the special tokens around a sequence from `fast`).
+    lean: Option<lean::Lean>,
+}
+
+impl Model {
+    /// A model of `tok` with its chat templates; the shortcuts it is exact for.
+    pub(crate) fn new(tok: tokenizers::Tokenizer, chat: Option<chat::ChatTemplates>) -> Model {
+        let vocab = u32::try_from(tok.get_vocab_size(true)).unwrap_or(u32::MAX);
+        let fast = ids::Fast::new(&tok);
+        let lean = fast.as_ref().and_then(|_| lean::Lean::new(&tok));
+        Model {
+            tok,
+            vocab,
+            chat,
+            fast,
+            lean,
+        }
+    }
+
+    /// Whether prompts are tokenized by the lean walk ([`lean::Lean`]).
+    fn is_lean(&self) -> bool {
+        self.lean.as_ref().is_some_and(lean::Lean::on)
+    }
 }
 
 /// The tokenizers of every configured model.
@@ -146,7 +173,21 @@ impl Tokenizers {
             .collect();
         Tokenizers::load(&models)?
             .with_max_prompt_tokens(s.limits.max_prompt_tokens)
+            .with_lean(s.tokenize_lean)
             .with_adapters(&adapters)
+    }
+
+    /// `false`: every prompt through HF's pipeline, never the lean walk
+    /// (`tokenize::lean`; on by default wherever it is exact).
+    pub fn with_lean(mut self, on: bool) -> Tokenizers {
+        if !on {
+            for m in self.models.values_mut() {
+                if let Some(m) = Arc::get_mut(m) {
+                    m.lean = None;
+                }
+            }
+        }
+        self
     }
 
     /// Sets the prompt size limit (tokens; at least 1).
@@ -177,6 +218,29 @@ impl Tokenizers {
             self.adapters.insert(a.clone(), base.clone());
         }
         Ok(self)
+    }
+
+    /// Whether `model`'s prompts take the lean walk of its pipeline (`tokenize::lean`:
+    /// exact for this tokenizer, checked at load and on sampled prompts).
+    pub fn is_lean(&self, model: &str) -> bool {
+        self.resolve(model).is_some_and(Model::is_lean)
+    }
+
+    /// The configured models, sorted.
+    pub fn models(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.models.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// Sampled prompts whose lean ids differed from HF's, over all models (each turns
+    /// its model's lean path off).
+    pub fn lean_mismatches(&self) -> u64 {
+        self.models
+            .values()
+            .filter_map(|m| m.lean.as_ref())
+            .map(lean::Lean::mismatches)
+            .sum()
     }
 
     /// A tokenizer exists for `model` (its own, or its base model's for an adapter).
@@ -283,7 +347,6 @@ fn load_dir(dir: &Path) -> Result<Model, String> {
     let bytes = read_bounded(&tj)?.ok_or_else(|| format!("{} is missing", tj.display()))?;
     let tok = tokenizers::Tokenizer::from_bytes(&bytes)
         .map_err(|e| format!("{}: not a usable tokenizer.json: {e}", tj.display()))?;
-    let vocab = u32::try_from(tok.get_vocab_size(true)).unwrap_or(u32::MAX);
     let cfg_path = dir.join("tokenizer_config.json");
     let config = match read_bounded(&cfg_path)? {
         None => serde_json::Value::Object(Default::default()),
@@ -302,13 +365,7 @@ fn load_dir(dir: &Path) -> Result<Model, String> {
     };
     let chat = chat::ChatTemplates::from_config(&config, jinja)
         .map_err(|e| format!("{}: {e}", dir.display()))?;
-    let fast = ids::Fast::new(&tok);
-    Ok(Model {
-        tok,
-        vocab,
-        chat,
-        fast,
-    })
+    Ok(Model::new(tok, chat))
 }
 
 /// Encodes `text` with the model's tokenizer, refusing results above `max` tokens.
@@ -319,15 +376,47 @@ pub(crate) fn encode(
     max: usize,
 ) -> Result<Vec<u32>, PromptError> {
     check_text_len(text.len(), max)?;
-    let ids = match &m.fast {
-        Some(f) => f.ids(&m.tok, text, add_special),
-        None => m
+    let ids = match (&m.lean, &m.fast) {
+        (Some(l), Some(f)) if l.on() => lean_ids(m, l, f, text, add_special),
+        (_, Some(f)) => f.ids(&m.tok, text, add_special).map_err(|e| e.to_string()),
+        (_, None) => m
             .tok
             .encode_fast(text, add_special)
-            .map(|e| e.get_ids().to_vec()),
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| e.to_string()),
     }
     .map_err(|e| PromptError(format!("tokenizer: {e}")))?;
     check_token_count(ids.len(), max)?;
+    Ok(ids)
+}
+
+/// The lean walk's ids between `fast`'s special tokens; a sampled text is compared
+/// with `fast`'s ids (a difference turns the lean path off and answers with those).
+fn lean_ids(
+    m: &Model,
+    l: &lean::Lean,
+    f: &ids::Fast,
+    text: &str,
+    add_special: bool,
+) -> Result<Vec<u32>, String> {
+    let mut ids = Vec::with_capacity(text.len() / 4 + 8);
+    let (prefix, suffix) = f.special();
+    if add_special {
+        ids.extend_from_slice(prefix);
+    }
+    l.ids(&m.tok, text, &mut ids)?;
+    if add_special {
+        ids.extend_from_slice(suffix);
+    }
+    if l.sample() {
+        let want = f
+            .ids(&m.tok, text, add_special)
+            .map_err(|e| e.to_string())?;
+        if want != ids {
+            l.differed();
+            return Ok(want);
+        }
+    }
     Ok(ids)
 }
 

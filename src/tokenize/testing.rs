@@ -133,17 +133,11 @@ pub fn write_dir(dir: &Path, vocab: u32) -> Result<(), String> {
 /// without the files): for fuzz targets and benchmarks.
 pub fn in_memory(model: &str, vocab: u32) -> Result<super::Tokenizers, String> {
     let tok = build_tokenizer(vocab)?;
-    let size = u32::try_from(tok.get_vocab_size(true)).unwrap_or(u32::MAX);
     let chat = super::chat::ChatTemplates::from_config(&config_json(), None)?;
     let mut t = super::Tokenizers::empty();
     t.models.insert(
         model.to_string(),
-        std::sync::Arc::new(super::Model {
-            fast: super::ids::Fast::new(&tok),
-            tok,
-            vocab: size,
-            chat,
-        }),
+        std::sync::Arc::new(super::Model::new(tok, chat)),
     );
     Ok(t)
 }
