@@ -302,7 +302,10 @@ fn the_service_names_the_tokenizing_path_of_each_model() {
         let s = Server::start_logged(1, &flags);
         let line = format!("kvroute: tokenizer for model \"m\": {want}");
         let log = s.log();
-        assert!(log.iter().any(|l| l.starts_with(&line)), "{line:?} not in {log:?}");
+        assert!(
+            log.iter().any(|l| l.starts_with(&line)),
+            "{line:?} not in {log:?}"
+        );
     }
 }
 

@@ -21,7 +21,8 @@
 //!    depth first over borrowed slices (each of them splits one piece independently
 //!    of the others, so depth first gives what HF's step-by-step pass gives).
 //! 4. **Model**: a `WordLevel` vocabulary looked up in place; any other model's own
-//!    `tokenize`.
+//!    `tokenize`, a deterministic BPE's (no dropout) through a per-thread cache of ids
+//!    per word (`tokenize::words`).
 //!
 //! Exactness: [`Lean::new`] accepts a tokenizer only when every step is one of those,
 //! no added token is `single_word`, `lstrip` or `rstrip` (and none is empty), special
@@ -86,6 +87,8 @@ pub(crate) struct Lean {
     byte_char: [char; 256],
     /// `WordLevel`'s unknown-token id, when it has one.
     unk: Option<u32>,
+    /// Ids per word of a deterministic BPE (`tokenize::words`).
+    words: Option<super::words::WordCache>,
     texts: AtomicU64,
     off: AtomicBool,
     mismatches: AtomicU64,
@@ -223,7 +226,11 @@ fn probes(tok: &Tokenizer) -> Vec<String> {
             if !specials.is_empty() && k.is_multiple_of(7) {
                 let sp = &specials[(k / 7) % specials.len()];
                 // Whole, or cut short (a partial match must not be taken).
-                let cut = if k.is_multiple_of(3) { sp.len() / 2 } else { sp.len() };
+                let cut = if k.is_multiple_of(3) {
+                    sp.len() / 2
+                } else {
+                    sp.len()
+                };
                 match sp.get(..cut) {
                     Some(part) => s.push_str(part),
                     None => s.push_str(sp),
@@ -274,6 +281,10 @@ impl Lean {
             ModelWrapper::WordLevel(wl) => wl.token_to_id(&wl.unk_token),
             _ => None,
         };
+        let words = match tok.get_model() {
+            ModelWrapper::BPE(b) if b.dropout.is_none() => Some(super::words::WordCache::new()),
+            _ => None,
+        };
         let lean = Lean {
             plain: Added::new(plain),
             normalized: Added::new(normalized),
@@ -281,6 +292,7 @@ impl Lean {
             ws_re: regex::Regex::new(WHITESPACE_RE).ok()?,
             byte_char: byte_chars(),
             unk,
+            words,
             texts: AtomicU64::new(0),
             off: AtomicBool::new(false),
             mismatches: AtomicU64::new(0),
@@ -326,11 +338,25 @@ impl Lean {
         text: &str,
         out: &mut Vec<u32>,
     ) -> Result<(), String> {
+        match &self.words {
+            Some(c) => c.with(|words| self.walk(tok, text, out, words)),
+            None => self.walk(tok, text, out, None),
+        }
+    }
+
+    fn walk(
+        &self,
+        tok: &Tokenizer,
+        text: &str,
+        out: &mut Vec<u32>,
+        words: Option<&mut super::words::Words<'_>>,
+    ) -> Result<(), String> {
         let steps = steps(tok.get_pre_tokenizer()).ok_or("unsupported pre-tokenizer")?;
         let mut w = Walk {
             lean: self,
             steps: &steps,
             model: tok.get_model(),
+            words,
             out,
         };
         let norm = tok.get_normalizer();
@@ -416,14 +442,15 @@ fn regex_pieces<'t>(
     Ok(())
 }
 
-struct Walk<'a> {
+struct Walk<'a, 'w> {
     lean: &'a Lean,
     steps: &'a [&'a PreTokenizerWrapper],
     model: &'a ModelWrapper,
+    words: Option<&'a mut super::words::Words<'w>>,
     out: &'a mut Vec<u32>,
 }
 
-impl Walk<'_> {
+impl Walk<'_, '_> {
     /// A normalized piece between non-normalized added tokens: the normalized added
     /// tokens, then the pre-tokenizer and the model on what is between them.
     fn normalized_piece(&mut self, s: &str) -> Result<(), String> {
@@ -512,8 +539,14 @@ impl Walk<'_> {
                 self.out.push(id);
             }
             m => {
-                let tokens = m.tokenize(w).map_err(|e| e.to_string())?;
-                self.out.extend(tokens.iter().map(|t| t.id));
+                let run = |w: &str| {
+                    let tokens = m.tokenize(w).map_err(|e| e.to_string())?;
+                    Ok::<_, String>(tokens.iter().map(|t| t.id).collect())
+                };
+                match self.words.as_deref_mut() {
+                    Some(cache) => cache.ids(w, self.out, run)?,
+                    None => self.out.extend(run(w)?),
+                }
             }
         }
         Ok(())

@@ -38,6 +38,7 @@ mod lean_tests;
 pub mod prompt;
 pub mod testing;
 pub mod tojson;
+mod words;
 
 #[cfg(test)]
 mod tests;
