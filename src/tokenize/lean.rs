@@ -17,7 +17,8 @@
 //!    `NormalizedString` per piece, not per word); an ASCII piece skips NFC, NFD, NFKC
 //!    and NFKD, which leave ASCII as it is.
 //! 3. **Pre-tokenizer**: `Sequence`, `Split` (the tokenizer's compiled regex, with
-//!    `Isolated` or `Removed`), `ByteLevel`, `Whitespace` and `WhitespaceSplit`, walked
+//!    `Isolated` or `Removed`), `ByteLevel`, `Metaspace` (prepend scheme `Always` or
+//!    `Never`), `Whitespace` and `WhitespaceSplit`, walked
 //!    depth first over borrowed slices (each of them splits one piece independently
 //!    of the others, so depth first gives what HF's step-by-step pass gives).
 //! 4. **Model**: a `WordLevel` vocabulary looked up in place; any other model's own
@@ -36,6 +37,7 @@
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
 use tokenizers::pre_tokenizers::split::Split;
 use tokenizers::utils::SysRegex;
 use tokenizers::{
@@ -142,7 +144,13 @@ fn steps(
                 }
                 out.push(p);
             }
+            // `First` prepends only to the piece at the text's original start, which
+            // the walk does not track.
+            PreTokenizerWrapper::Metaspace(m) if m.get_prepend_scheme() == PrependScheme::First => {
+                return None
+            }
             PreTokenizerWrapper::ByteLevel(_)
+            | PreTokenizerWrapper::Metaspace(_)
             | PreTokenizerWrapper::Whitespace(_)
             | PreTokenizerWrapper::WhitespaceSplit(_) => out.push(p),
             _ => return None,
@@ -487,6 +495,7 @@ impl Walk<'_, '_> {
             }
             PreTokenizerWrapper::Split(sp) => self.split(i, sp, s),
             PreTokenizerWrapper::ByteLevel(bl) => self.byte_level(i, bl, s),
+            PreTokenizerWrapper::Metaspace(m) => self.metaspace(i, m, s),
             _ => Err("unsupported pre-tokenizer step".into()),
         }
     }
@@ -520,6 +529,48 @@ impl Walk<'_, '_> {
             }
             self.mapped(i, piece)
         })
+    }
+
+    /// HF's `Metaspace` (prepend scheme `Always` or `Never`): spaces become the
+    /// replacement char, which `Always` also puts first; with `split`, the piece is
+    /// cut before each replacement char that another char follows (HF's
+    /// `MergedWithNext`: a replacement char followed by another, or last, stands alone).
+    fn metaspace(&mut self, i: usize, m: &Metaspace, s: &str) -> Result<(), String> {
+        let rep = m.get_replacement();
+        let mut t = String::with_capacity(s.len() + 4);
+        if m.get_prepend_scheme() == PrependScheme::Always && !s.starts_with([' ', rep]) {
+            t.push(rep);
+        }
+        for c in s.chars() {
+            t.push(if c == ' ' { rep } else { c });
+        }
+        if !m.get_split() {
+            return self.step(i + 1, &t);
+        }
+        let mut start = 0;
+        let mut chars = t.char_indices().peekable();
+        while let Some((at, c)) = chars.next() {
+            if c != rep {
+                continue;
+            }
+            // (A last one stands alone too; the flush below emits it.)
+            let next_is_rep = chars.peek().is_some_and(|&(_, n)| n == rep);
+            // Everything before this replacement char is a piece of its own...
+            if start < at {
+                self.step(i + 1, &t[start..at])?;
+            }
+            start = at;
+            // ...and a replacement char that cannot merge with what follows, too.
+            if next_is_rep {
+                let end = at + c.len_utf8();
+                self.step(i + 1, &t[at..end])?;
+                start = end;
+            }
+        }
+        if start < t.len() {
+            self.step(i + 1, &t[start..])?;
+        }
+        Ok(())
     }
 
     /// `piece` through GPT-2's byte table, then the next step.

@@ -3,9 +3,10 @@
 
 use super::lean::{Lean, CHECK_EVERY};
 use tokenizers::models::bpe::BPE;
+use tokenizers::models::wordlevel::WordLevel;
 use tokenizers::normalizers::{Lowercase, NFC};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::metaspace::Metaspace;
+use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::whitespace::Whitespace;
@@ -47,6 +48,31 @@ fn split_removed(invert: bool) -> Tokenizer {
     };
     let split = Split::new(pattern, SplitDelimiterBehavior::Removed, invert).unwrap();
     tok.with_pre_tokenizer(Some(split));
+    tok
+}
+
+/// SentencePiece style: a word-level vocabulary of `▁`-prefixed and bare words behind
+/// `Metaspace` with `scheme`, split or not.
+fn metaspace(scheme: PrependScheme, split: bool) -> Tokenizer {
+    let mut vocab: ahash::AHashMap<String, u32> = Default::default();
+    for w in ["<unk>", "▁", "▁▁", "t1▁", "▁t1▁t2"] {
+        let n = vocab.len() as u32;
+        vocab.insert(w.to_string(), n);
+    }
+    for i in 0..50 {
+        for w in [format!("t{i}"), format!("▁t{i}")] {
+            let n = vocab.len() as u32;
+            vocab.insert(w, n);
+        }
+    }
+    let model = WordLevel::builder()
+        .vocab(vocab)
+        .unk_token("<unk>".into())
+        .build()
+        .unwrap();
+    let mut tok = Tokenizer::new(model);
+    tok.with_pre_tokenizer(Some(Metaspace::new('▁', scheme, split)));
+    tok.add_special_tokens(&[AddedToken::from("<|im_end|>", true)]);
     tok
 }
 
@@ -106,6 +132,9 @@ fn all() -> Vec<(&'static str, Tokenizer)> {
         ("split_removed_inverted", split_removed(true)),
         ("gpt2", gpt2()),
         ("llama3", llama3()),
+        ("metaspace_always", metaspace(PrependScheme::Always, true)),
+        ("metaspace_never", metaspace(PrependScheme::Never, true)),
+        ("metaspace_unsplit", metaspace(PrependScheme::Always, false)),
     ]
 }
 
@@ -206,8 +235,7 @@ proptest::proptest! {
 #[test]
 fn pipelines_it_does_not_cover_keep_the_hf_path() {
     // A pre-tokenizer step it does not walk.
-    let mut tok = wordlevel();
-    tok.with_pre_tokenizer(Some(Metaspace::default()));
+    let tok = metaspace(PrependScheme::First, true);
     assert!(Lean::new(&tok).is_none());
     // A split behaviour it does not walk.
     let mut tok = wordlevel();
