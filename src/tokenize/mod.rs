@@ -35,6 +35,7 @@ mod ids;
 mod lean;
 #[cfg(test)]
 mod lean_tests;
+pub mod pipelines;
 pub mod prompt;
 pub mod testing;
 pub mod tojson;
