@@ -17,8 +17,8 @@
 //!    `NormalizedString` per piece, not per word); an ASCII piece skips NFC, NFD, NFKC
 //!    and NFKD, which leave ASCII as it is.
 //! 3. **Pre-tokenizer**: `Sequence`, `Split` (the tokenizer's compiled regex, with
-//!    `Isolated` or `Removed`), `ByteLevel`, `Metaspace` (prepend scheme `Always` or
-//!    `Never`), `Whitespace` and `WhitespaceSplit`, walked
+//!    `Isolated` or `Removed`), `ByteLevel`, `Metaspace`, `Whitespace` and
+//!    `WhitespaceSplit`, walked
 //!    depth first over borrowed slices (each of them splits one piece independently
 //!    of the others, so depth first gives what HF's step-by-step pass gives).
 //! 4. **Model**: a `WordLevel` vocabulary looked up in place; any other model's own
@@ -144,11 +144,6 @@ fn steps(
                 }
                 out.push(p);
             }
-            // `First` prepends only to the piece at the text's original start, which
-            // the walk does not track.
-            PreTokenizerWrapper::Metaspace(m) if m.get_prepend_scheme() == PrependScheme::First => {
-                return None
-            }
             PreTokenizerWrapper::ByteLevel(_)
             | PreTokenizerWrapper::Metaspace(_)
             | PreTokenizerWrapper::Whitespace(_)
@@ -251,6 +246,10 @@ fn probes(tok: &Tokenizer) -> Vec<String> {
     }
     for sp in &specials {
         out.push(sp.clone());
+        // An added token before and between vocabulary words (pieces that do not
+        // start the text: `Metaspace`'s `First`).
+        out.push(format!("{sp}t1 t2"));
+        out.push(format!("t1 t2{sp}t3"));
         out.push(format!(" {sp} t1{sp}{sp}\n{sp}Hello "));
     }
     out
@@ -366,6 +365,7 @@ impl Lean {
             model: tok.get_model(),
             words,
             out,
+            at_start: false,
         };
         let norm = tok.get_normalizer();
         split_added(self.plain.as_ref(), text, |piece, id| {
@@ -373,6 +373,9 @@ impl Lean {
                 w.out.push(id);
                 return Ok(());
             }
+            // A normalized piece keeps its start's original offset (HF aligns what a
+            // normalizer prepends with the first char).
+            w.at_start = std::ptr::eq(piece.as_ptr(), text.as_ptr());
             match norm {
                 None => w.normalized_piece(piece),
                 // ASCII is invariant under every Unicode normalization form.
@@ -456,6 +459,10 @@ struct Walk<'a, 'w> {
     model: &'a ModelWrapper,
     words: Option<&'a mut super::words::Words<'w>>,
     out: &'a mut Vec<u32>,
+    /// The piece being walked starts at the text's original start (HF's
+    /// `offsets_original().0 == 0`, which `Metaspace`'s `First` scheme reads): its
+    /// added-token piece started there and each step kept it at offset 0.
+    at_start: bool,
 }
 
 impl Walk<'_, '_> {
@@ -468,8 +475,24 @@ impl Walk<'_, '_> {
                 self.out.push(id);
                 Ok(())
             }
-            None => self.step(0, piece),
+            None => self.child(0, s, piece),
         })
+    }
+
+    /// Step `i` on `piece`, a slice of `parent`: at the text's start only if
+    /// `parent` is and `piece` starts where it does.
+    fn child(&mut self, i: usize, parent: &str, piece: &str) -> Result<(), String> {
+        let offset = (piece.as_ptr() as usize).wrapping_sub(parent.as_ptr() as usize);
+        self.child_at(i, offset, piece)
+    }
+
+    /// Step `i` on a piece `offset` bytes into its parent (see [`Walk::child`]).
+    fn child_at(&mut self, i: usize, offset: usize, piece: &str) -> Result<(), String> {
+        let was = self.at_start;
+        self.at_start = was && offset == 0;
+        let r = self.step(i, piece);
+        self.at_start = was;
+        r
     }
 
     /// Pre-tokenizer step `i` on one non-empty piece (the model past the last step).
@@ -480,7 +503,7 @@ impl Walk<'_, '_> {
         match p {
             PreTokenizerWrapper::WhitespaceSplit(_) => {
                 for w in s.split(char::is_whitespace).filter(|w| !w.is_empty()) {
-                    self.step(i + 1, w)?;
+                    self.child(i + 1, s, w)?;
                 }
                 Ok(())
             }
@@ -488,7 +511,7 @@ impl Walk<'_, '_> {
                 let re = &self.lean.ws_re;
                 for m in re.find_iter(s) {
                     if !m.as_str().is_empty() {
-                        self.step(i + 1, m.as_str())?;
+                        self.child_at(i + 1, m.start(), m.as_str())?;
                     }
                 }
                 Ok(())
@@ -507,7 +530,7 @@ impl Walk<'_, '_> {
             if piece.is_empty() || (is_match && !keep_matches) {
                 return Ok(());
             }
-            self.step(i + 1, piece)
+            self.child(i + 1, s, piece)
         })
     }
 
@@ -527,18 +550,27 @@ impl Walk<'_, '_> {
             if piece.is_empty() {
                 return Ok(());
             }
-            self.mapped(i, piece)
+            let was = self.at_start;
+            self.at_start = was && std::ptr::eq(piece.as_ptr(), s.as_ptr());
+            let r = self.mapped(i, piece);
+            self.at_start = was;
+            r
         })
     }
 
-    /// HF's `Metaspace` (prepend scheme `Always` or `Never`): spaces become the
-    /// replacement char, which `Always` also puts first; with `split`, the piece is
+    /// HF's `Metaspace`: spaces become the replacement char, which `Always` also puts
+    /// first, and `First` only on the piece at the text's start; with `split`, the piece is
     /// cut before each replacement char that another char follows (HF's
     /// `MergedWithNext`: a replacement char followed by another, or last, stands alone).
     fn metaspace(&mut self, i: usize, m: &Metaspace, s: &str) -> Result<(), String> {
         let rep = m.get_replacement();
         let mut t = String::with_capacity(s.len() + 4);
-        if m.get_prepend_scheme() == PrependScheme::Always && !s.starts_with([' ', rep]) {
+        let prepend = match m.get_prepend_scheme() {
+            PrependScheme::Always => true,
+            PrependScheme::First => self.at_start,
+            PrependScheme::Never => false,
+        };
+        if prepend && !s.starts_with([' ', rep]) {
             t.push(rep);
         }
         for c in s.chars() {
@@ -557,18 +589,18 @@ impl Walk<'_, '_> {
             let next_is_rep = chars.peek().is_some_and(|&(_, n)| n == rep);
             // Everything before this replacement char is a piece of its own...
             if start < at {
-                self.step(i + 1, &t[start..at])?;
+                self.child_at(i + 1, start, &t[start..at])?;
             }
             start = at;
             // ...and a replacement char that cannot merge with what follows, too.
             if next_is_rep {
                 let end = at + c.len_utf8();
-                self.step(i + 1, &t[at..end])?;
+                self.child_at(i + 1, at, &t[at..end])?;
                 start = end;
             }
         }
         if start < t.len() {
-            self.step(i + 1, &t[start..])?;
+            self.child_at(i + 1, start, &t[start..])?;
         }
         Ok(())
     }

@@ -2,8 +2,7 @@
 //! tokenizers it must refuse, and the run-time check that turns it off.
 
 use super::lean::{Lean, CHECK_EVERY};
-use super::pipelines::{all, metaspace};
-use tokenizers::pre_tokenizers::metaspace::PrependScheme;
+use super::pipelines::all;
 use tokenizers::pre_tokenizers::split::Split;
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
@@ -106,11 +105,37 @@ proptest::proptest! {
     }
 }
 
+/// `Metaspace`'s `First` marks only what starts the text: not a piece after an
+/// added token, not a later word of an earlier split (HF reads the piece's
+/// original offset; the walk carries it along).
+#[test]
+fn metaspace_first_marks_only_the_start_of_the_text() {
+    let marked = |tok: &Tokenizer, w: &str| tok.token_to_id(&format!("▁{w}")).unwrap();
+    let bare = |tok: &Tokenizer, w: &str| tok.token_to_id(w).unwrap();
+    for (name, tok) in all() {
+        if !name.contains("first") {
+            continue;
+        }
+        let lean = Lean::new(&tok).unwrap();
+        for text in [
+            "t1 t2",
+            "<|im_end|>t1 t2",
+            "t1<|im_end|>t2",
+            " t1",
+            "t1  t2 ",
+        ] {
+            let want = tok.encode_fast(text, false).unwrap();
+            assert_eq!(ids(&tok, &lean, text), want.get_ids(), "{name}: {text:?}");
+        }
+        let got = ids(&tok, &lean, "<|im_end|>t1");
+        assert_eq!(got[1], bare(&tok, "t1"), "{name}");
+        assert_eq!(ids(&tok, &lean, "t1")[0], marked(&tok, "t1"), "{name}");
+    }
+}
+
 #[test]
 fn pipelines_it_does_not_cover_keep_the_hf_path() {
     // A pre-tokenizer step it does not walk.
-    let tok = metaspace(PrependScheme::First, true);
-    assert!(Lean::new(&tok).is_none());
     // A split behaviour it does not walk.
     let mut tok = wordlevel();
     let split = Split::new(" ", SplitDelimiterBehavior::MergedWithPrevious, false).unwrap();

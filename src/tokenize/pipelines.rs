@@ -80,6 +80,18 @@ pub fn metaspace(scheme: PrependScheme, split: bool) -> Tokenizer {
     tok
 }
 
+/// `WhitespaceSplit` before a `First` `Metaspace`: only the first word of the text
+/// (not of each piece) gets the marker.
+fn words_then_metaspace_first() -> Tokenizer {
+    let mut tok = metaspace(PrependScheme::First, false);
+    let seq = Sequence::new(vec![
+        tokenizers::pre_tokenizers::whitespace::WhitespaceSplit.into(),
+        Metaspace::new('▁', PrependScheme::First, false).into(),
+    ]);
+    tok.with_pre_tokenizer(Some(seq));
+    tok
+}
+
 /// A small byte-level BPE (every byte a token, a few merges) behind `pre`.
 fn bpe(pre: tokenizers::PreTokenizerWrapper) -> Tokenizer {
     let mut vocab: ahash::AHashMap<String, u32> = Default::default();
@@ -140,5 +152,11 @@ pub fn all() -> Vec<(&'static str, Tokenizer)> {
         ("metaspace_always", metaspace(PrependScheme::Always, true)),
         ("metaspace_never", metaspace(PrependScheme::Never, true)),
         ("metaspace_unsplit", metaspace(PrependScheme::Always, false)),
+        ("metaspace_first", metaspace(PrependScheme::First, true)),
+        (
+            "metaspace_first_unsplit",
+            metaspace(PrependScheme::First, false),
+        ),
+        ("words_then_metaspace_first", words_then_metaspace_first()),
     ]
 }
