@@ -319,41 +319,12 @@ fn python_tokenizers_files_load_and_encode_like_python() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir: PathBuf = tmp.path().to_path_buf();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/hf_tokenizer.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .arg(&dir)
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let expect: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let expect = python_tokenizer("hf_tokenizer.py", &dir);
     let toks = Tokenizers::load(&[("llama".into(), dir.clone())]).unwrap();
     // The comparison below is of the lean walk (tokenize::lean), which this
     // Llama-3-style pipeline (NFC, Split + ByteLevel, BPE) must take.
     assert!(toks.is_lean("llama"));
-    for t in expect["texts"].as_array().unwrap() {
-        let text = t["text"].as_str().unwrap();
-        let with: Vec<u32> = serde_json::from_value(t["with_special"].clone()).unwrap();
-        let without: Vec<u32> = serde_json::from_value(t["without_special"].clone()).unwrap();
-        let got = toks
-            .prompt_tokens(Endpoint::Completions, "llama", &json!({"prompt": text}))
-            .unwrap()
-            .unwrap();
-        assert_eq!(got, with, "{text:?}");
-        let got = toks
-            .prompt_tokens(
-                Endpoint::Completions,
-                "llama",
-                &json!({"prompt": text, "add_special_tokens": false}),
-            )
-            .unwrap()
-            .unwrap();
-        assert_eq!(got, without, "{text:?}");
-    }
+    same_as_python(&toks, "llama", &expect);
     let chats = expect["chats"].as_array().unwrap();
     if chats.is_empty() {
         eprintln!("SKIPPED chat comparison: python3 has no jinja2");
@@ -374,4 +345,59 @@ fn python_tokenizers_files_load_and_encode_like_python() {
     let s = Server::start(1, &["--tokenizer", &format!("llama={}", dir.display())]);
     let (code, _) = s.get("/healthz");
     assert_eq!(code, 200);
+}
+
+/// Every `texts` entry of a tests/py script's output: kvroute's completions ids,
+/// with and without special tokens, are python's.
+fn same_as_python(toks: &Tokenizers, model: &str, expect: &Value) {
+    for t in expect["texts"].as_array().unwrap() {
+        let text = t["text"].as_str().unwrap();
+        let with: Vec<u32> = serde_json::from_value(t["with_special"].clone()).unwrap();
+        let without: Vec<u32> = serde_json::from_value(t["without_special"].clone()).unwrap();
+        let got = toks
+            .prompt_tokens(Endpoint::Completions, model, &json!({"prompt": text}))
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, with, "{text:?}");
+        let got = toks
+            .prompt_tokens(
+                Endpoint::Completions,
+                model,
+                &json!({"prompt": text, "add_special_tokens": false}),
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, without, "{text:?}");
+    }
+}
+
+/// Runs `tests/py/SCRIPT DIR` and returns its JSON output.
+fn python_tokenizer(script: &str, dir: &Path) -> Value {
+    let script = format!("{}/tests/py/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(dir)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A SentencePiece-style tokenizer.json written by python (Metaspace with prepend
+/// scheme "first", byte-fallback BPE, as Mistral's exports): loaded, tokenized by
+/// the lean walk, and the ids are python's.
+#[test]
+fn python_sentencepiece_style_files_encode_like_python() {
+    if !python_has("tokenizers", "tokenizers") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let expect = python_tokenizer("hf_tokenizer_sp.py", tmp.path());
+    let toks = Tokenizers::load(&[("mistral".into(), tmp.path().to_path_buf())]).unwrap();
+    assert!(toks.is_lean("mistral"));
+    same_as_python(&toks, "mistral", &expect);
 }
