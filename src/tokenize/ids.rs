@@ -138,11 +138,10 @@ impl Fast {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokenizers::models::bpe::BPE;
     use tokenizers::normalizers::{Lowercase, NFC};
     use tokenizers::pre_tokenizers::byte_level::ByteLevel;
     use tokenizers::processors::template::TemplateProcessing;
-    use tokenizers::{AddedToken, PaddingParams, TruncationParams};
+    use tokenizers::{PaddingParams, TruncationParams};
 
     /// Texts that exercise added tokens, whitespace runs, unknown words, Unicode,
     /// and the empty string.
@@ -205,30 +204,10 @@ mod tests {
         same(&tok);
     }
 
-    /// A small byte-level BPE: every byte is a token, a few merges.
+    /// GPT-2 style (`tokenize::pipelines`) with its `ByteLevel` post-processor.
     fn byte_level_bpe() -> Tokenizer {
-        let bl = ByteLevel::default();
-        let alphabet = ByteLevel::alphabet();
-        let mut vocab: ahash::AHashMap<String, u32> = Default::default();
-        for (i, c) in alphabet.iter().enumerate() {
-            vocab.insert(c.to_string(), i as u32);
-        }
-        let merges: Vec<(String, String)> = [("t", "1"), ("Ġ", "t"), ("Ġt", "1"), ("Ġ", "Ġ")]
-            .iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect();
-        for (a, b) in &merges {
-            let n = vocab.len() as u32;
-            vocab.entry(format!("{a}{b}")).or_insert(n);
-        }
-        let model = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .unwrap();
-        let mut tok = Tokenizer::new(model);
-        tok.with_pre_tokenizer(Some(bl));
+        let mut tok = crate::tokenize::pipelines::gpt2();
         tok.with_post_processor(Some(ByteLevel::default()));
-        tok.add_special_tokens(&[AddedToken::from("<|im_end|>", true)]);
         tok
     }
 
@@ -237,35 +216,7 @@ mod tests {
         same(&byte_level_bpe());
     }
 
-    /// Pieces random texts are made of: vocabulary words, unknown words, special and
-    /// added tokens (also glued to words), whitespace runs, punctuation, Unicode.
-    const PIECES: &[&str] = &[
-        "t1",
-        "t42",
-        "t999",
-        "t1000",
-        "x",
-        "Hello",
-        " ",
-        "  ",
-        "\t",
-        "\n",
-        "\r\n",
-        "<s>",
-        "</s>",
-        "<|im_start|>",
-        "<|im_end|>",
-        "<unk>",
-        "<|im_",
-        ",",
-        "!?",
-        "é",
-        "日本",
-        "\u{200b}",
-        "ÉCOLE",
-        "t7<s>",
-        "Ġt1",
-    ];
+    use crate::tokenize::pipelines::PIECES;
 
     proptest::proptest! {
         #[test]

@@ -2,7 +2,7 @@
 //! tokenizers it must refuse, and the run-time check that turns it off.
 
 use super::lean::{Lean, CHECK_EVERY};
-use super::pipelines::all;
+use super::pipelines::{all, PIECES};
 use tokenizers::pre_tokenizers::split::Split;
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
@@ -10,52 +10,6 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 fn wordlevel() -> Tokenizer {
     super::testing::build_tokenizer(1000).unwrap()
 }
-
-/// Pieces random texts are made of: vocabulary and unknown words, special and added
-/// tokens (whole, cut, glued to words), whitespace runs, punctuation, digits, Unicode
-/// (combining marks that NFC composes, scripts, emoji).
-const PIECES: &[&str] = &[
-    "t1",
-    "t42",
-    "t999",
-    "t1000",
-    "x",
-    "Hello",
-    "HELLO",
-    "hello",
-    "it's",
-    "I'LL",
-    " ",
-    "  ",
-    "\t",
-    "\n",
-    "\n\n",
-    "\r\n",
-    " \n",
-    ",",
-    "!?",
-    "...",
-    "0",
-    "12345",
-    "3.14",
-    "é",
-    "e\u{301}",
-    "日本",
-    "\u{200b}",
-    "ÉCOLE",
-    "😀",
-    "<s>",
-    "</s>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|im_",
-    "<unk>",
-    "<|begin_of_text|>",
-    "t7<s>",
-    "Ġt1",
-    "_",
-    "-",
-];
 
 fn ids(tok: &Tokenizer, lean: &Lean, text: &str) -> Vec<u32> {
     let mut out = Vec::new();

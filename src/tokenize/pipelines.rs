@@ -121,7 +121,7 @@ fn bpe(pre: tokenizers::PreTokenizerWrapper) -> Tokenizer {
 }
 
 /// GPT-2 style: `ByteLevel` with its own regex and a prefix space.
-fn gpt2() -> Tokenizer {
+pub fn gpt2() -> Tokenizer {
     bpe(ByteLevel::default().into())
 }
 
@@ -160,3 +160,73 @@ pub fn all() -> Vec<(&'static str, Tokenizer)> {
         ("words_then_metaspace_first", words_then_metaspace_first()),
     ]
 }
+
+/// Pieces that probe and test texts are glued from: vocabulary and unknown words,
+/// special and added tokens (whole, cut, glued to words), markers of other
+/// tokenizer families (`Ġ`, `▁`), whitespace runs, punctuation, digits, Unicode
+/// (combining marks that NFC composes, scripts, emoji, zero-width).
+pub const PIECES: &[&str] = &[
+    "t1",
+    "t42",
+    "t999",
+    "t1000",
+    "x",
+    "Hello",
+    "HELLO",
+    "hello",
+    "it's",
+    "I'LL",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\n\n",
+    "\r\n",
+    " \n",
+    ",",
+    "!?",
+    "...",
+    "0",
+    "12345",
+    "3.14",
+    "é",
+    "e\u{301}",
+    "日本",
+    "\u{200b}",
+    "ÉCOLE",
+    "😀",
+    "<s>",
+    "</s>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|im_",
+    "<unk>",
+    "<|begin_of_text|>",
+    "t7<s>",
+    "Ġt1",
+    "_",
+    "-",
+    "world",
+    "I'll",
+    "don't",
+    "   ",
+    " \n ",
+    ".",
+    "(",
+    ")",
+    "{\"a\": 1}",
+    "123",
+    "4567",
+    "naïve",
+    "日本語",
+    "한국어",
+    "Привет",
+    "\u{301}",
+    "a\u{301}",
+    "ﬁ",
+    "--",
+    "'",
+    "'s",
+    "Ġ",
+    "▁",
+];

@@ -34,16 +34,17 @@
 //! lean path off for that model for good, answers with HF's ids and is counted
 //! (`kvroute_proxy_tokenize_lean_mismatches`).
 
+mod walk;
+
+use super::pipelines::PIECES;
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
-use tokenizers::pre_tokenizers::split::Split;
 use tokenizers::utils::SysRegex;
 use tokenizers::{
-    Model as _, ModelWrapper, NormalizedString, Normalizer as _, NormalizerWrapper,
-    PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer,
+    Model as _, ModelWrapper, NormalizedString, Normalizer as _, PreTokenizerWrapper,
+    SplitDelimiterBehavior, Tokenizer,
 };
+use walk::{is_unicode_form, split_added, Walk};
 
 /// One text in this many is also tokenized by HF and compared.
 pub(crate) const CHECK_EVERY: u64 = 4096;
@@ -90,7 +91,7 @@ pub(crate) struct Lean {
     /// `WordLevel`'s unknown-token id, when it has one.
     unk: Option<u32>,
     /// Ids per word of a deterministic BPE (`tokenize::words`).
-    words: Option<super::words::WordCache>,
+    words: Option<crate::tokenize::words::WordCache>,
     texts: AtomicU64,
     off: AtomicBool,
     mismatches: AtomicU64,
@@ -162,54 +163,6 @@ fn steps(
 /// Probe texts: the pieces glued in many orders (a fixed pseudo-random walk) plus
 /// every added token's content next to words and spaces.
 fn probes(tok: &Tokenizer) -> Vec<String> {
-    const PIECES: &[&str] = &[
-        "t1",
-        "t42",
-        "t999",
-        "Hello",
-        "world",
-        "x",
-        "it's",
-        "I'll",
-        "don't",
-        " ",
-        "  ",
-        "   ",
-        "\t",
-        "\n",
-        "\n\n",
-        "\r\n",
-        " \n ",
-        ",",
-        ".",
-        "!?",
-        "...",
-        "(",
-        ")",
-        "{\"a\": 1}",
-        "0",
-        "123",
-        "4567",
-        "3.14",
-        "é",
-        "ÉCOLE",
-        "naïve",
-        "日本語",
-        "한국어",
-        "Привет",
-        "\u{200b}",
-        "\u{301}",
-        "😀",
-        "a\u{301}",
-        "ﬁ",
-        "_",
-        "-",
-        "--",
-        "'",
-        "'s",
-        "Ġ",
-        "▁",
-    ];
     let mut specials: Vec<String> = tok
         .get_added_tokens_decoder()
         .values()
@@ -289,7 +242,9 @@ impl Lean {
             _ => None,
         };
         let words = match tok.get_model() {
-            ModelWrapper::BPE(b) if b.dropout.is_none() => Some(super::words::WordCache::new()),
+            ModelWrapper::BPE(b) if b.dropout.is_none() => {
+                Some(crate::tokenize::words::WordCache::new())
+            }
             _ => None,
         };
         let lean = Lean {
@@ -356,7 +311,7 @@ impl Lean {
         tok: &Tokenizer,
         text: &str,
         out: &mut Vec<u32>,
-        words: Option<&mut super::words::Words<'_>>,
+        words: Option<&mut crate::tokenize::words::Words<'_>>,
     ) -> Result<(), String> {
         let steps = steps(tok.get_pre_tokenizer()).ok_or("unsupported pre-tokenizer")?;
         let mut w = Walk {
@@ -387,251 +342,5 @@ impl Lean {
                 }
             }
         })
-    }
-}
-
-/// NFC, NFD, NFKC or NFKD: normalizers that leave ASCII text as it is.
-fn is_unicode_form(n: &NormalizerWrapper) -> bool {
-    matches!(
-        n,
-        NormalizerWrapper::NFC(_)
-            | NormalizerWrapper::NFD(_)
-            | NormalizerWrapper::NFKC(_)
-            | NormalizerWrapper::NFKD(_)
-    )
-}
-
-/// Splits `text` on `added` (leftmost-longest, as HF), calling `f` with each non-empty
-/// piece and the id when it is an added token.
-fn split_added(
-    added: Option<&Added>,
-    text: &str,
-    mut f: impl FnMut(&str, Option<u32>) -> Result<(), String>,
-) -> Result<(), String> {
-    let Some(a) = added else {
-        return if text.is_empty() {
-            Ok(())
-        } else {
-            f(text, None)
-        };
-    };
-    let mut at = 0;
-    for m in a.ac.find_iter(text) {
-        if at < m.start() {
-            f(&text[at..m.start()], None)?;
-        }
-        f(
-            &text[m.start()..m.end()],
-            Some(a.ids[m.pattern().as_usize()]),
-        )?;
-        at = m.end();
-    }
-    if at < text.len() {
-        f(&text[at..], None)?;
-    }
-    Ok(())
-}
-
-/// Pieces of `s` between and at the matches of `re`, as HF's `Pattern for &SysRegex`
-/// gives them: `(piece, is_match)`, covering `s` in order.
-fn regex_pieces<'t>(
-    re: &SysRegex,
-    s: &'t str,
-    mut f: impl FnMut(&'t str, bool) -> Result<(), String>,
-) -> Result<(), String> {
-    let mut prev = 0;
-    for (start, end) in re.find_iter(s) {
-        if prev != start {
-            f(&s[prev..start], false)?;
-        }
-        f(&s[start..end], true)?;
-        prev = end;
-    }
-    if prev != s.len() {
-        f(&s[prev..], false)?;
-    }
-    Ok(())
-}
-
-struct Walk<'a, 'w> {
-    lean: &'a Lean,
-    steps: &'a [&'a PreTokenizerWrapper],
-    model: &'a ModelWrapper,
-    words: Option<&'a mut super::words::Words<'w>>,
-    out: &'a mut Vec<u32>,
-    /// The piece being walked starts at the text's original start (HF's
-    /// `offsets_original().0 == 0`, which `Metaspace`'s `First` scheme reads): its
-    /// added-token piece started there and each step kept it at offset 0.
-    at_start: bool,
-}
-
-impl Walk<'_, '_> {
-    /// A normalized piece between non-normalized added tokens: the normalized added
-    /// tokens, then the pre-tokenizer and the model on what is between them.
-    fn normalized_piece(&mut self, s: &str) -> Result<(), String> {
-        let added = self.lean.normalized.as_ref();
-        split_added(added, s, |piece, id| match id {
-            Some(id) => {
-                self.out.push(id);
-                Ok(())
-            }
-            None => self.child(0, s, piece),
-        })
-    }
-
-    /// Step `i` on `piece`, a slice of `parent`: at the text's start only if
-    /// `parent` is and `piece` starts where it does.
-    fn child(&mut self, i: usize, parent: &str, piece: &str) -> Result<(), String> {
-        let offset = (piece.as_ptr() as usize).wrapping_sub(parent.as_ptr() as usize);
-        self.child_at(i, offset, piece)
-    }
-
-    /// Step `i` on a piece `offset` bytes into its parent (see [`Walk::child`]).
-    fn child_at(&mut self, i: usize, offset: usize, piece: &str) -> Result<(), String> {
-        let was = self.at_start;
-        self.at_start = was && offset == 0;
-        let r = self.step(i, piece);
-        self.at_start = was;
-        r
-    }
-
-    /// Pre-tokenizer step `i` on one non-empty piece (the model past the last step).
-    fn step(&mut self, i: usize, s: &str) -> Result<(), String> {
-        let Some(&p) = self.steps.get(i) else {
-            return self.model_ids(s);
-        };
-        match p {
-            PreTokenizerWrapper::WhitespaceSplit(_) => {
-                for w in s.split(char::is_whitespace).filter(|w| !w.is_empty()) {
-                    self.child(i + 1, s, w)?;
-                }
-                Ok(())
-            }
-            PreTokenizerWrapper::Whitespace(_) => {
-                let re = &self.lean.ws_re;
-                for m in re.find_iter(s) {
-                    if !m.as_str().is_empty() {
-                        self.child_at(i + 1, m.start(), m.as_str())?;
-                    }
-                }
-                Ok(())
-            }
-            PreTokenizerWrapper::Split(sp) => self.split(i, sp, s),
-            PreTokenizerWrapper::ByteLevel(bl) => self.byte_level(i, bl, s),
-            PreTokenizerWrapper::Metaspace(m) => self.metaspace(i, m, s),
-            _ => Err("unsupported pre-tokenizer step".into()),
-        }
-    }
-
-    fn split(&mut self, i: usize, sp: &Split, s: &str) -> Result<(), String> {
-        let keep_matches = sp.behavior == SplitDelimiterBehavior::Isolated;
-        regex_pieces(&sp.regex, s, |piece, is_match| {
-            let is_match = is_match != sp.invert;
-            if piece.is_empty() || (is_match && !keep_matches) {
-                return Ok(());
-            }
-            self.child(i + 1, s, piece)
-        })
-    }
-
-    fn byte_level(&mut self, i: usize, bl: &ByteLevel, s: &str) -> Result<(), String> {
-        let prefixed;
-        let s = if bl.add_prefix_space && !s.starts_with(' ') {
-            prefixed = format!(" {s}");
-            prefixed.as_str()
-        } else {
-            s
-        };
-        if !bl.use_regex {
-            return self.mapped(i, s);
-        }
-        let re = &self.lean.byte_re;
-        regex_pieces(re, s, |piece, _| {
-            if piece.is_empty() {
-                return Ok(());
-            }
-            let was = self.at_start;
-            self.at_start = was && std::ptr::eq(piece.as_ptr(), s.as_ptr());
-            let r = self.mapped(i, piece);
-            self.at_start = was;
-            r
-        })
-    }
-
-    /// HF's `Metaspace`: spaces become the replacement char, which `Always` also puts
-    /// first, and `First` only on the piece at the text's start; with `split`, the piece is
-    /// cut before each replacement char that another char follows (HF's
-    /// `MergedWithNext`: a replacement char followed by another, or last, stands alone).
-    fn metaspace(&mut self, i: usize, m: &Metaspace, s: &str) -> Result<(), String> {
-        let rep = m.get_replacement();
-        let mut t = String::with_capacity(s.len() + 4);
-        let prepend = match m.get_prepend_scheme() {
-            PrependScheme::Always => true,
-            PrependScheme::First => self.at_start,
-            PrependScheme::Never => false,
-        };
-        if prepend && !s.starts_with([' ', rep]) {
-            t.push(rep);
-        }
-        for c in s.chars() {
-            t.push(if c == ' ' { rep } else { c });
-        }
-        if !m.get_split() {
-            return self.step(i + 1, &t);
-        }
-        let mut start = 0;
-        let mut chars = t.char_indices().peekable();
-        while let Some((at, c)) = chars.next() {
-            if c != rep {
-                continue;
-            }
-            // (A last one stands alone too; the flush below emits it.)
-            let next_is_rep = chars.peek().is_some_and(|&(_, n)| n == rep);
-            // Everything before this replacement char is a piece of its own...
-            if start < at {
-                self.child_at(i + 1, start, &t[start..at])?;
-            }
-            start = at;
-            // ...and a replacement char that cannot merge with what follows, too.
-            if next_is_rep {
-                let end = at + c.len_utf8();
-                self.child_at(i + 1, at, &t[at..end])?;
-                start = end;
-            }
-        }
-        if start < t.len() {
-            self.child_at(i + 1, start, &t[start..])?;
-        }
-        Ok(())
-    }
-
-    /// `piece` through GPT-2's byte table, then the next step.
-    fn mapped(&mut self, i: usize, piece: &str) -> Result<(), String> {
-        let mut m = String::with_capacity(piece.len() * 2);
-        m.extend(piece.bytes().map(|b| self.lean.byte_char[b as usize]));
-        self.step(i + 1, &m)
-    }
-
-    fn model_ids(&mut self, w: &str) -> Result<(), String> {
-        match self.model {
-            ModelWrapper::WordLevel(wl) => {
-                let id = wl
-                    .token_to_id(w)
-                    .or(self.lean.unk)
-                    .ok_or("word not in the vocabulary and no unknown token")?;
-                self.out.push(id);
-            }
-            m => {
-                let run = |w: &str| {
-                    let tokens = m.tokenize(w).map_err(|e| e.to_string())?;
-                    Ok::<_, String>(tokens.iter().map(|t| t.id).collect())
-                };
-                match self.words.as_deref_mut() {
-                    Some(cache) => cache.ids(w, self.out, run)?,
-                    None => self.out.extend(run(w)?),
-                }
-            }
-        }
-        Ok(())
     }
 }
