@@ -296,7 +296,7 @@ fn the_service_names_the_tokenizing_path_of_each_model() {
         (vec!["--tokenizer", m.as_str()], "lean walk"),
         (
             vec!["--tokenizer", m.as_str(), "--tokenize-lean", "false"],
-            "HF pipeline",
+            "HF pipeline (tokenize_lean = false)",
         ),
     ] {
         let s = Server::start_logged(1, &flags);

@@ -171,8 +171,10 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     for m in tokenizers.models() {
         let how = if tokenizers.is_lean(m) {
             "lean walk of its pipeline"
-        } else {
+        } else if settings.tokenize_lean {
             "HF pipeline (a step the lean walk does not cover)"
+        } else {
+            "HF pipeline (tokenize_lean = false)"
         };
         eprintln!("kvroute: tokenizer for model {m:?}: {how}");
     }

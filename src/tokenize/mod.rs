@@ -183,6 +183,7 @@ impl Tokenizers {
     /// (`tokenize::lean`; on by default wherever it is exact).
     pub fn with_lean(mut self, on: bool) -> Tokenizers {
         if !on {
+            // Builders run before the set is shared, so each model is still unique.
             for m in self.models.values_mut() {
                 if let Some(m) = Arc::get_mut(m) {
                     m.lean = None;
