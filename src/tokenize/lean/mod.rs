@@ -34,11 +34,13 @@
 //! lean path off for that model for good, answers with HF's ids and is counted
 //! (`kvroute_proxy_tokenize_lean_mismatches`).
 
+mod dfa_split;
 mod walk;
 
 use super::pipelines::PIECES;
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use tokenizers::pre_tokenizers::split::SplitPattern;
 use tokenizers::utils::SysRegex;
 use tokenizers::{
     Model as _, ModelWrapper, NormalizedString, Normalizer as _, PreTokenizerWrapper,
@@ -85,6 +87,11 @@ pub(crate) struct Lean {
     plain: Option<Added>,
     normalized: Option<Added>,
     byte_re: SysRegex,
+    /// `byte_re` without the backtracking VM ([`dfa_split`]), when it has that form.
+    byte_dfa: Option<dfa_split::DfaSplit>,
+    /// Per pre-tokenizer step (as [`steps`] lists them): a `Split` regex without the
+    /// backtracking VM, when it has that form.
+    split_dfa: Vec<Option<dfa_split::DfaSplit>>,
     ws_re: regex::Regex,
     /// GPT-2's byte → printable char table (`ByteLevel`).
     byte_char: [char; 256],
@@ -251,6 +258,17 @@ impl Lean {
             plain: Added::new(plain),
             normalized: Added::new(normalized),
             byte_re: SysRegex::new(BYTE_LEVEL_RE).ok()?,
+            byte_dfa: dfa_split::DfaSplit::new(BYTE_LEVEL_RE),
+            split_dfa: steps(tok.get_pre_tokenizer())?
+                .iter()
+                .map(|p| match p {
+                    PreTokenizerWrapper::Split(sp) => match &sp.pattern {
+                        SplitPattern::Regex(r) => dfa_split::DfaSplit::new(r),
+                        SplitPattern::String(_) => None,
+                    },
+                    _ => None,
+                })
+                .collect(),
             ws_re: regex::Regex::new(WHITESPACE_RE).ok()?,
             byte_char: byte_chars(),
             unk,

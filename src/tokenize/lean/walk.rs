@@ -147,13 +147,18 @@ impl Walk<'_, '_> {
 
     fn split(&mut self, i: usize, sp: &Split, s: &str) -> Result<(), String> {
         let keep_matches = sp.behavior == SplitDelimiterBehavior::Isolated;
-        regex_pieces(&sp.regex, s, |piece, is_match| {
+        let lean = self.lean;
+        let mut each = |piece: &str, is_match: bool| {
             let is_match = is_match != sp.invert;
             if piece.is_empty() || (is_match && !keep_matches) {
                 return Ok(());
             }
             self.child(i + 1, s, piece)
-        })
+        };
+        match lean.split_dfa.get(i).and_then(Option::as_ref) {
+            Some(d) => d.pieces(s, &mut each),
+            None => regex_pieces(&sp.regex, s, &mut each),
+        }
     }
 
     fn byte_level(&mut self, i: usize, bl: &ByteLevel, s: &str) -> Result<(), String> {
@@ -167,8 +172,8 @@ impl Walk<'_, '_> {
         if !bl.use_regex {
             return self.mapped(i, s);
         }
-        let re = &self.lean.byte_re;
-        regex_pieces(re, s, |piece, _| {
+        let lean = self.lean;
+        let mut each = |piece: &str, _| {
             if piece.is_empty() {
                 return Ok(());
             }
@@ -177,7 +182,11 @@ impl Walk<'_, '_> {
             let r = self.mapped(i, piece);
             self.at_start = was;
             r
-        })
+        };
+        match &lean.byte_dfa {
+            Some(d) => d.pieces(s, &mut each),
+            None => regex_pieces(&lean.byte_re, s, &mut each),
+        }
     }
 
     /// HF's `Metaspace`: spaces become the replacement char, which `Always` also puts
