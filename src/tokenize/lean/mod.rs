@@ -16,11 +16,13 @@
 //! 2. **Normalizer**: the tokenizer's own, once per piece between added tokens (one
 //!    `NormalizedString` per piece, not per word); an ASCII piece skips NFC, NFD, NFKC
 //!    and NFKD, which leave ASCII as it is.
-//! 3. **Pre-tokenizer**: `Sequence`, `Split` (the tokenizer's compiled regex, with
-//!    `Isolated` or `Removed`), `ByteLevel`, `Metaspace`, `Whitespace` and
-//!    `WhitespaceSplit`, walked
-//!    depth first over borrowed slices (each of them splits one piece independently
-//!    of the others, so depth first gives what HF's step-by-step pass gives).
+//! 3. **Pre-tokenizer**: `Sequence`, `Split` (with `Isolated` or `Removed`),
+//!    `ByteLevel`, `Metaspace`, `Whitespace` and `WhitespaceSplit`, walked depth first
+//!    over borrowed slices (each of them splits one piece independently of the
+//!    others, so depth first gives what HF's step-by-step pass gives). A split regex
+//!    runs as the tokenizer compiled it, except the GPT-2 / Llama-3 / Qwen-2 patterns,
+//!    which [`dfa_split`] runs on the `regex` crate's automata without the
+//!    backtracking VM their one look-ahead needs.
 //! 4. **Model**: a `WordLevel` vocabulary looked up in place; any other model's own
 //!    `tokenize`, a deterministic BPE's (no dropout) through a per-thread cache of ids
 //!    per word (`tokenize::words`).
