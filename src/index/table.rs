@@ -77,19 +77,7 @@ impl Table {
     /// time; prefetching it too took a 800k-entry shard from 11 to 16 M events/s.
     #[inline(always)]
     pub(crate) fn prefetch(&self, key: u64) {
-        #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let p = self.slots.as_ptr().wrapping_add(self.home(key));
-            // SAFETY: a prefetch never faults and reads nothing architecturally; the
-            // address is in (or, for an unallocated table, at) the slot array.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
-                _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>().wrapping_add(64));
-            }
-        }
-        #[cfg(not(all(target_arch = "x86_64", target_feature = "sse")))]
-        let _ = key;
+        prefetch_home_and(&self.slots, key, 64);
     }
 
     /// The slots, read-only, for a query's loop (see [`Reader`]).
@@ -101,8 +89,7 @@ impl Table {
     /// Home slot of `key`: below the capacity (0 when unallocated).
     #[inline(always)]
     fn home(&self, key: u64) -> usize {
-        // cap ≤ 2^32, so the product fits in 64 bits and the result is < cap.
-        (((key as u32 as u64) * self.slots.len() as u64) >> 32) as usize
+        home(&self.slots, key)
     }
 
     /// The slot after `i`, wrapping at the end.
@@ -297,6 +284,32 @@ impl Table {
     }
 }
 
+/// Home slot of `key` in `slots`: below the capacity, 0 when unallocated.
+#[inline(always)]
+fn home(slots: &[Slot], key: u64) -> usize {
+    // cap ≤ 2^32, so the product fits in 64 bits and the result is < cap.
+    (((key as u32 as u64) * slots.len() as u64) >> 32) as usize
+}
+
+/// Prefetches the line of `key`'s home slot and the line `then` bytes past that
+/// slot's start (the same line when they coincide). A no-op off x86-64.
+#[inline(always)]
+fn prefetch_home_and(slots: &[Slot], key: u64, then: usize) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = slots.as_ptr().wrapping_add(home(slots, key)).cast::<i8>();
+        // SAFETY: a prefetch never faults and reads nothing architecturally; the
+        // address is in (or, for an unallocated table, at) the slot array.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(p);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(then));
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "sse")))]
+    let _ = (slots, key, then);
+}
+
 /// A [`Table`]'s slots borrowed for the read path: what a query's loop keeps in
 /// registers (the slice's pointer and length) instead of reloading them through the
 /// table for every block.
@@ -316,8 +329,7 @@ impl Reader<'_> {
     /// Home slot of `key` (as `Table::home`): below the capacity, 0 when unallocated.
     #[inline(always)]
     fn home(&self, key: u64) -> usize {
-        // cap ≤ 2^32, so the product fits in 64 bits and the result is < cap.
-        (((key as u32 as u64) * self.slots.len() as u64) >> 32) as usize
+        home(self.slots, key)
     }
 
     /// Asks the CPU to start loading what a lookup of `key` reads: the cache lines of
@@ -327,19 +339,7 @@ impl Reader<'_> {
     /// off x86-64.
     #[inline(always)]
     pub(crate) fn prefetch_lookup(&self, key: u64) {
-        #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let p = self.slots.as_ptr().wrapping_add(self.home(key));
-            // SAFETY: a prefetch never faults and reads nothing architecturally; the
-            // address is in (or, for an unallocated table, at) the slot array.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(1).cast::<i8>());
-            }
-        }
-        #[cfg(not(all(target_arch = "x86_64", target_feature = "sse")))]
-        let _ = key;
+        prefetch_home_and(self.slots, key, std::mem::size_of::<Slot>());
     }
 
     /// Holders of `key`, if present. Scans from the home slot to the key or the first
