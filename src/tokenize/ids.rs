@@ -97,9 +97,23 @@ impl Fast {
         (out.get_ids() == both.as_slice()).then_some(f)
     }
 
-    /// The special tokens the post-processor puts before and after a single sequence.
-    pub(crate) fn special(&self) -> (&[u32], &[u32]) {
-        (&self.prefix, &self.suffix)
+    /// The ids `body` appends for a text of `len` bytes, between the special tokens
+    /// the post-processor puts around a single sequence when `add_special`.
+    pub(crate) fn wrap<E>(
+        &self,
+        len: usize,
+        add_special: bool,
+        body: impl FnOnce(&mut Vec<u32>) -> Result<(), E>,
+    ) -> Result<Vec<u32>, E> {
+        let mut ids = Vec::with_capacity(len / 4 + 8);
+        if add_special {
+            ids.extend_from_slice(&self.prefix);
+        }
+        body(&mut ids)?;
+        if add_special {
+            ids.extend_from_slice(&self.suffix);
+        }
+        Ok(ids)
     }
 
     /// The ids `tok.encode_fast(text, add_special)` would give (`tok` is the tokenizer
@@ -118,20 +132,15 @@ impl Fast {
         }
         let model = tok.get_model();
         pre.tokenize(|n| model.tokenize(n.get()))?;
-        let mut ids = Vec::with_capacity(text.len() / 4 + 8);
-        if add_special {
-            ids.extend_from_slice(&self.prefix);
-        }
-        for (_, _, tokens) in pre.get_splits(OffsetReferential::Original, OffsetType::None) {
-            match tokens {
-                Some(t) => ids.extend(t.iter().map(|t| t.id)),
-                None => return Err("a split was not tokenized".into()),
+        self.wrap(text.len(), add_special, |ids| {
+            for (_, _, tokens) in pre.get_splits(OffsetReferential::Original, OffsetType::None) {
+                match tokens {
+                    Some(t) => ids.extend(t.iter().map(|t| t.id)),
+                    None => return Err("a split was not tokenized".into()),
+                }
             }
-        }
-        if add_special {
-            ids.extend_from_slice(&self.suffix);
-        }
-        Ok(ids)
+            Ok(())
+        })
     }
 }
 

@@ -402,15 +402,7 @@ fn lean_ids(
     text: &str,
     add_special: bool,
 ) -> Result<Vec<u32>, String> {
-    let mut ids = Vec::with_capacity(text.len() / 4 + 8);
-    let (prefix, suffix) = f.special();
-    if add_special {
-        ids.extend_from_slice(prefix);
-    }
-    l.ids(&m.tok, text, &mut ids)?;
-    if add_special {
-        ids.extend_from_slice(suffix);
-    }
+    let ids = f.wrap(text.len(), add_special, |ids| l.ids(&m.tok, text, ids))?;
     if l.sample() {
         let want = f
             .ids(&m.tok, text, add_special)

@@ -52,17 +52,27 @@ impl DfaSplit {
     pub(super) fn pieces<'t>(
         &self,
         s: &'t str,
-        mut f: impl FnMut(&'t str, bool) -> Result<(), String>,
+        f: impl FnMut(&'t str, bool) -> Result<(), String>,
     ) -> Result<(), String> {
-        let mut prev = 0;
+        super::walk::cover(s, self.matches(s), f)
+    }
+
+    /// The full pattern's matches in `s`, in order (an empty match, which these
+    /// patterns cannot give, is an error rather than a loop).
+    fn matches<'s>(
+        &'s self,
+        s: &'s str,
+    ) -> impl Iterator<Item = Result<(usize, usize), String>> + 's {
         let mut at = 0;
-        while at < s.len() {
-            let Some(m) = self.all.find_at(s, at) else {
-                break;
-            };
+        std::iter::from_fn(move || {
+            if at >= s.len() {
+                return None;
+            }
+            let m = self.all.find_at(s, at)?;
             let (start, mut end) = (m.start(), m.end());
             if end == start {
-                return Err("empty split match".into());
+                at = s.len();
+                return Some(Err("empty split match".into()));
             }
             let run = &s[start..end];
             if run.chars().all(char::is_whitespace) && !self.head.is_match(&s[start..]) {
@@ -74,17 +84,9 @@ impl DfaSplit {
                     }
                 }
             }
-            if prev != start {
-                f(&s[prev..start], false)?;
-            }
-            f(&s[start..end], true)?;
-            prev = end;
             at = end;
-        }
-        if prev != s.len() {
-            f(&s[prev..], false)?;
-        }
-        Ok(())
+            Some(Ok((start, end)))
+        })
     }
 }
 
@@ -98,19 +100,14 @@ mod tests {
     const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+    /// fancy-regex's pieces (as the walk's HF-compared path makes them).
     fn fancy(re: &SysRegex, s: &str) -> Vec<(String, bool)> {
         let mut out = Vec::new();
-        let mut prev = 0;
-        for (a, b) in re.find_iter(s) {
-            if prev != a {
-                out.push((s[prev..a].to_string(), false));
-            }
-            out.push((s[a..b].to_string(), true));
-            prev = b;
-        }
-        if prev != s.len() {
-            out.push((s[prev..].to_string(), false));
-        }
+        crate::tokenize::lean::walk::cover(s, re.find_iter(s).map(Ok), |p, m| {
+            out.push((p.to_string(), m));
+            Ok(())
+        })
+        .unwrap();
         out
     }
 

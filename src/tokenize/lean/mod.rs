@@ -223,7 +223,7 @@ impl Lean {
         if tok.get_encode_special_tokens() {
             return None;
         }
-        steps(tok.get_pre_tokenizer())?;
+        let steps = steps(tok.get_pre_tokenizer())?;
         let mut plain = Vec::new();
         let mut normalized = Vec::new();
         for (&id, t) in tok.get_added_tokens_decoder().iter() {
@@ -261,7 +261,7 @@ impl Lean {
             normalized: Added::new(normalized),
             byte_re: SysRegex::new(BYTE_LEVEL_RE).ok()?,
             byte_dfa: dfa_split::DfaSplit::new(BYTE_LEVEL_RE),
-            split_dfa: steps(tok.get_pre_tokenizer())?
+            split_dfa: steps
                 .iter()
                 .map(|p| match p {
                     PreTokenizerWrapper::Split(sp) => match &sp.pattern {

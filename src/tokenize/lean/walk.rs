@@ -54,15 +54,16 @@ pub(super) fn split_added(
     Ok(())
 }
 
-/// Pieces of `s` between and at the matches of `re`, as HF's `Pattern for &SysRegex`
-/// gives them: `(piece, is_match)`, covering `s` in order.
-fn regex_pieces<'t>(
-    re: &SysRegex,
+/// Pieces of `s` between and at `matches` (ascending, non-overlapping byte ranges),
+/// as HF's `Pattern` impls give them: `(piece, is_match)`, covering `s` in order.
+pub(super) fn cover<'t>(
     s: &'t str,
+    matches: impl IntoIterator<Item = Result<(usize, usize), String>>,
     mut f: impl FnMut(&'t str, bool) -> Result<(), String>,
 ) -> Result<(), String> {
     let mut prev = 0;
-    for (start, end) in re.find_iter(s) {
+    for m in matches {
+        let (start, end) = m?;
         if prev != start {
             f(&s[prev..start], false)?;
         }
@@ -73,6 +74,15 @@ fn regex_pieces<'t>(
         f(&s[prev..], false)?;
     }
     Ok(())
+}
+
+/// [`cover`] with the matches of a fancy-regex `re`, as HF's `Pattern for &SysRegex`.
+fn regex_pieces<'t>(
+    re: &SysRegex,
+    s: &'t str,
+    f: impl FnMut(&'t str, bool) -> Result<(), String>,
+) -> Result<(), String> {
+    cover(s, re.find_iter(s).map(Ok), f)
 }
 
 pub(super) struct Walk<'a, 'w> {
