@@ -1,5 +1,6 @@
 //! Codec throughput: framing + decoding of `Stored` events with 64 hashes (the event
-//! ingest hot path) and of `Route` requests (the routing hot path).
+//! ingest hot path) and of `Route` requests (the routing hot path); decoding of vLLM's
+//! msgpack `KVEventBatch` payloads (the ZMQ ingest path, `engines::vllm`).
 //!
 //! Each iteration decodes a stream of many back-to-back frames from a fresh copy of a
 //! prebuilt `BytesMut` (the copy is made outside the timed part), so the numbers include
@@ -110,5 +111,55 @@ fn bench_route(c: &mut Criterion) {
     bench_stream(c, name, frames, &stream, decode_route);
 }
 
-criterion_group!(benches, bench_stored, bench_route);
+/// One vLLM `KVEventBatch` as the engine publishes it after a scheduler step:
+/// `[ts, events, dp_rank]` with 32 positional `BlockStored` events of 4 blocks each
+/// (u64 hashes, 128 token ids per block below 50,000, as a real vocabulary gives).
+fn vllm_payload() -> (Vec<u8>, u64) {
+    use rmp::encode as e;
+    const EVENTS: u64 = 32;
+    const BLOCKS: u64 = 4;
+    let mut out = Vec::new();
+    let w = &mut out;
+    let ok = "writing to a Vec cannot fail";
+    e::write_array_len(w, 3).expect(ok);
+    e::write_f64(w, 1.0).expect(ok);
+    e::write_array_len(w, EVENTS as u32).expect(ok);
+    for i in 0..EVENTS {
+        e::write_array_len(w, 7).expect(ok);
+        e::write_str(w, "BlockStored").expect(ok);
+        e::write_array_len(w, BLOCKS as u32).expect(ok);
+        for b in 0..BLOCKS {
+            e::write_u64(w, (i << 8 | b).wrapping_mul(0x9e37_79b9_7f4a_7c15)).expect(ok);
+        }
+        e::write_u64(w, i.wrapping_mul(0x2545_f491_4f6c_dd1d)).expect(ok);
+        e::write_array_len(w, (BLOCKS * 128) as u32).expect(ok);
+        for t in 0..BLOCKS * 128 {
+            e::write_uint(w, (i * 7_919 + t * 104_729) % 50_000).expect(ok);
+        }
+        e::write_uint(w, 128).expect(ok);
+        e::write_nil(w).expect(ok);
+        e::write_str(w, "GPU").expect(ok);
+    }
+    e::write_uint(w, 0).expect(ok);
+    (out, EVENTS * BLOCKS)
+}
+
+fn bench_vllm(c: &mut Criterion) {
+    let (payload, blocks) = vllm_payload();
+    let mut g = c.benchmark_group("codec");
+    g.throughput(Throughput::Elements(blocks));
+    let name = format!("vllm_batch_32_stored/blocks/{}B", payload.len());
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            let mut n = 0usize;
+            let r = kvroute::engines::vllm::for_each_event(black_box(&payload), |ev| {
+                n += usize::from(matches!(ev, kvroute::engines::EngineEvent::Stored(_)));
+            });
+            black_box((r.is_ok(), n))
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_stored, bench_route, bench_vllm);
 criterion_main!(benches);

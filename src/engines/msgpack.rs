@@ -176,6 +176,11 @@ impl<'a> Rd<'a> {
     }
 
     /// Skips one complete value, nested at most `max_depth` deep.
+    ///
+    /// A container's fixed-width scalar elements (the bulk of an event: token ids and
+    /// block hashes) are stepped over by their width from [`SCALAR_WIDTH`] without
+    /// decoding a [`Head`]; any other element goes through `skip` itself. Same result,
+    /// same errors as skipping every element by its head.
     pub fn skip(&mut self, max_depth: usize) -> Result<(), Bad> {
         let n = match self.head()? {
             Head::Array(n) => n,
@@ -186,9 +191,45 @@ impl<'a> Rd<'a> {
             return Err(Bad("nested too deeply"));
         }
         for _ in 0..n {
-            self.skip(max_depth - 1)?;
+            let w = self.b.first().map_or(0, |&m| SCALAR_WIDTH[usize::from(m)]);
+            if w == 0 {
+                self.skip(max_depth - 1)?;
+            } else if let Some(rest) = self.b.get(usize::from(w)..) {
+                self.b = rest;
+            } else {
+                return Err(Bad("truncated"));
+            }
         }
         Ok(())
+    }
+
+    /// The next value as a `u32`, if it is an unsigned integer that fits; `None` for
+    /// anything else (the cursor then stays where it was). Positive fixints and
+    /// `uint8`/`uint16`/`uint32` (what encoders write for token ids) are read directly.
+    #[inline]
+    pub fn u32(&mut self) -> Option<u32> {
+        let (&m, rest) = self.b.split_first()?;
+        let (v, used) = match m {
+            0x00..=0x7f => (u32::from(m), 0),
+            0xcc => (u32::from(*rest.first()?), 1),
+            0xcd => (
+                u32::from(u16::from_be_bytes(rest.get(..2)?.try_into().ok()?)),
+                2,
+            ),
+            0xce => (u32::from_be_bytes(rest.get(..4)?.try_into().ok()?), 4),
+            _ => {
+                let mut probe = *self;
+                let v = probe
+                    .head()
+                    .ok()?
+                    .as_u64()
+                    .and_then(|v| u32::try_from(v).ok())?;
+                *self = probe;
+                return Some(v);
+            }
+        };
+        self.b = rest.get(used..)?;
+        Some(v)
     }
 
     /// The bytes of the next complete value (the cursor moves past it).
@@ -198,6 +239,26 @@ impl<'a> Rd<'a> {
         Ok(&start[..start.len() - self.b.len()])
     }
 }
+
+/// Total width in bytes (marker included) of each fixed-width scalar by its marker
+/// byte, 0 for markers of containers, strings, binaries, extensions and the reserved
+/// 0xc1: nil, booleans, fixints, `(u)int8..64`, `float32/64`.
+const SCALAR_WIDTH: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = match i {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => 1,
+            0xcc | 0xd0 => 2,
+            0xcd | 0xd1 => 3,
+            0xce | 0xd2 | 0xca => 5,
+            0xcf | 0xd3 | 0xcb => 9,
+            _ => 0,
+        };
+        i += 1;
+    }
+    t
+};
 
 #[cfg(test)]
 mod tests {
@@ -224,5 +285,111 @@ mod tests {
         let deep = [0x91u8; 40];
         assert!(Rd::new(&deep).skip(32).is_err());
         assert!(Rd::new(&[0xc1]).head().is_err());
+    }
+
+    /// `skip` as it was before the scalar fast path: every element by its head.
+    fn skip_by_heads(r: &mut Rd<'_>, max_depth: usize) -> Result<(), Bad> {
+        let n = match r.head()? {
+            Head::Array(n) => n,
+            Head::Map(n) => n * 2,
+            _ => return Ok(()),
+        };
+        if max_depth == 0 {
+            return Err(Bad("nested too deeply"));
+        }
+        for _ in 0..n {
+            skip_by_heads(r, max_depth - 1)?;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn scalar_widths_match_the_heads() {
+        for m in 0..=255u8 {
+            let w = usize::from(SCALAR_WIDTH[usize::from(m)]);
+            let mut b = vec![m];
+            b.extend_from_slice(&[0u8; 20]);
+            let mut r = Rd::new(&b);
+            let h = r.head();
+            let scalar = matches!(
+                h,
+                Ok(Head::Nil | Head::Bool(_) | Head::Uint(_) | Head::Int(_) | Head::Float(_))
+            );
+            if scalar {
+                assert_eq!(w, b.len() - r.b.len(), "marker {m:#x}");
+            } else {
+                assert_eq!(w, 0, "marker {m:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn u32_reads_what_head_reads() {
+        let cases: &[&[u8]] = &[
+            &[0x05],
+            &[0x7f],
+            &[0xcc, 0xff],
+            &[0xcd, 0x01, 0x02],
+            &[0xce, 0xff, 0xff, 0xff, 0xff],
+            &[0xcf, 0, 0, 0, 0, 0, 0, 0, 7],
+            &[0xcf, 0, 0, 0, 1, 0, 0, 0, 0],
+            &[0xd0, 0x05],
+            &[0xff],
+            &[0xcd, 0x01],
+            &[0xce],
+            &[0xa1, b'x'],
+            &[],
+        ];
+        for b in cases {
+            let mut fast = Rd::new(b);
+            let mut slow = Rd::new(b);
+            let want = slow
+                .head()
+                .ok()
+                .and_then(|h| h.as_u64())
+                .and_then(|v| u32::try_from(v).ok());
+            let got = fast.u32();
+            assert_eq!(got, want, "{b:x?}");
+            if got.is_some() {
+                assert_eq!(fast.b.len(), slow.b.len(), "{b:x?}");
+            } else {
+                assert_eq!(fast.b.len(), b.len(), "{b:x?}: the cursor moved on a miss");
+            }
+        }
+    }
+
+    use proptest::strategy::Strategy;
+
+    proptest::proptest! {
+        /// The fast path changes nothing: same result, same error, same position, on
+        /// arbitrary bytes and on arrays of scalars with a container or a cut inside.
+        #[test]
+        fn skip_equals_skipping_by_heads(
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            ints in proptest::collection::vec(
+                // every width: fixint, uint8, uint16, uint32
+                (proptest::prelude::any::<u32>(), 0u32..32).prop_map(|(v, s)| v >> s),
+                0..40,
+            ),
+            cut in 0usize..300,
+            depth in 0usize..4,
+        ) {
+            let mut enc = Vec::new();
+            rmp::encode::write_array_len(&mut enc, ints.len() as u32 + 1).unwrap();
+            for &i in &ints {
+                rmp::encode::write_uint(&mut enc, u64::from(i)).unwrap();
+            }
+            rmp::encode::write_array_len(&mut enc, 1).unwrap();
+            rmp::encode::write_sint(&mut enc, -3).unwrap();
+            let cut = cut.min(enc.len());
+            for b in [&raw[..], &enc[..], &enc[..cut]] {
+                let (mut fast, mut slow) = (Rd::new(b), Rd::new(b));
+                let (f, s) = (fast.skip(depth), skip_by_heads(&mut slow, depth));
+                proptest::prop_assert_eq!(f, s);
+                if f.is_ok() {
+                    proptest::prop_assert_eq!(fast.b.len(), slow.b.len());
+                }
+            }
+        }
     }
 }
