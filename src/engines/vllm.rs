@@ -83,25 +83,33 @@ pub fn for_each_event(
     payload: &[u8],
     mut f: impl FnMut(EngineEvent),
 ) -> Result<Summary, DecodeError> {
-    let mut all = Rd::new(payload);
-    all.skip(MAX_DEPTH).map_err(msgpack)?;
-    if !all.is_empty() {
-        return Err(DecodeError::Trailing);
-    }
     let mut rd = Rd::new(payload);
     let (mut ts, mut events, mut rank) = (None, None, None);
-    match rd.head().map_err(msgpack)? {
-        Head::Array(n) => {
-            for i in 0..n {
-                let v = rd.span(MAX_DEPTH).map_err(msgpack)?;
-                match i {
-                    0 => ts = Some(v),
-                    1 => events = Some(v),
-                    2 => rank = Some(v),
-                    _ => {}
-                }
+    let top = rd.head().map_err(msgpack)?;
+    if let Head::Array(n) = top {
+        // vLLM's form: spanning each element validates it (one level below the
+        // envelope, as skipping the whole payload would) and finds it, in one pass.
+        for i in 0..n {
+            let v = rd.span(MAX_DEPTH - 1).map_err(msgpack)?;
+            match i {
+                0 => ts = Some(v),
+                1 => events = Some(v),
+                2 => rank = Some(v),
+                _ => {}
             }
         }
+        if !rd.is_empty() {
+            return Err(DecodeError::Trailing);
+        }
+    } else {
+        let mut all = Rd::new(payload);
+        all.skip(MAX_DEPTH).map_err(msgpack)?;
+        if !all.is_empty() {
+            return Err(DecodeError::Trailing);
+        }
+    }
+    match top {
+        Head::Array(_) => {}
         Head::Map(n) => {
             for _ in 0..n {
                 let k = rd.head().map_err(msgpack)?;
@@ -146,13 +154,20 @@ pub fn for_each_event(
         skipped: 0,
     };
     for _ in 0..n {
-        let raw = ev.span(MAX_DEPTH).map_err(msgpack)?;
-        match decode_event(raw) {
+        // The payload is known to be well-formed, so the event is decoded from the
+        // batch's cursor (no separate pass to find its end); a skipped event is
+        // stepped over from where it started.
+        let start = ev;
+        match decode_event_at(&mut ev) {
             Ok(e) => {
                 s.events += 1;
                 f(e);
             }
-            Err(_) => s.skipped += 1,
+            Err(_) => {
+                s.skipped += 1;
+                ev = start;
+                ev.skip(MAX_DEPTH).map_err(msgpack)?;
+            }
         }
     }
     Ok(s)
@@ -219,7 +234,11 @@ impl<'a> Fields<'a> {
 
 /// Decodes one event from its msgpack bytes (one complete value).
 pub fn decode_event(raw: &[u8]) -> Result<EngineEvent, EventError> {
-    let mut rd = Rd::new(raw);
+    decode_event_at(&mut Rd::new(raw))
+}
+
+/// Decodes the event at `rd`; on success `rd` has moved past exactly that value.
+fn decode_event_at(rd: &mut Rd<'_>) -> Result<EngineEvent, EventError> {
     let mut f = Fields::default();
     let names = match rd.head()? {
         Head::Array(n) => {
@@ -238,7 +257,7 @@ pub fn decode_event(raw: &[u8]) -> Result<EngineEvent, EventError> {
         }
         Head::Map(n) => {
             // First pass: the type tag, wherever it is.
-            let mut scan = rd;
+            let mut scan = *rd;
             let mut tag = None;
             for _ in 0..n {
                 let k = scan.head()?;
@@ -364,12 +383,7 @@ fn tokens(v: Option<&[u8]>) -> Result<Vec<u32>, EventError> {
     }
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let t = rd
-            .head()?
-            .as_u64()
-            .and_then(|t| u32::try_from(t).ok())
-            .ok_or(EventError::Malformed("bad token id"))?;
-        out.push(t);
+        out.push(rd.u32().ok_or(EventError::Malformed("bad token id"))?);
     }
     Ok(out)
 }
