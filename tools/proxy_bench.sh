@@ -12,7 +12,10 @@
 # $RATES, keep-alive and new-connection clients timed separately; then the most
 # requests/s the machine carries (replay at $MAX_RATE, keep-alive).
 # Part 2, hit rate: $WORKERS workers (fresh caches per router) on the shared
-# conversation trace, hit rate measured at the workers.
+# conversation trace, hit rate measured at the workers; after each replay, the CPU
+# seconds (and minor page faults) the router's process and the fleet's have used.
+# The gateway reads no KV events, so its fleet publishes none unless GW_EVENTS=zmq
+# (the same fleet as kvroute's, event publishing included).
 #
 # Needs: cargo build --release --bin kvroute --bin kvroute-sim;
 #        python3 -m pip install sglang-router==0.3.2 (the gateway column is skipped
@@ -31,6 +34,7 @@ HIT_N=${HIT_N:-2000}         # requests of the hit-rate run
 HIT_SCALE=${HIT_SCALE:-20}   # trace time runs this much faster in the hit-rate run
 KV_CORES=${KV_CORES:-2}
 KV_FLAGS=${KV_FLAGS:-}       # extra `kvroute serve` flags, e.g. "--pin-cores false"
+GW_EVENTS=${GW_EVENTS:-none} # the gateway's fleet: `none` (it reads no events) or `zmq` (as kvroute's)
 OUT=${OUT:-$(mktemp -d /tmp/proxy_bench.XXXXXX)}; mkdir -p "$OUT"
 HAVE_GW=${GATEWAY:-1}          # GATEWAY=0: kvroute and direct rows only
 [ "$HAVE_GW" = 0 ] || python3 -c "import sglang_router" 2>/dev/null || { HAVE_GW=0; echo "note: sglang_router not installed, no gateway column" >&2; }
@@ -72,6 +76,9 @@ EOF
 )"
 }
 
+# cpu_s PID: CPU seconds (user + system, all threads) the process has used so far.
+cpu_s() { awk -v t="$(getconf CLK_TCK)" '{ printf "%.1f (%d page faults)", ($14 + $15) / t, $10 }' "/proc/$1/stat" 2>/dev/null || echo "?"; }
+
 PARTS=${PARTS:-"1 2"}
 if [[ " $PARTS " == *" 1 "* ]]; then
 echo "== part 1: proxy overhead, one simulated worker (ms; $N requests per row; $OUT)"
@@ -101,12 +108,14 @@ hit=(--limit "$HIT_N" --time-scale "$HIT_SCALE" --stream --max-output-tokens 16)
 start_fleet hit-kv --workers "$WORKERS" --time-scale "$HIT_SCALE"
 start_kvroute
 replay "kvroute  hit" "$KV_URL" "$(echo "$URLS" | tr ' ' ',')" "${hit[@]}"
+echo "   CPU s: kvroute $(cpu_s "$KV_PID"), fleet $(cpu_s "$FLEET_PID")"
 curl -s "$KV_HTTP/metrics" | grep -E '^kvroute_(engine_stream_total|proxy)' >"$OUT/kvroute.metrics" || true
 stop_pid "$KV_PID"; stop_pid "$FLEET_PID"
 if [ "$HAVE_GW" = 1 ]; then
-  start_fleet hit-gw --workers "$WORKERS" --time-scale "$HIT_SCALE" --events none
+  start_fleet hit-gw --workers "$WORKERS" --time-scale "$HIT_SCALE" --events "$GW_EVENTS"
   start_gateway
   replay "gateway  hit" "$GW_URL" "$(echo "$URLS" | tr ' ' ',')" "${hit[@]}"
+  echo "   CPU s: gateway $(cpu_s "$GW_PID"), fleet $(cpu_s "$FLEET_PID")"
   stop_pid "$GW_PID"; stop_pid "$FLEET_PID"
 fi
 fi
