@@ -85,32 +85,35 @@ pub fn for_each_event(
 ) -> Result<Summary, DecodeError> {
     let mut rd = Rd::new(payload);
     let (mut ts, mut events, mut rank) = (None, None, None);
-    let top = rd.head().map_err(msgpack)?;
-    if let Head::Array(n) = top {
-        // vLLM's form: spanning each element validates it (one level below the
-        // envelope, as skipping the whole payload would) and finds it, in one pass.
-        for i in 0..n {
-            let v = rd.span(MAX_DEPTH - 1).map_err(msgpack)?;
-            match i {
-                0 => ts = Some(v),
-                1 => events = Some(v),
-                2 => rank = Some(v),
-                _ => {}
-            }
-        }
-        if !rd.is_empty() {
-            return Err(DecodeError::Trailing);
-        }
-    } else {
+    // The whole payload, checked to be well-formed msgpack with nothing after it.
+    let validate = || {
         let mut all = Rd::new(payload);
         all.skip(MAX_DEPTH).map_err(msgpack)?;
-        if !all.is_empty() {
-            return Err(DecodeError::Trailing);
+        if all.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::Trailing)
         }
-    }
-    match top {
-        Head::Array(_) => {}
+    };
+    match rd.head().map_err(msgpack)? {
+        Head::Array(n) => {
+            // vLLM's form: spanning each element validates it (one level below the
+            // envelope, as skipping the whole payload would) and finds it, in one pass.
+            for i in 0..n {
+                let v = rd.span(MAX_DEPTH - 1).map_err(msgpack)?;
+                match i {
+                    0 => ts = Some(v),
+                    1 => events = Some(v),
+                    2 => rank = Some(v),
+                    _ => {}
+                }
+            }
+            if !rd.is_empty() {
+                return Err(DecodeError::Trailing);
+            }
+        }
         Head::Map(n) => {
+            validate()?;
             for _ in 0..n {
                 let k = rd.head().map_err(msgpack)?;
                 let v = rd.span(MAX_DEPTH).map_err(msgpack)?;
@@ -123,7 +126,10 @@ pub fn for_each_event(
                 slot.get_or_insert(v);
             }
         }
-        _ => return Err(DecodeError::Envelope("neither array nor map")),
+        _ => {
+            validate()?;
+            return Err(DecodeError::Envelope("neither array nor map"));
+        }
     }
     let ts = match head(ts) {
         None | Some(Head::Nil) => 0.0,
@@ -158,7 +164,7 @@ pub fn for_each_event(
         // batch's cursor (no separate pass to find its end); a skipped event is
         // stepped over from where it started.
         let start = ev;
-        match decode_event_at(&mut ev) {
+        match decode_event(&mut ev) {
             Ok(e) => {
                 s.events += 1;
                 f(e);
@@ -232,13 +238,8 @@ impl<'a> Fields<'a> {
     }
 }
 
-/// Decodes one event from its msgpack bytes (one complete value).
-pub fn decode_event(raw: &[u8]) -> Result<EngineEvent, EventError> {
-    decode_event_at(&mut Rd::new(raw))
-}
-
 /// Decodes the event at `rd`; on success `rd` has moved past exactly that value.
-fn decode_event_at(rd: &mut Rd<'_>) -> Result<EngineEvent, EventError> {
+fn decode_event(rd: &mut Rd<'_>) -> Result<EngineEvent, EventError> {
     let mut f = Fields::default();
     let names = match rd.head()? {
         Head::Array(n) => {
