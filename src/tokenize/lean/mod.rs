@@ -23,7 +23,8 @@
 //!    runs as the tokenizer compiled it, except the GPT-2 / Llama-3 / Qwen-2 patterns,
 //!    which [`dfa_split`] runs on the `regex` crate's automata without the
 //!    backtracking VM their one look-ahead needs.
-//! 4. **Model**: a `WordLevel` vocabulary looked up in place; any other model's own
+//! 4. **Model**: a `WordLevel` vocabulary looked up in a table of its own
+//!    ([`vocab`]: ahash, words in one arena); any other model's own
 //!    `tokenize`, a deterministic BPE's (no dropout) through a per-thread cache of ids
 //!    per word (`tokenize::words`).
 //!
@@ -37,6 +38,7 @@
 //! (`kvroute_proxy_tokenize_lean_mismatches`).
 
 mod dfa_split;
+mod vocab;
 mod walk;
 
 use super::pipelines::PIECES;
@@ -99,6 +101,8 @@ pub(crate) struct Lean {
     byte_char: [char; 256],
     /// `WordLevel`'s unknown-token id, when it has one.
     unk: Option<u32>,
+    /// `WordLevel`'s vocabulary in a table of its own ([`vocab`]).
+    vocab: Option<vocab::Vocab>,
     /// Ids per word of a deterministic BPE (`tokenize::words`).
     words: Option<crate::tokenize::words::WordCache>,
     texts: AtomicU64,
@@ -250,6 +254,10 @@ impl Lean {
             ModelWrapper::WordLevel(wl) => wl.token_to_id(&wl.unk_token),
             _ => None,
         };
+        let vocab = match tok.get_model() {
+            ModelWrapper::WordLevel(wl) => vocab::Vocab::new(&wl.get_vocab()),
+            _ => None,
+        };
         let words = match tok.get_model() {
             ModelWrapper::BPE(b) if b.dropout.is_none() => {
                 Some(crate::tokenize::words::WordCache::new())
@@ -274,6 +282,7 @@ impl Lean {
             ws_re: regex::Regex::new(WHITESPACE_RE).ok()?,
             byte_char: byte_chars(),
             unk,
+            vocab,
             words,
             texts: AtomicU64::new(0),
             off: AtomicBool::new(false),

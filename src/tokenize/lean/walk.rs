@@ -256,10 +256,12 @@ impl Walk<'_, '_> {
     fn model_ids(&mut self, w: &str) -> Result<(), String> {
         match self.model {
             ModelWrapper::WordLevel(wl) => {
-                let id = wl
-                    .token_to_id(w)
-                    .or(self.lean.unk)
-                    .ok_or("word not in the vocabulary and no unknown token")?;
+                let id = match &self.lean.vocab {
+                    Some(v) => v.get(w),
+                    None => wl.token_to_id(w),
+                }
+                .or(self.lean.unk)
+                .ok_or("word not in the vocabulary and no unknown token")?;
                 self.out.push(id);
             }
             m => {
