@@ -250,13 +250,12 @@ impl Lean {
                 plain.push((t.content.clone(), id));
             }
         }
-        let unk = match tok.get_model() {
-            ModelWrapper::WordLevel(wl) => wl.token_to_id(&wl.unk_token),
-            _ => None,
-        };
-        let vocab = match tok.get_model() {
-            ModelWrapper::WordLevel(wl) => vocab::Vocab::new(&wl.get_vocab()),
-            _ => None,
+        let (unk, vocab) = match tok.get_model() {
+            ModelWrapper::WordLevel(wl) => (
+                wl.token_to_id(&wl.unk_token),
+                vocab::Vocab::new(&wl.get_vocab()),
+            ),
+            _ => (None, None),
         };
         let words = match tok.get_model() {
             ModelWrapper::BPE(b) if b.dropout.is_none() => {
