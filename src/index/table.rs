@@ -295,19 +295,10 @@ fn home(slots: &[Slot], key: u64) -> usize {
 /// slot's start (the same line when they coincide). A no-op off x86-64.
 #[inline(always)]
 fn prefetch_home_and(slots: &[Slot], key: u64, then: usize) {
-    #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let p = slots.as_ptr().wrapping_add(home(slots, key)).cast::<i8>();
-        // SAFETY: a prefetch never faults and reads nothing architecturally; the
-        // address is in (or, for an unallocated table, at) the slot array.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(p);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(then));
-        }
-    }
-    #[cfg(not(all(target_arch = "x86_64", target_feature = "sse")))]
-    let _ = (slots, key, then);
+    // The address is in (or, for an unallocated table, at) the slot array.
+    let p = slots.as_ptr().wrapping_add(home(slots, key)).cast::<u8>();
+    crate::mem::prefetch(p);
+    crate::mem::prefetch(p.wrapping_add(then));
 }
 
 /// A [`Table`]'s slots borrowed for the read path: what a query's loop keeps in

@@ -349,12 +349,12 @@ impl Lean {
             words,
             out,
             at_start: false,
+            pending: Default::default(),
         };
         let norm = tok.get_normalizer();
         split_added(self.plain.as_ref(), text, |piece, id| {
             if let Some(id) = id {
-                w.out.push(id);
-                return Ok(());
+                return w.emit(id);
             }
             // A normalized piece keeps its start's original offset (HF aligns what a
             // normalizer prepends with the first char).
@@ -369,6 +369,7 @@ impl Lean {
                     w.normalized_piece(ns.get())
                 }
             }
-        })
+        })?;
+        w.flush()
     }
 }

@@ -1,8 +1,14 @@
 //! The walk itself (`tokenize::lean`): one text's pieces through the added-token
 //! passes, the pre-tokenizer steps and the model, depth first over borrowed slices,
-//! ids appended as they come. Pure: no I/O, no allocation beyond a piece's own
+//! ids appended in order. Pure: no I/O, no allocation beyond a piece's own
 //! transformed copy (`ByteLevel`'s bytes, `Metaspace`'s markers).
+//!
+//! A `WordLevel` word's lookup is issued when the word comes and answered
+//! [`AHEAD`] words later ([`Pending`]): the table's line is prefetched meanwhile, so
+//! the misses of a prompt's words overlap instead of coming one after the other. Every
+//! other id waits for the pending ones ([`Walk::emit`]), so the order is the text's.
 
+use super::vocab::{Key, Vocab};
 use super::{Added, Lean};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
@@ -85,6 +91,18 @@ fn regex_pieces<'t>(
     cover(s, re.find_iter(s).map(Ok), f)
 }
 
+/// `WordLevel` lookups kept pending: enough for the misses of a prompt's words to
+/// overlap, few enough that their lines are still in L1 when they are answered.
+const AHEAD: usize = 16;
+
+/// Keys of the words whose `WordLevel` lookups are pending, oldest first (a ring).
+#[derive(Default)]
+pub(super) struct Pending {
+    keys: [Key; AHEAD],
+    head: usize,
+    len: usize,
+}
+
 pub(super) struct Walk<'a, 'w> {
     pub(super) lean: &'a Lean,
     pub(super) steps: &'a [&'a PreTokenizerWrapper],
@@ -95,18 +113,46 @@ pub(super) struct Walk<'a, 'w> {
     /// `offsets_original().0 == 0`, which `Metaspace`'s `First` scheme reads): its
     /// added-token piece started there and each step kept it at offset 0.
     pub(super) at_start: bool,
+    /// Lookups not yet answered (see the module doc).
+    pub(super) pending: Pending,
 }
 
 impl Walk<'_, '_> {
+    /// Appends `id` after the pending lookups' ids.
+    pub(super) fn emit(&mut self, id: u32) -> Result<(), String> {
+        self.flush()?;
+        self.out.push(id);
+        Ok(())
+    }
+
+    /// Answers every pending lookup, in order.
+    pub(super) fn flush(&mut self) -> Result<(), String> {
+        let Some(v) = &self.lean.vocab else {
+            return Ok(());
+        };
+        while self.pending.len > 0 {
+            let k = self.pending.keys[self.pending.head];
+            self.pending.head = (self.pending.head + 1) % AHEAD;
+            self.pending.len -= 1;
+            self.answer(v, k)?;
+        }
+        Ok(())
+    }
+
+    /// Appends the id of the word of `k` (the unknown token's if it has none).
+    #[inline]
+    fn answer(&mut self, v: &Vocab, k: Key) -> Result<(), String> {
+        let id = v.find(k).or(self.lean.unk).ok_or(NO_UNK)?;
+        self.out.push(id);
+        Ok(())
+    }
+
     /// A normalized piece between non-normalized added tokens: the normalized added
     /// tokens, then the pre-tokenizer and the model on what is between them.
     pub(super) fn normalized_piece(&mut self, s: &str) -> Result<(), String> {
         let added = self.lean.normalized.as_ref();
         split_added(added, s, |piece, id| match id {
-            Some(id) => {
-                self.out.push(id);
-                Ok(())
-            }
+            Some(id) => self.emit(id),
             None => self.child(0, s, piece),
         })
     }
@@ -255,16 +301,32 @@ impl Walk<'_, '_> {
 
     fn model_ids(&mut self, w: &str) -> Result<(), String> {
         match self.model {
-            ModelWrapper::WordLevel(wl) => {
-                let id = match &self.lean.vocab {
-                    Some(v) => v.get(w),
-                    None => wl.token_to_id(w),
+            ModelWrapper::WordLevel(wl) => match &self.lean.vocab {
+                Some(v) => match v.key(w) {
+                    Some(k) => {
+                        let p = &mut self.pending;
+                        if p.len == AHEAD {
+                            let oldest = p.keys[p.head];
+                            p.keys[p.head] = k;
+                            p.head = (p.head + 1) % AHEAD;
+                            self.answer(v, oldest)?;
+                        } else {
+                            p.keys[(p.head + p.len) % AHEAD] = k;
+                            p.len += 1;
+                        }
+                    }
+                    None => {
+                        let id = v.get(w).or(self.lean.unk).ok_or(NO_UNK)?;
+                        self.emit(id)?;
+                    }
+                },
+                None => {
+                    let id = wl.token_to_id(w).or(self.lean.unk).ok_or(NO_UNK)?;
+                    self.out.push(id);
                 }
-                .or(self.lean.unk)
-                .ok_or("word not in the vocabulary and no unknown token")?;
-                self.out.push(id);
-            }
+            },
             m => {
+                self.flush()?;
                 let run = |w: &str| {
                     let tokens = m.tokenize(w).map_err(|e| e.to_string())?;
                     Ok::<_, String>(tokens.iter().map(|t| t.id).collect())
@@ -278,3 +340,5 @@ impl Walk<'_, '_> {
         Ok(())
     }
 }
+
+const NO_UNK: &str = "word not in the vocabulary and no unknown token";
