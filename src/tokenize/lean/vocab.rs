@@ -209,17 +209,39 @@ impl Vocab {
 /// The slot integers of a word of at most [`INLINE`] bytes (None for a longer one).
 #[inline]
 fn inline_key(w: &[u8]) -> Option<(u64, u32)> {
-    if w.len() > INLINE {
+    let n = w.len();
+    if n > INLINE {
         return None;
     }
-    let mut b = [0u8; 12];
-    b[..w.len()].copy_from_slice(w);
-    b[INLINE] = w.len() as u8;
-    let [a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11] = b;
-    Some((
-        u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
-        u32::from_le_bytes([a8, a9, a10, a11]),
-    ))
+    let (lo, rest) = match w.split_at_checked(8) {
+        Some((head, rest)) => (le_upto8(head), le_upto8(rest)),
+        None => (le_upto8(w), 0),
+    };
+    Some((lo, rest as u32 | (n as u32) << 24))
+}
+
+/// The bytes of `w` (at most 8) as a little-endian integer, zero above them: two
+/// overlapping loads instead of a byte-wise copy (the copy's narrow stores, read back
+/// as one wide load, stalled store-to-load forwarding).
+#[inline(always)]
+fn le_upto8(w: &[u8]) -> u64 {
+    let n = w.len();
+    match w {
+        [] => 0,
+        [a0, a1, a2, a3, ..] => {
+            let first = u32::from_le_bytes([*a0, *a1, *a2, *a3]);
+            let last = match w.get(n.saturating_sub(4)..) {
+                Some(&[b0, b1, b2, b3]) => u32::from_le_bytes([b0, b1, b2, b3]),
+                _ => 0,
+            };
+            u64::from(first) | u64::from(last) << (8 * (n - 4))
+        }
+        [a0, ..] => {
+            let mid = w.get(n / 2).copied().unwrap_or(0);
+            let last = w.get(n - 1).copied().unwrap_or(0);
+            u64::from(*a0) | u64::from(mid) << (8 * (n / 2)) | u64::from(last) << (8 * (n - 1))
+        }
+    }
 }
 
 /// `hi` of a long word's slot: the [`LONG`] tag over 24 bits of its hash.
@@ -320,6 +342,24 @@ mod tests {
         let v = Vocab::new(&HashMap::new()).unwrap();
         assert_eq!(v.get(""), None);
         assert_eq!(v.get(&"q".repeat(30)), None);
+    }
+
+    #[test]
+    fn short_words_load_as_their_zero_padded_bytes() {
+        for n in 0..=INLINE + 1 {
+            let w: Vec<u8> = (1..=n as u8).map(|b| b.wrapping_mul(37) | 1).collect();
+            let mut b = [0u8; 12];
+            let got = inline_key(&w);
+            if n > INLINE {
+                assert_eq!(got, None);
+                continue;
+            }
+            b[..n].copy_from_slice(&w);
+            b[INLINE] = n as u8;
+            let lo = u64::from_le_bytes(b[..8].try_into().unwrap());
+            let hi = u32::from_le_bytes(b[8..].try_into().unwrap());
+            assert_eq!(got, Some((lo, hi)), "{n} bytes");
+        }
     }
 
     #[test]

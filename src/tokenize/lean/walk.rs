@@ -179,6 +179,22 @@ impl Walk<'_, '_> {
             return self.model_ids(s);
         };
         match p {
+            PreTokenizerWrapper::WhitespaceSplit(_) if s.is_ascii() => {
+                // ASCII text: `char::is_whitespace` on a byte, without decoding chars.
+                let mut start = 0;
+                for (at, &b) in s.as_bytes().iter().enumerate() {
+                    if matches!(b, b'\t'..=b'\r' | b' ') {
+                        if start < at {
+                            self.child_at(i + 1, start, &s[start..at])?;
+                        }
+                        start = at + 1;
+                    }
+                }
+                if start < s.len() {
+                    self.child_at(i + 1, start, &s[start..])?;
+                }
+                Ok(())
+            }
             PreTokenizerWrapper::WhitespaceSplit(_) => {
                 for w in s.split(char::is_whitespace).filter(|w| !w.is_empty()) {
                     self.child(i + 1, s, w)?;
