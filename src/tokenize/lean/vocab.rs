@@ -148,17 +148,7 @@ impl Vocab {
     /// The id of the word `k` was made from (by this table's [`Vocab::key`]).
     #[inline]
     pub(crate) fn find(&self, k: Key) -> Option<u32> {
-        let mut i = k.home;
-        loop {
-            let s = self.slots.get(i)?;
-            if s.lo == k.lo && s.hi == k.hi {
-                return Some(s.id);
-            }
-            if s.hi >> 24 == u32::from(FREE) {
-                return None;
-            }
-            i = (i + 1) & self.mask;
-        }
+        self.probe(k.home, |s| s.lo == k.lo && s.hi == k.hi)
     }
 
     /// [`Vocab::get`] for a word longer than [`INLINE`] bytes.
@@ -166,15 +156,20 @@ impl Vocab {
     fn get_long(&self, w: &[u8]) -> Option<u32> {
         let h = hash_long(w);
         let hi = long_hi(h);
-        let mut i = h as usize & self.mask;
+        self.probe(h as usize & self.mask, |s| {
+            let start = (s.lo & u64::from(u32::MAX)) as usize;
+            let len = (s.lo >> 32) as usize;
+            s.hi == hi && self.arena.get(start..start + len) == Some(w)
+        })
+    }
+
+    /// The id in the first slot from `i` on that `hit` accepts; None at a free slot.
+    #[inline(always)]
+    fn probe(&self, mut i: usize, hit: impl Fn(&Slot) -> bool) -> Option<u32> {
         loop {
             let s = self.slots.get(i)?;
-            if s.hi == hi {
-                let start = (s.lo & u64::from(u32::MAX)) as usize;
-                let len = (s.lo >> 32) as usize;
-                if self.arena.get(start..start + len) == Some(w) {
-                    return Some(s.id);
-                }
+            if hit(s) {
+                return Some(s.id);
             }
             if s.hi >> 24 == u32::from(FREE) {
                 return None;
