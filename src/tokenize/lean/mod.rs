@@ -24,7 +24,8 @@
 //!    which [`dfa_split`] runs on the `regex` crate's automata without the
 //!    backtracking VM their one look-ahead needs.
 //! 4. **Model**: a `WordLevel` vocabulary looked up in a table of its own
-//!    ([`vocab`]: ahash, words in one arena); any other model's own
+//!    ([`vocab`]: a short word inside its slot, one cache line per lookup, the
+//!    lookups prefetched a few words ahead); any other model's own
 //!    `tokenize`, a deterministic BPE's (no dropout) through a per-thread cache of ids
 //!    per word (`tokenize::words`).
 //!

@@ -47,6 +47,12 @@ struct Slot {
     id: u32,
 }
 
+impl Slot {
+    fn is_free(&self) -> bool {
+        self.hi >> 24 == u32::from(FREE)
+    }
+}
+
 const EMPTY: Slot = Slot {
     lo: 0,
     hi: (FREE as u32) << 24,
@@ -113,7 +119,7 @@ impl Vocab {
             let mut i = h as usize & v.mask;
             loop {
                 let s = &mut v.slots[i];
-                if s.hi >> 24 == u32::from(FREE) {
+                if s.is_free() {
                     *s = slot;
                     break;
                 }
@@ -171,7 +177,7 @@ impl Vocab {
             if hit(s) {
                 return Some(s.id);
             }
-            if s.hi >> 24 == u32::from(FREE) {
+            if s.is_free() {
                 return None;
             }
             i = (i + 1) & self.mask;

@@ -96,11 +96,35 @@ fn regex_pieces<'t>(
 const AHEAD: usize = 16;
 
 /// Keys of the words whose `WordLevel` lookups are pending, oldest first (a ring).
+/// Only `WordLevel` words wait here, and a walk has one model.
 #[derive(Default)]
 pub(super) struct Pending {
     keys: [Key; AHEAD],
     head: usize,
     len: usize,
+}
+
+impl Pending {
+    /// Adds `k` last; when the ring was full, takes out and returns the oldest key.
+    #[inline]
+    fn push(&mut self, k: Key) -> Option<Key> {
+        let oldest = if self.len == AHEAD { self.pop() } else { None };
+        self.keys[(self.head + self.len) % AHEAD] = k;
+        self.len += 1;
+        oldest
+    }
+
+    /// Takes out the oldest key.
+    #[inline]
+    fn pop(&mut self) -> Option<Key> {
+        if self.len == 0 {
+            return None;
+        }
+        let k = self.keys[self.head];
+        self.head = (self.head + 1) % AHEAD;
+        self.len -= 1;
+        Some(k)
+    }
 }
 
 pub(super) struct Walk<'a, 'w> {
@@ -130,10 +154,7 @@ impl Walk<'_, '_> {
         let Some(v) = &self.lean.vocab else {
             return Ok(());
         };
-        while self.pending.len > 0 {
-            let k = self.pending.keys[self.pending.head];
-            self.pending.head = (self.pending.head + 1) % AHEAD;
-            self.pending.len -= 1;
+        while let Some(k) = self.pending.pop() {
             self.answer(v, k)?;
         }
         Ok(())
@@ -142,9 +163,15 @@ impl Walk<'_, '_> {
     /// Appends the id of the word of `k` (the unknown token's if it has none).
     #[inline]
     fn answer(&mut self, v: &Vocab, k: Key) -> Result<(), String> {
-        let id = v.find(k).or(self.lean.unk).ok_or(NO_UNK)?;
+        let id = self.or_unk(v.find(k))?;
         self.out.push(id);
         Ok(())
+    }
+
+    /// A `WordLevel` word's id: its own, else the unknown token's.
+    #[inline]
+    fn or_unk(&self, id: Option<u32>) -> Result<u32, String> {
+        id.or(self.lean.unk).ok_or_else(|| NO_UNK.to_owned())
     }
 
     /// A normalized piece between non-normalized added tokens: the normalized added
@@ -320,29 +347,21 @@ impl Walk<'_, '_> {
             ModelWrapper::WordLevel(wl) => match &self.lean.vocab {
                 Some(v) => match v.key(w) {
                     Some(k) => {
-                        let p = &mut self.pending;
-                        if p.len == AHEAD {
-                            let oldest = p.keys[p.head];
-                            p.keys[p.head] = k;
-                            p.head = (p.head + 1) % AHEAD;
+                        if let Some(oldest) = self.pending.push(k) {
                             self.answer(v, oldest)?;
-                        } else {
-                            p.keys[(p.head + p.len) % AHEAD] = k;
-                            p.len += 1;
                         }
                     }
                     None => {
-                        let id = v.get(w).or(self.lean.unk).ok_or(NO_UNK)?;
+                        let id = self.or_unk(v.get(w))?;
                         self.emit(id)?;
                     }
                 },
                 None => {
-                    let id = wl.token_to_id(w).or(self.lean.unk).ok_or(NO_UNK)?;
+                    let id = self.or_unk(wl.token_to_id(w))?;
                     self.out.push(id);
                 }
             },
             m => {
-                self.flush()?;
                 let run = |w: &str| {
                     let tokens = m.tokenize(w).map_err(|e| e.to_string())?;
                     Ok::<_, String>(tokens.iter().map(|t| t.id).collect())
