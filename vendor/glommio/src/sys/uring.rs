@@ -1839,13 +1839,9 @@ impl Reactor {
         // three SQEs, three CQEs and an `io_uring_enter` per turn. The timer
         // counts main-ring completions since it was armed, so at worst it
         // preempts once per `ring_depth` completions.
-        let in_flight = match self.throughput_preemption_timeout_src.take() {
-            Some(src) if src.result().is_none() => Some(src),
-            _ => None,
-        };
-        let src = match in_flight {
-            Some(src) => src,
-            None => main_ring.prepare_throughput_preemption_timer(
+        let src = match self.throughput_preemption_timeout_src.take() {
+            Some(src) if src.result().is_none() => src,
+            _ => main_ring.prepare_throughput_preemption_timer(
                 self.ring_depth() as u32,
                 self.eventfd_src.raw(),
             ),
