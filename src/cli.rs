@@ -42,6 +42,9 @@ pub struct ServeArgs {
     /// Executors / index shards (default: all online cores).
     #[arg(long, env = "KVROUTE_CORES")]
     pub cores: Option<usize>,
+    /// sharded | replicated: one index shard per core, or a whole copy per core.
+    #[arg(long, env = "KVROUTE_INDEX_LAYOUT", value_parser = crate::settings::IndexLayout::parse)]
+    pub index_layout: Option<crate::settings::IndexLayout>,
     #[arg(long, env = "KVROUTE_HEARTBEAT_TIMEOUT_MS")]
     pub heartbeat_timeout_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_SPIN_BEFORE_PARK_US")]
@@ -506,6 +509,7 @@ impl ServeArgs {
             p.api_keys_file = self.proxy_api_keys_file.clone();
         }
         overlay!(s, self, ingest_slice_hashes);
+        overlay!(s, self, index_layout);
         overlay!(s, self, pin_cores);
         overlay!(s, self, tokenize_lean);
         overlay!(s, self, answer_spin_us);

@@ -21,6 +21,17 @@ pub const MAX_ID_LEN: usize = 128;
 /// The characters an id may use, as written in error messages and the docs.
 pub const ID_CHARSET: &str = "A-Z a-z 0-9 . _ : @ + = -";
 
+/// The prefix of every request id the OpenAI proxy makes (`proxy::request::router_id`);
+/// the route APIs refuse client ids that start with it, so a proxy id is unique by
+/// construction (its core and that core's counter follow) and a proxied route need not
+/// ask the other cores whether they know it (`index_layout = "replicated"`).
+pub const PROXY_ID_PREFIX: &str = "px=";
+
+/// Whether `id` is in the proxy's reserved id space ([`PROXY_ID_PREFIX`]).
+pub fn is_proxy_id(id: &str) -> bool {
+    id.starts_with(PROXY_ID_PREFIX)
+}
+
 /// Whether `b` may appear in an id.
 pub fn is_id_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'@' | b'+' | b'=' | b'-')

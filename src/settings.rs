@@ -21,6 +21,33 @@ pub const DEFAULT_ANSWER_SPIN_US: u64 = 200;
 /// Largest `answer_spin_us` accepted (1 s): the spin stays bounded whatever is set.
 pub const MAX_ANSWER_SPIN_US: u64 = 1_000_000;
 
+/// How the block-hash index is laid out over the cores (`index_layout`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IndexLayout {
+    /// Each core owns one shard (the hashes whose top bits name it): every event is
+    /// applied once, the index costs one copy of memory, and a decision gathers the
+    /// other cores' overlaps (one cross-core round trip with `--cores` > 1).
+    #[default]
+    Sharded,
+    /// Every core holds the whole index and applies every event: a decision reads
+    /// only its own core (no round trip, no wake-up of another core), for `cores`
+    /// times the index memory and ingest CPU. For a proxy tier, whose fleet's event
+    /// rate is far below what one core ingests.
+    Replicated,
+}
+
+impl IndexLayout {
+    /// Parses `sharded` / `replicated`.
+    pub fn parse(s: &str) -> Result<IndexLayout, String> {
+        match s {
+            "sharded" => Ok(IndexLayout::Sharded),
+            "replicated" => Ok(IndexLayout::Replicated),
+            _ => Err(format!("unknown index layout {s:?} (sharded | replicated)")),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
@@ -32,6 +59,9 @@ pub struct Settings {
     pub http_addr: String,
     /// Executors (one per core, each owning one index shard). Default: all online cores.
     pub cores: Option<usize>,
+    /// The index over the cores: one shard each, or a whole copy each
+    /// ([`IndexLayout`]). Default sharded.
+    pub index_layout: IndexLayout,
     /// A worker with a binary connection that sends nothing (heartbeat or event) for this
     /// long leaves routing until it returns. Default 10,000 ms.
     pub heartbeat_timeout_ms: u64,
@@ -193,6 +223,7 @@ impl Default for Settings {
             api_addr: "127.0.0.1:7401".into(),
             http_addr: "127.0.0.1:7480".into(),
             cores: None,
+            index_layout: IndexLayout::Sharded,
             heartbeat_timeout_ms: 10_000,
             spin_before_park_us: 50,
             state_dir: None,

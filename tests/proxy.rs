@@ -112,12 +112,35 @@ fn a_shared_prefix_goes_back_to_the_worker_that_cached_it() {
     if !python_ok() {
         return;
     }
-    let s = Server::start(2, &["--block-size", "4"]);
+    for layout in ["sharded", "replicated"] {
+        shared_prefix_rounds(layout);
+    }
+}
+
+fn shared_prefix_rounds(layout: &str) {
+    let s = Server::start(2, &["--block-size", "4", "--index-layout", layout]);
     let ws: Vec<FakeWorker> = (0..3)
         .map(|i| FakeWorker::start(&format!("w{i}"), &[]))
         .collect();
     for w in &ws {
         register(&s, &w.id, "m", "aggregated", &w.url());
+    }
+    // Blocks a worker reports before any request: the index alone sends the prompt
+    // there (no affinity yet), whichever core takes the connection.
+    let cached: Vec<u32> = (0..32).map(|i| 50_000 + i).collect();
+    let mut hashes = Vec::new();
+    kvroute::hash::sequence_hashes_after(None, &cached, 4, &mut hashes);
+    s.store("w1", "device", &hashes);
+    s.wait_until("blocks indexed", |s| s.cached("w1") == 8);
+    for _ in 0..4 {
+        let a = completion(
+            &s,
+            &json!({"model": "m", "prompt": cached, "max_tokens": 2}),
+        );
+        assert_eq!(a.status, 200);
+        assert_eq!(a.header("x-kvroute-worker"), Some("w1"), "{layout}");
+        let rid = a.header("x-kvroute-request-id").unwrap_or("");
+        assert!(rid.starts_with(kvroute::ids::PROXY_ID_PREFIX), "{rid}");
     }
     for round in 0..4u32 {
         let prefix: Vec<u32> = (0..32).map(|i| round * 1000 + i).collect();
@@ -143,7 +166,7 @@ fn a_shared_prefix_goes_back_to_the_worker_that_cached_it() {
         assert_eq!(
             b.header("x-kvroute-worker"),
             Some(first.as_str()),
-            "round {round}"
+            "{layout} round {round}"
         );
     }
 }

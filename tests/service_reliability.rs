@@ -284,6 +284,36 @@ fn in_flight_requests_survive_a_graceful_restart_with_other_cores() {
 }
 
 #[test]
+fn state_moves_between_the_sharded_and_replicated_layouts() {
+    let (dir, d) = state_dir("layout");
+    let h = hashes(13, 12);
+    let n = 6;
+    let before = {
+        let s = Server::start(2, &["--state-dir", &d]);
+        two_static_workers(&s, &h);
+        let mut c = RequestClient::connect(&s.api, "").unwrap();
+        route_some(&s, &mut c, n, &h);
+        loads(&s)
+    };
+    // Sharded → replicated: every core's copy gets every entry, the figures are
+    // counted once, a restored id is still a duplicate whichever core is asked.
+    {
+        let s = Server::start(2, &["--state-dir", &d, "--index-layout", "replicated"]);
+        assert_eq!(s.cached("a"), 6);
+        check_restored(&s, n, &before, &h);
+    }
+    // Replicated → sharded: one copy was written, so nothing is restored twice.
+    let s = Server::start(2, &["--state-dir", &d]);
+    assert_eq!(s.cached("a"), 6);
+    let mut c = RequestClient::connect(&s.api, "").unwrap();
+    let r = c.route(&req("again", &h[..6])).unwrap();
+    assert_eq!((r.decode_worker.as_str(), r.overlap.device), ("a", 6));
+    c.finish("again").unwrap();
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn in_flight_requests_survive_a_crash_up_to_the_last_periodic_snapshot() {
     let (dir, d) = state_dir("crash");
     let h = hashes(12, 12);

@@ -1,10 +1,20 @@
 //! End-to-end routing through the running service over HTTP: the DESIGN worked example
 //! with explain, tiers, every mode and filter, disaggregation with topology and every
-//! fallback. Each scenario runs with `--cores 1` and `--cores 2` and must agree.
+//! fallback. Each scenario runs with `--cores 1`, `--cores 2` and `--cores 2
+//! --index-layout replicated`, and must agree.
 
 mod common;
 use common::{hashes, Server};
 use serde_json::{json, Value};
+
+/// A server with `cores` executors; `replicated`: `--index-layout replicated`.
+fn start(cores: usize, replicated: bool, extra: &[&str]) -> Server {
+    let mut args = extra.to_vec();
+    if replicated {
+        args.extend(["--index-layout", "replicated"]);
+    }
+    Server::start(cores, &args)
+}
 
 fn worker(id: &str) -> Value {
     json!({"id": id, "role": "aggregated", "device": "gpu", "model": "m", "capacity_blocks": 100000})
@@ -21,10 +31,10 @@ fn finish(s: &Server, id: &str) {
     assert_eq!(code, 200, "{b}");
 }
 
-fn worked_example(cores: usize) -> Value {
+fn worked_example(cores: usize, replicated: bool) -> Value {
     // The pre-issue-15 decode term (device overlap counted as held), reached through
     // its opt-in flag; the default form is tests/routing_quality.rs.
-    let s = Server::start(cores, &["--assume-device-reuse", "true"]);
+    let s = start(cores, replicated, &["--assume-device-reuse", "true"]);
     for w in ["w1", "w2", "w3"] {
         s.register(worker(w));
     }
@@ -80,13 +90,16 @@ fn worked_example(cores: usize) -> Value {
 
 #[test]
 fn worked_example_cores_1_and_2_agree() {
-    let one = worked_example(1);
-    let two = worked_example(2);
+    let one = worked_example(1, false);
+    let two = worked_example(2, false);
     assert_eq!(one, two);
+    // Every core holding the whole index: the same decision, and the cached-block
+    // figures (`s.cached`, the board) are not counted once per copy.
+    assert_eq!(one, worked_example(2, true));
 }
 
-fn tiers(cores: usize) -> Vec<Value> {
-    let s = Server::start(cores, &[]);
+fn tiers(cores: usize, replicated: bool) -> Vec<Value> {
+    let s = start(cores, replicated, &[]);
     s.register(json!({"id": "shared-store", "role": "shared", "model": "m"}));
     for w in ["a", "b"] {
         s.register(worker(w));
@@ -126,11 +139,13 @@ fn tiers(cores: usize) -> Vec<Value> {
 
 #[test]
 fn tiers_and_shared_cache() {
-    assert_eq!(tiers(1), tiers(2));
+    let one = tiers(1, false);
+    assert_eq!(one, tiers(2, false));
+    assert_eq!(one, tiers(2, true));
 }
 
-fn modes_and_filters(cores: usize) {
-    let s = Server::start(cores, &["--cuda-to-cpu-ratio", "4"]);
+fn modes_and_filters(cores: usize, replicated: bool) {
+    let s = start(cores, replicated, &["--cuda-to-cpu-ratio", "4"]);
     s.register(json!({"id": "g1", "model": "m", "device": "gpu", "dp_ranks": {"lo": 0, "hi": 1}}));
     s.register(json!({"id": "g2", "model": "m", "device": "gpu", "dp_ranks": {"lo": 2, "hi": 3}, "taints": ["canary"]}));
     s.register(json!({"id": "c1", "model": "m", "device": "cpu"}));
@@ -256,16 +271,21 @@ fn modes_and_filters(cores: usize) {
 
 #[test]
 fn modes_and_filters_cores_1() {
-    modes_and_filters(1);
+    modes_and_filters(1, false);
 }
 
 #[test]
 fn modes_and_filters_cores_2() {
-    modes_and_filters(2);
+    modes_and_filters(2, false);
 }
 
-fn disagg(cores: usize, policy: &str) -> Vec<Value> {
-    let s = Server::start(cores, &["--topology-policy", policy]);
+#[test]
+fn modes_and_filters_cores_2_replicated() {
+    modes_and_filters(2, true);
+}
+
+fn disagg(cores: usize, policy: &str, replicated: bool) -> Vec<Value> {
+    let s = start(cores, replicated, &["--topology-policy", policy]);
     s.register(json!({"id": "p1", "role": "prefill", "model": "m", "topology": "zoneA"}));
     s.register(json!({"id": "d1", "role": "decode", "model": "m", "topology": "zoneA"}));
     s.register(json!({"id": "d2", "role": "decode", "model": "m", "topology": "zoneB"}));
@@ -351,13 +371,15 @@ fn disagg(cores: usize, policy: &str) -> Vec<Value> {
 
 #[test]
 fn disaggregated_restrict() {
-    assert_eq!(disagg(1, "restrict"), disagg(2, "restrict"));
+    let one = disagg(1, "restrict", false);
+    assert_eq!(one, disagg(2, "restrict", false));
+    assert_eq!(one, disagg(2, "restrict", true));
 }
 
 #[test]
 fn disaggregated_no_topology_and_prefer() {
-    assert_eq!(disagg(1, "none"), disagg(2, "none"));
-    let d = disagg(2, "prefer");
+    assert_eq!(disagg(1, "none", false), disagg(2, "none", false));
+    let d = disagg(2, "prefer", false);
     assert_eq!(d[0]["prefill"], "p1");
 }
 

@@ -211,7 +211,7 @@ impl Job {
             };
             let rid = request::router_id(&self.client_id, self.core.id, self.counter, attempt);
             let rr = self.route_request(&rid, allow);
-            let mut d = match router::route(&self.core, &rr).await {
+            let mut d = match router::route_proxied(&self.core, &rr).await {
                 Ok(d) => d,
                 Err(e) => return self.route_failed(&e, last.as_ref()),
             };

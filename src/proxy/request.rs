@@ -93,10 +93,11 @@ pub fn router_id(client_id: &str, core: usize, counter: u64, attempt: u32) -> St
         .take(80)
         .map(char::from)
         .collect();
+    let p = crate::ids::PROXY_ID_PREFIX;
     let mut id = if safe.is_empty() {
-        format!("px.{core}.{counter}")
+        format!("{p}{core}.{counter}")
     } else {
-        format!("{safe}.{core}.{counter}")
+        format!("{p}{safe}.{core}.{counter}")
     };
     if attempt > 0 {
         id.push_str(&format!(".r{attempt}"));
@@ -129,8 +130,9 @@ mod tests {
     #[test]
     fn ids_are_unique_per_attempt_and_id_safe() {
         let a = router_id("abc/def", 1, 7, 0);
-        assert_eq!(a, "abcdef.1.7");
-        assert_eq!(router_id("", 0, 1, 2), "px.0.1.r2");
+        assert_eq!(a, "px=abcdef.1.7");
+        assert_eq!(router_id("", 0, 1, 2), "px=0.1.r2");
+        assert!(crate::ids::is_proxy_id(&a));
         let long = router_id(&"x".repeat(500), 3, u64::MAX, 16);
         assert!(crate::ids::check("id", &long).is_ok(), "{long}");
         assert_eq!(client_request_id(Some(b"r-1"), || "gen".into()), "r-1");

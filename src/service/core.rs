@@ -266,13 +266,24 @@ impl Core {
             if let Some(m) = st.dirty_mark.get_mut(slot as usize) {
                 *m = false;
             }
+            // Replicated: the other copies hold the same blocks; only core 0 counts them.
+            let reports = self.shared.reports_index(self.id);
             let p = Published {
                 agg: st.tracker.agg(slot),
-                blocks_unique: st.active.unique_blocks(slot),
-                cached_blocks: st.index.worker_blocks(slot),
+                blocks_unique: if reports {
+                    st.active.unique_blocks(slot)
+                } else {
+                    0
+                },
+                cached_blocks: if reports {
+                    st.index.worker_blocks(slot)
+                } else {
+                    0
+                },
             };
             self.shared.board.publish(self.id, slot, &p);
-            let tiers = Tier::ALL.map(|t| st.index.worker_tier_blocks(slot, t));
+            let tiers =
+                Tier::ALL.map(|t| u64::from(reports) * st.index.worker_tier_blocks(slot, t));
             self.shared
                 .status
                 .counters

@@ -206,9 +206,9 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     };
     raise_memlock();
     let cores = effective_cores(settings.cores);
-    let shard_bits = cores.trailing_zeros();
+    let (shard_bits, replicated) = Shared::layout(&settings, cores);
     let limits = settings.limits.clone();
-    let state = state_dir::load_at_start(&settings, cores, shard_bits)?;
+    let state = state_dir::load_at_start(&settings, cores, shard_bits, replicated)?;
     let restored = state.restored;
     let restored_state = restored.is_some();
     let persist::RestoredState {
@@ -236,8 +236,8 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     }
     let (shared, doorbells) =
         Shared::new(settings, cores, registry, creds).map_err(|e| format!("doorbells: {e}"))?;
-    for s in &mut shards {
-        s.attach_budget(shared.budget.clone());
+    for (c, s) in shards.iter_mut().enumerate() {
+        s.attach_budget(shared.budget_of(c).clone());
     }
     let _ = shared.proxy.keys.set(proxy_keys);
     let _ = shared.tokenizers.set(tokenizers);

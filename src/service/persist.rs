@@ -49,7 +49,10 @@ pub type Restored = SavedRequest<WorkerSlot>;
 pub fn dump(core: &Core) -> ShardDump {
     let st = core.st.borrow();
     let mut entries = Vec::new();
-    st.index.for_each_live(|h, w, t| entries.push((w, t, h)));
+    // Replicated: every core holds the same entries; core 0 writes them.
+    if core.shared.reports_index(core.id) {
+        st.index.for_each_live(|h, w, t| entries.push((w, t, h)));
+    }
     let requests = st
         .tracker
         .carry(core.shared.now_us())
@@ -82,7 +85,7 @@ pub fn restore_requests(core: &Core, restored: &[Restored]) {
             c.hashes
                 .iter()
                 .copied()
-                .filter(|&h| sh.shard_of(h) == core.id),
+                .filter(|&h| sh.shard_of(h) == sh.shard_index(core.id)),
         );
         st.active.add(c.decode_worker, &mine);
         st.mark(c.decode_worker);
@@ -292,12 +295,14 @@ pub struct RestoredState {
 }
 
 /// Restores a snapshot into a registry and per-core shards (before the cores start):
-/// all of it, or an error naming what does not fit `expect`.
+/// all of it, or an error naming what does not fit `expect`. `replicated`: every
+/// core's shard gets every entry (`shard_bits` is then 0).
 pub fn restore(
     snap: Snapshot,
     expect: &Expect,
     cores: usize,
     shard_bits: u32,
+    replicated: bool,
     cap_of: impl Fn(u64) -> u64,
 ) -> Result<RestoredState, RestoreError> {
     snapshot::check(&snap, expect)?;
@@ -330,10 +335,14 @@ pub fn restore(
                     per[crate::index::shard_of(h, shard_bits)].push(h);
                 }
             }
-            for (s, hashes) in shards.iter_mut().zip(&per) {
+            for (i, s) in shards.iter_mut().enumerate() {
+                let hashes = if replicated { &per[0] } else { &per[i] };
                 if !hashes.is_empty() {
                     let out = s.stored(slot, tier, hashes);
-                    lost += u64::from(out.rejected) + u64::from(out.duplicate);
+                    // A copy loses what the first copy lost: count it once.
+                    if !replicated || i == 0 {
+                        lost += u64::from(out.rejected) + u64::from(out.duplicate);
+                    }
                 }
             }
         }

@@ -8,6 +8,12 @@
 //! asking the others, so of two cores routing one id at once neither can miss the
 //! other's claim.
 //!
+//! With `index_layout = "replicated"` every core's shard is the whole index: the
+//! positions all stay local, the other cores are asked only whether they hold the id,
+//! and not even that for an id the proxy made (`ids::PROXY_ID_PREFIX`: unique by
+//! construction, refused from the route APIs), so a proxied route touches no other
+//! core.
+//!
 //! The steps are the engine's (`engine::Engine::route`), so the in-process engine and
 //! the service give the same decisions for the same state.
 
@@ -129,7 +135,8 @@ fn refuse_when_stopping(core: &Core) -> Result<(), ApiError> {
 /// that never comes ends the other core's spin at `answer_spin_us`.
 pub fn announce(core: &Core) {
     let sh = &core.shared;
-    if sh.cores < 2 || sh.settings.answer_spin_us == 0 {
+    // Replicated: a proxied route asks no other core.
+    if sh.cores < 2 || sh.settings.answer_spin_us == 0 || sh.replicated {
         return;
     }
     for c in (0..sh.cores).filter(|&c| c != core.id) {
@@ -137,8 +144,26 @@ pub fn announce(core: &Core) {
     }
 }
 
-/// Routes one request (from the binary API or HTTP).
+/// Routes one request from the binary API or HTTP. Ids in the proxy's reserved space
+/// (`ids::PROXY_ID_PREFIX`) are refused: only the proxy makes them.
 pub async fn route(core: &Core, req: &RouteRequest) -> Result<RouteDecision, ApiError> {
+    if crate::ids::is_proxy_id(&req.request_id) {
+        return Err(EngineError::BadRequest(format!(
+            "request_id must not start with {:?} (reserved for the proxy's own ids)",
+            crate::ids::PROXY_ID_PREFIX
+        ))
+        .into());
+    }
+    route_any(core, req).await
+}
+
+/// Routes one request the proxy made (its id is in the reserved space).
+pub async fn route_proxied(core: &Core, req: &RouteRequest) -> Result<RouteDecision, ApiError> {
+    debug_assert!(crate::ids::is_proxy_id(&req.request_id));
+    route_any(core, req).await
+}
+
+async fn route_any(core: &Core, req: &RouteRequest) -> Result<RouteDecision, ApiError> {
     let started = Instant::now();
     let sh = &core.shared;
     refuse_when_stopping(core)?;
@@ -198,20 +223,26 @@ async fn route_prepared(
     if !core.claim(id) {
         return Err(EngineError::Duplicate(id.to_string()).into());
     }
+    // Which other cores this route must ask: every one when sharded (its shard's
+    // positions and the duplicate check); when replicated, only the duplicate check,
+    // and none for an id the proxy made (unique by construction, `ids::is_proxy_id`).
+    let ask_others = sh.cores > 1 && !(sh.replicated && crate::ids::is_proxy_id(id));
     // Until the answers are in, this core's run loop stays awake for them
     // (`answer_spin_us`): parking now would add its own wake-up to the round trip.
-    let awaiting = (sh.cores > 1).then(super::answer_spin::awaiting);
-    // Scatter: every other core gets its shard's positions and the duplicate check.
+    let awaiting = ask_others.then(super::answer_spin::awaiting);
     let mut items: Vec<Vec<(u32, u64)>> = vec![Vec::new(); sh.cores];
+    let mine = sh.shard_index(core.id);
     for (i, &h) in prepared.hashes.iter().enumerate() {
-        items[sh.shard_of(h)].push((i as u32, h));
+        let s = sh.shard_of(h);
+        // Replicated: shard 0 is every core's own copy.
+        items[if s == mine { core.id } else { s }].push((i as u32, h));
     }
     let mut qids = Vec::new();
     let mut local_items = Vec::new();
     for (s, it) in items.into_iter().enumerate() {
         if s == core.id {
             local_items = it;
-        } else {
+        } else if ask_others {
             let qid = core.new_wait();
             core.send(
                 s,
@@ -234,7 +265,10 @@ async fn route_prepared(
     answers.push(local.answer);
     for qid in qids {
         if let Reply::Answer(a) = core.wait(qid).await {
-            answers.push(a.answer);
+            // Replicated: the other cores answered the duplicate check only.
+            if !sh.replicated {
+                answers.push(a.answer);
+            }
             reuse.extend(a.reuse);
             spec_matches.extend(a.spec);
             free &= a.id_free.unwrap_or(true);

@@ -66,7 +66,7 @@ pub fn scrape(core: &Core) -> String {
         m.routed_cached_blocks.set(cached as i64);
         m.hit_rate.set(ratio(cached, prompt));
         m.index_blocks.set(blocks as i64);
-        m.index_budget_used.set(sh.budget.total() as i64);
+        m.index_budget_used.set(sh.budget_of(0).total() as i64);
         m.active_requests.set(active as i64);
         m.workers.set(reg.len() as i64);
         if let Some(t) = sh.tokenizers.get() {

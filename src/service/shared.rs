@@ -50,7 +50,12 @@ pub struct WorkerCells {
 pub struct Shared {
     pub settings: Settings,
     pub cores: usize,
+    /// Bits of a hash that name its shard: `log2(cores)` sharded, 0 replicated (every
+    /// core's copy holds every hash).
     pub shard_bits: u32,
+    /// `index_layout = "replicated"` with more than one core: every core holds the
+    /// whole index (see [`Shared::shard_index`]).
+    pub replicated: bool,
     /// Per core: `[urgent, bulk]` inboxes, indexed by [`Lane`].
     mailboxes: Vec<[Mailbox<Msg>; 2]>,
     /// Per core: the doorbell write end (one for both inboxes).
@@ -65,9 +70,11 @@ pub struct Shared {
     pub stopping: AtomicBool,
     /// The shared token and the per-worker tokens (`credentials`).
     pub creds: Credentials,
-    /// Entry counters every core's shard reserves from: exact per-worker caps and the
-    /// global `max_index_entries` (`index::Budget`).
-    pub budget: Arc<Budget>,
+    /// Entry counters a core's shard reserves from: exact per-worker caps and the
+    /// global `max_index_entries` (`index::Budget`). One for all cores when sharded;
+    /// one per core when replicated (each copy is bounded on its own). Use
+    /// [`Shared::budget_of`].
+    budgets: Vec<Arc<Budget>>,
     pub inflight: AtomicUsize,
     /// Round-robin cursor shared by all cores.
     pub rr: AtomicU64,
@@ -88,6 +95,18 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// `(shard_bits, replicated)` for `cores` executors under `settings.index_layout`.
+    pub fn layout(settings: &Settings, cores: usize) -> (u32, bool) {
+        let replicated =
+            cores > 1 && settings.index_layout == crate::settings::IndexLayout::Replicated;
+        let bits = if replicated {
+            0
+        } else {
+            cores.trailing_zeros()
+        };
+        (bits, replicated)
+    }
+
     /// Builds the shared state; returns the doorbell read ends, one per core.
     pub fn new(
         settings: Settings,
@@ -95,7 +114,7 @@ impl Shared {
         registry: Registry,
         creds: Credentials,
     ) -> std::io::Result<(Arc<Shared>, Vec<UnixStream>)> {
-        let shard_bits = cores.trailing_zeros();
+        let (shard_bits, replicated) = Shared::layout(&settings, cores);
         let mut doorbells = Vec::new();
         let mut readers = Vec::new();
         for _ in 0..cores {
@@ -112,6 +131,7 @@ impl Shared {
         let shared = Shared {
             cores,
             shard_bits,
+            replicated,
             mailboxes: (0..cores)
                 .map(|_| [Mailbox::new(depth), Mailbox::new(depth)])
                 .collect(),
@@ -124,7 +144,9 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             creds,
-            budget: Arc::new(Budget::new(max_workers, settings.limits.max_index_entries)),
+            budgets: (0..if replicated { cores } else { 1 })
+                .map(|_| Arc::new(Budget::new(max_workers, settings.limits.max_index_entries)))
+                .collect(),
             inflight: AtomicUsize::new(0),
             rr: AtomicU64::new(0),
             affinity: crate::select::Affinity::new(settings.router.affinity_max_entries),
@@ -178,9 +200,33 @@ impl Shared {
         }
     }
 
-    /// Index shard (= core) owning a block hash.
+    /// Index shard owning a block hash: the core that holds it when sharded; 0 when
+    /// replicated (compare with [`Shared::shard_index`], not with a core id).
     pub fn shard_of(&self, h: u64) -> usize {
         crate::index::shard_of(h, self.shard_bits)
+    }
+
+    /// The shard `core` holds, in [`Shared::shard_of`]'s numbering: itself when
+    /// sharded, the only shard (0) when replicated.
+    pub fn shard_index(&self, core: usize) -> usize {
+        if self.replicated {
+            0
+        } else {
+            core
+        }
+    }
+
+    /// Whether `core` reports the index-derived figures (cached and unique active
+    /// blocks, index refusals): every core when sharded (the figures add up over
+    /// shards), core 0 only when replicated (every copy has the same).
+    pub fn reports_index(&self, core: usize) -> bool {
+        !self.replicated || core == 0
+    }
+
+    /// The entry budget `core`'s shard reserves from.
+    pub fn budget_of(&self, core: usize) -> &Arc<Budget> {
+        let i = if self.replicated { core } else { 0 };
+        &self.budgets[i.min(self.budgets.len() - 1)]
     }
 
     /// Core that re-admits a restored in-flight request into its tracker (`persist`).

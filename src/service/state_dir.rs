@@ -63,6 +63,7 @@ pub fn load_at_start(
     settings: &crate::settings::Settings,
     cores: usize,
     shard_bits: u32,
+    replicated: bool,
 ) -> Result<StateDir, String> {
     let Some(dir) = &settings.state_dir else {
         return Ok(StateDir::default());
@@ -94,7 +95,7 @@ pub fn load_at_start(
     let (workers, requests) = (snap.workers.len(), snap.requests.len());
     let entries: usize = snap.entries.iter().map(|e| e.len()).sum();
     let legacy = snap.params.is_none();
-    let restored = restore(snap, &expect, cores, shard_bits, |c| {
+    let restored = restore(snap, &expect, cores, shard_bits, replicated, |c| {
         super::control::cap_per_shard(c, limits.max_blocks_per_worker, cores)
     })
     .map_err(|e| format!("cannot restore {}: {e} (or {cold})", file.display()))?;

@@ -43,15 +43,16 @@ impl Core {
         let mut st = self.st.borrow_mut();
         let st = &mut *st;
         let bits = self.shared.shard_bits;
-        let id = self.id;
+        let shard = self.shared.shard_index(self.id);
+        let reports = self.shared.reports_index(self.id);
         let metrics = &self.shared.metrics;
         let more = cur.step(
             budget,
-            |hashes, out| hashes.select(id, bits, out),
+            |hashes, out| hashes.select(shard, bits, out),
             |piece| match piece {
                 Piece::Stored(tier, hashes) => {
                     let o = st.index.stored(slot, tier, hashes);
-                    if o.rejected > 0 {
+                    if o.rejected > 0 && reports {
                         metrics.index_refused(o.rejected, o.over_budget);
                     }
                     if !st.speculative.is_empty() {

@@ -79,8 +79,8 @@ impl Core {
         let st = &mut *st;
         let bits = self.shared.shard_bits;
         st.mark(slot);
-        if self.shared.cores == 1 {
-            // One shard owns every hash: no filter, no copy.
+        if self.shared.cores == 1 || self.shared.replicated {
+            // This core's shard owns every hash: no filter, no copy.
             if add {
                 st.active.add(slot, hashes);
             } else {
