@@ -1834,18 +1834,14 @@ impl Reactor {
 
         // Schedule the throughput-based timeout immediately: it won't matter if we end
         // up sleeping.
-        // kvroute patch: keep a timer that is still in flight instead of
-        // cancelling it and queueing a new one on every loop turn: that costs
-        // three SQEs, three CQEs and an `io_uring_enter` per turn. The timer
-        // counts main-ring completions since it was armed, so at worst it
-        // preempts once per `ring_depth` completions.
-        let src = match self.throughput_preemption_timeout_src.take() {
-            Some(src) if src.result().is_none() => src,
-            _ => main_ring.prepare_throughput_preemption_timer(
-                self.ring_depth() as u32,
-                self.eventfd_src.raw(),
-            ),
-        };
+        // (Upstream behaviour. kvroute once kept this timer in flight across
+        // turns to save its SQEs; executors then slept through wake-ups:
+        // KVROUTE_PATCH.md, "Withdrawn".)
+        drop(self.throughput_preemption_timeout_src.take());
+        let src = main_ring.prepare_throughput_preemption_timer(
+            self.ring_depth() as u32,
+            self.eventfd_src.raw(),
+        );
         self.throughput_preemption_timeout_src.set(Some(src));
 
         // This will only dispatch if we run out of sqes. Which means until
