@@ -167,10 +167,11 @@ impl Core {
     }
 
     /// Claims request id `id` on this core for a routing in progress; `false` when
-    /// this core already routes or holds a request with that id.
+    /// this core already routes or holds a request with that id, or (replicated) any
+    /// core does.
     pub fn claim(&self, id: &str) -> bool {
         let mut st = self.st.borrow_mut();
-        if st.knows(id) {
+        if st.knows(id) || !self.register(id) {
             return false;
         }
         st.pending.insert(id.to_string());
@@ -179,7 +180,29 @@ impl Core {
 
     /// Drops the claim of a routing that failed.
     pub fn release(&self, id: &str) {
-        self.st.borrow_mut().pending.remove(id);
+        if self.st.borrow_mut().pending.remove(id) {
+            self.unregister(id);
+        }
+    }
+
+    /// Replicated: registers `id` as this core's in the service-wide register
+    /// (`claims`); `false` when another core holds it. Always `true` when there is no
+    /// register, and for the proxy's own ids (unique by construction).
+    pub(crate) fn register(&self, id: &str) -> bool {
+        match &self.shared.claims {
+            Some(c) if !crate::ids::is_proxy_id(id) => c.claim(id, self.id),
+            _ => true,
+        }
+    }
+
+    /// Replicated: `id` no longer lives on this core (its routing failed or its
+    /// request ended).
+    pub(crate) fn unregister(&self, id: &str) {
+        if let Some(c) = &self.shared.claims {
+            if !crate::ids::is_proxy_id(id) {
+                c.release(id, self.id);
+            }
+        }
     }
 
     /// Active requests plus reservations on this core.

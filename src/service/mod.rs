@@ -18,6 +18,7 @@ pub mod answer_spin;
 pub mod api;
 pub mod batch;
 pub mod blocking;
+pub mod claims;
 pub mod cluster_bridge;
 pub mod cluster_load;
 pub mod cluster_nats;

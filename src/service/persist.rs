@@ -95,7 +95,16 @@ pub fn restore_requests(core: &Core, restored: &[Restored]) {
         if sh.owner_of(&c.id) != core.id {
             continue;
         }
+        // Replicated: the service-wide register learns the id too (`claims`).
+        if !core.register(&c.id) {
+            eprintln!(
+                "kvroute: restored request {:?} not re-admitted: duplicate",
+                c.id
+            );
+            continue;
+        }
         if let Err(e) = st.tracker.restore(c.clone(), now) {
+            core.unregister(&c.id);
             // `snapshot::check` refused bad and repeated ids already: never expected.
             eprintln!(
                 "kvroute: restored request {:?} not re-admitted: {e:?}",

@@ -9,10 +9,11 @@
 //! other's claim.
 //!
 //! With `index_layout = "replicated"` every core's shard is the whole index: the
-//! positions all stay local, the other cores are asked only whether they hold the id,
-//! and not even that for an id the proxy made (`ids::PROXY_ID_PREFIX`: unique by
-//! construction, refused from the route APIs), so a proxied route touches no other
-//! core.
+//! positions all stay local, and the id is checked in the service-wide register
+//! (`claims`) instead of by asking the other cores, so a route touches no other core
+//! before it commits (the commit still tells every core its active blocks). The
+//! proxy's own ids (`ids::PROXY_ID_PREFIX`: unique by construction, refused from the
+//! route APIs) skip even the register.
 //!
 //! The steps are the engine's (`engine::Engine::route`), so the in-process engine and
 //! the service give the same decisions for the same state.
@@ -223,10 +224,9 @@ async fn route_prepared(
     if !core.claim(id) {
         return Err(EngineError::Duplicate(id.to_string()).into());
     }
-    // Which other cores this route must ask: every one when sharded (its shard's
-    // positions and the duplicate check); when replicated, only the duplicate check,
-    // and none for an id the proxy made (unique by construction, `ids::is_proxy_id`).
-    let ask_others = sh.cores > 1 && !(sh.replicated && crate::ids::is_proxy_id(id));
+    // Sharded, every other core is asked (its shard's positions and the duplicate
+    // check); replicated, none: `claim` checked the id in the service-wide register.
+    let ask_others = sh.cores > 1 && !sh.replicated;
     // Until the answers are in, this core's run loop stays awake for them
     // (`answer_spin_us`): parking now would add its own wake-up to the round trip.
     let awaiting = ask_others.then(super::answer_spin::awaiting);
@@ -503,9 +503,18 @@ async fn lifecycle_elsewhere(
     op: LifeOp,
     id: &str,
 ) -> Result<LifeOutcome, EngineError> {
+    // Replicated: the register names the one core that can hold a client's id.
+    let only = match &core.shared.claims {
+        Some(c) if !crate::ids::is_proxy_id(id) => match c.owner(id) {
+            Some(o) if o != core.id => Some(o),
+            _ => return Err(EngineError::UnknownRequest(id.to_string())),
+        },
+        _ => None,
+    };
     let mut qids = Vec::with_capacity(core.shared.cores - 1);
     let _awaiting = super::answer_spin::awaiting();
-    for to in (0..core.shared.cores).filter(|&c| c != core.id) {
+    let others = (0..core.shared.cores).filter(|&c| c != core.id);
+    for to in others.filter(|&c| only.is_none_or(|o| o == c)) {
         let qid = core.new_wait();
         core.send(
             to,

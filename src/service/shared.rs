@@ -56,6 +56,10 @@ pub struct Shared {
     /// `index_layout = "replicated"` with more than one core: every core holds the
     /// whole index (see [`Shared::shard_index`]).
     pub replicated: bool,
+    /// Replicated: the service-wide request-id register (`claims`), so a route need
+    /// not ask the other cores whether they know its id. `None` when sharded or on
+    /// one core.
+    pub claims: Option<super::claims::Claims>,
     /// Per core: `[urgent, bulk]` inboxes, indexed by [`Lane`].
     mailboxes: Vec<[Mailbox<Msg>; 2]>,
     /// Per core: the doorbell write end (one for both inboxes).
@@ -132,6 +136,7 @@ impl Shared {
             cores,
             shard_bits,
             replicated,
+            claims: replicated.then(super::claims::Claims::new),
             mailboxes: (0..cores)
                 .map(|_| [Mailbox::new(depth), Mailbox::new(depth)])
                 .collect(),

@@ -92,6 +92,7 @@ impl Core {
         st.speculative.clear_worker(slot);
         for f in st.tracker.remove_worker(slot) {
             st.retained.remove(&f.id);
+            self.unregister(&f.id);
             // The decode worker's active blocks live in every shard: other shards drop
             // them on their own Forget (clear_worker) when decode_worker == slot; a
             // request that only prefilled on `slot` keeps its decode-side blocks.

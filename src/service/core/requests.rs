@@ -34,7 +34,9 @@ impl Core {
                 st.mark(p);
             }
             if st.tracker.on_route(req).is_err() {
-                // Reserved ids cannot be duplicates; nothing to undo.
+                // Claimed ids cannot be duplicates; only the claim to undo.
+                drop(st);
+                self.unregister(&id);
                 return;
             }
             if let Some(r) = retained {
@@ -132,8 +134,16 @@ impl Core {
                     if let Some(p) = prefill {
                         st.mark(p);
                     }
+                    // Replicated: an id another core of ours holds is refused here
+                    // as the tracker refuses one this core holds.
+                    if st.knows(&c.id) || !self.register(&c.id) {
+                        return;
+                    }
                     let now = self.shared.now_us();
+                    let id = c.id.clone();
                     if st.tracker.restore(c, now).is_err() {
+                        drop(st);
+                        self.unregister(&id);
                         return;
                     }
                 }
@@ -193,6 +203,8 @@ impl Core {
             }
         };
         let (f, kept) = finished;
+        // Ended here: the id is free again (a prefill failure's reroute claims anew).
+        self.unregister(id);
         // A request that ended was prefilled: its worker's events have confirmed its
         // blocks by now, or will never do so; either way they stop being pending.
         let spec = SpecAdd {
