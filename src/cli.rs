@@ -254,6 +254,12 @@ pub struct ServeArgs {
     /// File of client API keys for the proxy port, one per line.
     #[arg(long, env = "KVROUTE_PROXY_API_KEYS_FILE")]
     pub proxy_api_keys_file: Option<String>,
+    /// Key sent to the workers as `Authorization: Bearer` (prefer the file).
+    #[arg(long, env = "KVROUTE_PROXY_UPSTREAM_API_KEY", hide_env_values = true)]
+    pub proxy_upstream_api_key: Option<String>,
+    /// File holding the key sent to the workers (its first non-blank line).
+    #[arg(long, env = "KVROUTE_PROXY_UPSTREAM_API_KEY_FILE")]
+    pub proxy_upstream_api_key_file: Option<String>,
     /// HuggingFace tokenizer directory of a model, `MODEL=DIR`, repeatable (env: comma
     /// separated); replaces the file's `[tokenizers]` when given.
     #[arg(long = "tokenizer", env = "KVROUTE_TOKENIZERS", value_delimiter = ',', value_parser = parse_pair)]
@@ -507,6 +513,11 @@ impl ServeArgs {
         }
         if self.proxy_api_keys_file.is_some() {
             p.api_keys_file = self.proxy_api_keys_file.clone();
+        }
+        // A flag or env for either form of the upstream key replaces both of the file's.
+        if self.proxy_upstream_api_key.is_some() || self.proxy_upstream_api_key_file.is_some() {
+            p.upstream_api_key = self.proxy_upstream_api_key.clone();
+            p.upstream_api_key_file = self.proxy_upstream_api_key_file.clone();
         }
         overlay!(s, self, ingest_slice_hashes);
         overlay!(s, self, index_layout);

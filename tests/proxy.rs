@@ -292,6 +292,65 @@ fn auth_takes_the_service_token_or_a_client_key() {
 }
 
 #[test]
+fn the_upstream_key_goes_with_every_call_to_a_worker_and_the_clients_key_with_none() {
+    if !python_ok() {
+        return;
+    }
+    let key_file = std::env::temp_dir().join(format!("kvr-upkey-test-{}", std::process::id()));
+    std::fs::write(&key_file, "sk-upstream\n").unwrap();
+    let s = Server::start(
+        1,
+        &[
+            "--proxy-api-keys",
+            "client-k",
+            "--proxy-upstream-api-key-file",
+            &key_file.display().to_string(),
+            "--proxy-breaker-threshold",
+            "1",
+            "--proxy-breaker-open-ms",
+            "200",
+        ],
+    );
+    let _ = std::fs::remove_file(&key_file);
+    let p = FakeWorker::start("p1", &[]);
+    let d = FakeWorker::start("d1", &[]);
+    register(&s, "p1", "m", "prefill", &p.url());
+    register(&s, "d1", "m", "decode", &d.url());
+    let body = json!({"model": "m", "prompt": [1, 2, 3], "max_tokens": 2}).to_string();
+    let client = [("authorization", "Bearer client-k")];
+    let a = post(&s, "/v1/completions", &body, &client);
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.header("x-kvroute-prefill-fallback"), None);
+    // Both legs of the P/D flow carry the workers' key, never the client's.
+    for w in [&p, &d] {
+        let got: Vec<Value> = w
+            .received()
+            .iter()
+            .map(|r| r["authorization"].clone())
+            .collect();
+        assert_eq!(got, [json!("Bearer sk-upstream")], "{}", w.id);
+    }
+    // So does the breaker's half-open probe of GET /health.
+    d.set_mode("fail");
+    assert_eq!(post(&s, "/v1/completions", &body, &client).status, 502);
+    assert_eq!(s.metric("kvroute_proxy_breaker_open{worker=\"d1\"}"), 1.0);
+    d.set_mode("ok");
+    wait_until("the probe closes the breaker", || {
+        post(&s, "/v1/completions", &body, &client);
+        s.metric("kvroute_proxy_breaker_open{worker=\"d1\"}") == 0.0
+    });
+    let probes = d.stats()["health_auth"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(!probes.is_empty());
+    assert!(
+        probes.iter().all(|a| a == "Bearer sk-upstream"),
+        "{probes:?}"
+    );
+}
+
+#[test]
 fn body_and_concurrency_limits_answer_413_and_429() {
     if !python_ok() {
         return;

@@ -287,3 +287,58 @@ fn with_a_shared_tokenizer_a_repeated_chat_prompt_hits_through_the_proxy() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_fleet_that_wants_an_api_key_is_served_once_kvroute_sends_it() {
+    let f = Fleet::start(&[
+        "--workers",
+        "1",
+        "--block-size",
+        "4",
+        "--timing",
+        FAST,
+        "--api-key",
+        "sk-fleet",
+    ]);
+    let e0 = f.workers[0].engine.clone().expect("engine flag");
+    let body = json!({"model": "sim-model", "prompt": [1, 2, 3, 4, 5], "max_tokens": 2});
+    // The worker alone answers as vLLM's `--api-key` does; /health stays open.
+    let (c, b) = post(&f.url(0, "/v1/completions"), body.clone());
+    assert_eq!((c, b.as_str()), (401, r#"{"error":"Unauthorized"}"#));
+    assert_eq!(
+        ureq::get(&f.url(0, "/health"))
+            .call()
+            .map(|r| r.status())
+            .ok(),
+        Some(200)
+    );
+    // kvroute without the key: the worker's 401 reaches the client unchanged, and a
+    // refusal is no failure: the worker's breaker stays closed.
+    let s = Server::start(1, &["--block-size", "4", "--engine", &e0]);
+    let proxy = format!("http://{}/v1/completions", s.proxy);
+    for _ in 0..3 {
+        let (c, b) = post(&proxy, body.clone());
+        assert_eq!((c, b.as_str()), (401, r#"{"error":"Unauthorized"}"#));
+    }
+    assert_eq!(
+        s.metric("kvroute_proxy_breaker_open{worker=\"sim-0\"}"),
+        0.0
+    );
+    drop(s);
+    // With it (flag), the request is served.
+    let s = Server::start(
+        1,
+        &[
+            "--block-size",
+            "4",
+            "--engine",
+            &e0,
+            "--proxy-upstream-api-key",
+            "sk-fleet",
+        ],
+    );
+    let (c, b) = post(&format!("http://{}/v1/completions", s.proxy), body);
+    assert_eq!(c, 200, "{b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+}

@@ -34,6 +34,13 @@ pub struct ProxySettings {
     pub api_keys: Vec<String>,
     /// File of client API keys, one per line (blank lines and `#` comments skipped).
     pub api_keys_file: Option<String>,
+    /// Key sent to every worker as `Authorization: Bearer` (both legs of a P/D
+    /// request and the breaker's health probe): for engines started with an API key
+    /// (vLLM `--api-key`), which answer 401 without it. Default none.
+    pub upstream_api_key: Option<String>,
+    /// File holding the upstream key (its first non-blank line), instead of
+    /// `upstream_api_key`.
+    pub upstream_api_key_file: Option<String>,
     /// Largest prefill-leg answer read (P/D flow), in bytes. Default 1 MiB.
     pub max_prefill_response_bytes: usize,
     /// Request bodies up to this many bytes are tokenized on the core that accepted
@@ -57,6 +64,8 @@ impl Default for ProxySettings {
             pool_max_idle: 32,
             api_keys: Vec::new(),
             api_keys_file: None,
+            upstream_api_key: None,
+            upstream_api_key_file: None,
             max_prefill_response_bytes: 1 << 20,
             tokenize_inline_max_bytes: 8192,
         }
@@ -91,7 +100,31 @@ impl ProxySettings {
         if self.api_keys.iter().any(|k| k.is_empty()) {
             return Err("proxy api_keys must not be empty strings".into());
         }
+        if self.upstream_api_key.is_some() && self.upstream_api_key_file.is_some() {
+            return Err("set proxy upstream_api_key or upstream_api_key_file, not both".into());
+        }
+        if let Some(k) = &self.upstream_api_key {
+            check_upstream_key(k)?;
+        }
         Ok(())
+    }
+
+    /// The key sent to the workers: `upstream_api_key`, or the first non-blank line
+    /// of `upstream_api_key_file` (read once, at start).
+    pub fn resolve_upstream_key(&self) -> Result<Option<String>, String> {
+        let key = match (&self.upstream_api_key, &self.upstream_api_key_file) {
+            (Some(k), _) => k.clone(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| format!("reading proxy upstream_api_key_file {path}: {e}"))?
+                .lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty())
+                .ok_or_else(|| format!("proxy upstream_api_key_file {path} holds no key"))?
+                .to_string(),
+            (None, None) => return Ok(None),
+        };
+        check_upstream_key(&key)?;
+        Ok(Some(key))
     }
 
     /// The accepted client keys: `api_keys` plus the lines of `api_keys_file`.
@@ -109,6 +142,17 @@ impl ProxySettings {
         }
         Ok(keys)
     }
+}
+
+/// An upstream key must make a valid header value, `Bearer <key>`: printable ASCII
+/// without spaces (a control character would split the request head).
+fn check_upstream_key(k: &str) -> Result<(), String> {
+    if k.is_empty() || !k.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(
+            "proxy upstream_api_key must be non-empty printable ASCII without spaces".into(),
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -137,5 +181,40 @@ mod tests {
         };
         assert_eq!(s.resolve_keys().unwrap(), ["k1", "k2", "k3"]);
         let _ = std::fs::remove_file(dir);
+    }
+
+    #[test]
+    fn the_upstream_key_comes_from_the_setting_or_the_file_and_must_be_a_header() {
+        assert_eq!(ProxySettings::default().resolve_upstream_key(), Ok(None));
+        let set = |k: &str| ProxySettings {
+            upstream_api_key: Some(k.into()),
+            ..Default::default()
+        };
+        assert_eq!(set("sk-1").resolve_upstream_key(), Ok(Some("sk-1".into())));
+        for bad in ["", "a b", "a\r\nx-evil: 1", "ключ"] {
+            assert!(set(bad).validate().is_err(), "{bad:?}");
+            assert!(set(bad).resolve_upstream_key().is_err(), "{bad:?}");
+        }
+        let path = std::env::temp_dir().join(format!("kvr-upkey-{}", std::process::id()));
+        let from_file = ProxySettings {
+            upstream_api_key_file: Some(path.display().to_string()),
+            ..Default::default()
+        };
+        std::fs::write(&path, "\n  sk-file  \nsecond\n").unwrap();
+        assert_eq!(from_file.resolve_upstream_key(), Ok(Some("sk-file".into())));
+        std::fs::write(&path, "\n \n").unwrap();
+        assert!(from_file.resolve_upstream_key().is_err());
+        let both = ProxySettings {
+            upstream_api_key: Some("k".into()),
+            ..from_file.clone()
+        };
+        assert!(both.validate().is_err());
+        let _ = std::fs::remove_file(path);
+        assert!(ProxySettings {
+            upstream_api_key_file: Some("/nonexistent/kvr-key".into()),
+            ..Default::default()
+        }
+        .resolve_upstream_key()
+        .is_err());
     }
 }

@@ -340,10 +340,12 @@ impl Job {
         let timeout = Duration::from_millis(ps.request_timeout_ms);
         for _ in 0..2 {
             let (mut conn, pooled) = pool::get(&url, connect).await?;
-            let req = Request::post(url.path(self.endpoint.path()))
+            let head = Request::post(url.path(self.endpoint.path()))
                 .header(hyper::header::HOST, url.authority.as_str())
                 .header(hyper::header::CONTENT_TYPE, "application/json")
-                .header("x-request-id", self.client_id.as_str())
+                .header("x-request-id", self.client_id.as_str());
+            let req = (self.core.shared.proxy)
+                .authorize(head)
                 .body(Full::new(body.clone()))
                 .map_err(|_| Failure::NoUrl)?;
             let sent = async { conn.sender.send_request(req).await.map_err(Some) }

@@ -79,7 +79,7 @@ pub fn spawn_probe(core: &Rc<Core>, worker: &str, url: &str, connect_ms: u64) {
         return;
     };
     glommio::spawn_local(async move {
-        let ok = probe(&url, Duration::from_millis(connect_ms)).await;
+        let ok = probe(&core, &url, Duration::from_millis(connect_ms)).await;
         if ok {
             breaker_success(&core, &worker);
         } else {
@@ -89,12 +89,14 @@ pub fn spawn_probe(core: &Rc<Core>, worker: &str, url: &str, connect_ms: u64) {
     .detach();
 }
 
-async fn probe(url: &UpstreamUrl, connect: Duration) -> bool {
+async fn probe(core: &Core, url: &UpstreamUrl, connect: Duration) -> bool {
     let Ok(mut conn) = pool::connect(url, connect).await else {
         return false;
     };
-    let Ok(req) = Request::get(url.path("/health"))
-        .header(hyper::header::HOST, url.authority.as_str())
+    let head =
+        Request::get(url.path("/health")).header(hyper::header::HOST, url.authority.as_str());
+    let Ok(req) = (core.shared.proxy)
+        .authorize(head)
         .body(Full::new(Bytes::new()))
     else {
         return false;

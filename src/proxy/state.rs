@@ -1,7 +1,9 @@
 //! What the proxy shares between cores: its metrics (registered into the service's
 //! `/metrics` registry), the count of proxied requests in flight (the
-//! `max_concurrent` admission), and the accepted client API keys.
+//! `max_concurrent` admission), the accepted client API keys, and the `Authorization`
+//! sent to the workers.
 
+use hyper::header::HeaderValue;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -155,6 +157,8 @@ pub struct ProxyShared {
     inflight: AtomicUsize,
     /// Client API keys (set once at start).
     pub keys: OnceLock<Vec<String>>,
+    /// `Bearer <upstream_api_key>`, marked sensitive (set once at start).
+    upstream_auth: OnceLock<HeaderValue>,
 }
 
 impl ProxyShared {
@@ -163,6 +167,7 @@ impl ProxyShared {
             metrics: ProxyMetrics::new(),
             inflight: AtomicUsize::new(0),
             keys: OnceLock::new(),
+            upstream_auth: OnceLock::new(),
         };
         m.with_registry(|r| p.metrics.register(r));
         p
@@ -188,6 +193,23 @@ impl ProxyShared {
                 }
                 Err(v) => cur = v,
             }
+        }
+    }
+
+    /// Sets the key sent to the workers (`ProxySettings::resolve_upstream_key`, which
+    /// checked that it makes a header value; one that does not is not sent).
+    pub fn set_upstream_key(&self, key: Option<&str>) {
+        if let Some(Ok(mut v)) = key.map(|k| HeaderValue::from_str(&format!("Bearer {k}"))) {
+            v.set_sensitive(true);
+            let _ = self.upstream_auth.set(v);
+        }
+    }
+
+    /// Adds the workers' `Authorization` to a request for a worker, if a key is set.
+    pub fn authorize(&self, b: hyper::http::request::Builder) -> hyper::http::request::Builder {
+        match self.upstream_auth.get() {
+            Some(v) => b.header(hyper::header::AUTHORIZATION, v.clone()),
+            None => b,
         }
     }
 

@@ -198,6 +198,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     settings.http_addr = http_addr.to_string();
     // The OpenAI proxy's listener (`crate::proxy`), unless `proxy_addr` is off.
     let proxy_keys = settings.proxy.resolve_keys()?;
+    let upstream_key = settings.proxy.resolve_upstream_key()?;
     let proxy_l = if crate::proxy::config::is_off(&settings.proxy_addr) {
         None
     } else {
@@ -241,6 +242,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         s.attach_budget(shared.budget_of(c).clone());
     }
     let _ = shared.proxy.keys.set(proxy_keys);
+    shared.proxy.set_upstream_key(upstream_key.as_deref());
     let _ = shared.tokenizers.set(tokenizers);
     if let Some(path) = shared.settings.record.clone() {
         let cfg = recorder::RecordConfig {

@@ -10,7 +10,8 @@ with `kv_transfer_params` naming this worker.
 
 Test hooks: POST /_mode {"mode": ...} switches the mode (ok | fail | hang | die_mid | busy: 429 with retry-after 3),
 GET /_stats says what it received ({"received": [...bodies and headers...],
-"aborted": n, "completed": n, "active": n}). `--mode` sets the starting mode.
+"aborted": n, "completed": n, "active": n, "health_auth": [authorization of each
+GET /health]}). `--mode` sets the starting mode.
 Prints "PORT <n>" on stdout once listening (bind port 0).
 """
 import argparse
@@ -22,7 +23,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOCK = threading.Lock()
-STATE = {"mode": "ok", "received": [], "aborted": 0, "completed": 0, "active": 0}
+STATE = {"mode": "ok", "received": [], "aborted": 0, "completed": 0, "active": 0,
+         "health_auth": []}
 ARGS = None
 
 
@@ -48,6 +50,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/health":
+            with LOCK:
+                STATE["health_auth"].append(self.headers.get("authorization"))
             mode = STATE["mode"]
             if mode in ("fail", "hang"):
                 self.send_json(500, {"status": "unhealthy"})

@@ -93,6 +93,10 @@ pub struct FleetArgs {
     /// block hashes match the router's. Without it, `t{N}` words are token N.
     #[arg(long)]
     tokenizer: Option<std::path::PathBuf>,
+    /// Require this key as `Authorization: Bearer` on every `/v1` route, as vLLM's
+    /// `--api-key` does (401 `{"error": "Unauthorized"}` without it).
+    #[arg(long, env = "KVROUTE_SIM_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
     /// Runtime threads (default: the machine's cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -227,6 +231,7 @@ pub fn run(a: FleetArgs) -> Result<(), String> {
             max_tokens_cap: a.max_tokens_cap.max(1),
             fail_rate: if is_faulty { a.fail_rate } else { 0.0 },
             die_after_chunks: if is_faulty { a.die_after_chunks } else { 0 },
+            api_key: a.api_key.clone(),
             worker,
             tokenizers: tokenizers.clone(),
             events,

@@ -40,6 +40,8 @@ pub struct WorkerCtx {
     pub fail_rate: f64,
     /// Abort each stream after this many chunks (0 = never).
     pub die_after_chunks: u32,
+    /// `--api-key`: `/v1/*` requests must carry `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
     pub worker: Arc<Mutex<LiveWorker>>,
     /// `--tokenizer`: prompts are tokenized with it (else `t{N}` words are ids).
     pub tokenizers: Option<Arc<kvroute::tokenize::Tokenizers>>,
@@ -92,12 +94,35 @@ fn error(status: StatusCode, msg: &str) -> Response<SimBody> {
     json_response(status, &oa::error_body(msg, kind, status.as_u16()))
 }
 
+/// Whether `req` may use `path`: with an API key, `/v1` routes need it as a Bearer
+/// token (vLLM leaves `/health` and its other routes open).
+fn authorized(ctx: &WorkerCtx, path: &str, req: &Request<Incoming>) -> bool {
+    let Some(key) = &ctx.api_key else {
+        return true;
+    };
+    if !path.starts_with("/v1") || req.method() == Method::OPTIONS {
+        return true;
+    }
+    req.headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| t == key)
+}
+
 /// Handles one request.
 pub async fn handle(
     ctx: Arc<WorkerCtx>,
     req: Request<Incoming>,
 ) -> Result<Response<SimBody>, BoxError> {
     let path = req.uri().path().to_string();
+    if !authorized(&ctx, &path, &req) {
+        // vLLM's answer (`--api-key`): every `/v1` route, with this exact body.
+        return Ok(json_response(
+            StatusCode::UNAUTHORIZED,
+            &json!({"error": "Unauthorized"}),
+        ));
+    }
     let api = match (req.method(), path.as_str()) {
         (&Method::GET, "/health") => {
             return Ok(Response::new(SimBody::Full(Full::new(Bytes::new()))))
