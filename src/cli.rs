@@ -221,45 +221,8 @@ pub struct ServeArgs {
     /// Proxy listen address; empty or `off` disables the proxy.
     #[arg(long, env = "KVROUTE_PROXY_ADDR")]
     pub proxy_addr: Option<String>,
-    #[arg(long, env = "KVROUTE_PROXY_REQUEST_TIMEOUT_MS")]
-    pub proxy_request_timeout_ms: Option<u64>,
-    #[arg(long, env = "KVROUTE_PROXY_CONNECT_TIMEOUT_MS")]
-    pub proxy_connect_timeout_ms: Option<u64>,
-    #[arg(long, env = "KVROUTE_PROXY_MAX_CONCURRENT")]
-    pub proxy_max_concurrent: Option<usize>,
-    #[arg(long, env = "KVROUTE_PROXY_MAX_BODY_BYTES")]
-    pub proxy_max_body_bytes: Option<usize>,
-    #[arg(long, env = "KVROUTE_PROXY_RETRIES")]
-    pub proxy_retries: Option<u32>,
-    #[arg(long, env = "KVROUTE_PROXY_RETRY_BACKOFF_MS")]
-    pub proxy_retry_backoff_ms: Option<u64>,
-    #[arg(long, env = "KVROUTE_PROXY_BREAKER_THRESHOLD")]
-    pub proxy_breaker_threshold: Option<u32>,
-    #[arg(long, env = "KVROUTE_PROXY_BREAKER_OPEN_MS")]
-    pub proxy_breaker_open_ms: Option<u64>,
-    #[arg(long, env = "KVROUTE_PROXY_POOL_MAX_IDLE")]
-    pub proxy_pool_max_idle: Option<usize>,
-    #[arg(long, env = "KVROUTE_PROXY_MAX_PREFILL_RESPONSE_BYTES")]
-    pub proxy_max_prefill_response_bytes: Option<usize>,
-    #[arg(long, env = "KVROUTE_PROXY_TOKENIZE_INLINE_MAX_BYTES")]
-    pub proxy_tokenize_inline_max_bytes: Option<usize>,
-    /// Client API keys for the proxy port, comma-separated (prefer the file).
-    #[arg(
-        long,
-        env = "KVROUTE_PROXY_API_KEYS",
-        hide_env_values = true,
-        value_delimiter = ','
-    )]
-    pub proxy_api_keys: Option<Vec<String>>,
-    /// File of client API keys for the proxy port, one per line.
-    #[arg(long, env = "KVROUTE_PROXY_API_KEYS_FILE")]
-    pub proxy_api_keys_file: Option<String>,
-    /// Key sent to the workers as `Authorization: Bearer` (prefer the file).
-    #[arg(long, env = "KVROUTE_PROXY_UPSTREAM_API_KEY", hide_env_values = true)]
-    pub proxy_upstream_api_key: Option<String>,
-    /// File holding the key sent to the workers (its first non-blank line).
-    #[arg(long, env = "KVROUTE_PROXY_UPSTREAM_API_KEY_FILE")]
-    pub proxy_upstream_api_key_file: Option<String>,
+    #[command(flatten)]
+    pub proxy: crate::proxy::args::ProxyArgs,
     /// HuggingFace tokenizer directory of a model, `MODEL=DIR`, repeatable (env: comma
     /// separated); replaces the file's `[tokenizers]` when given.
     #[arg(long = "tokenizer", env = "KVROUTE_TOKENIZERS", value_delimiter = ',', value_parser = parse_pair)]
@@ -474,51 +437,7 @@ impl ServeArgs {
     /// The proxy's flags (`--proxy-*`) onto `s.proxy_addr` / `s.proxy`.
     fn apply_proxy(&self, s: &mut Settings) {
         overlay!(s, self, proxy_addr);
-        let p = &mut s.proxy;
-        for (dst, src) in [
-            (&mut p.request_timeout_ms, self.proxy_request_timeout_ms),
-            (&mut p.connect_timeout_ms, self.proxy_connect_timeout_ms),
-            (&mut p.retry_backoff_ms, self.proxy_retry_backoff_ms),
-            (&mut p.breaker_open_ms, self.proxy_breaker_open_ms),
-        ] {
-            if let Some(v) = src {
-                *dst = v;
-            }
-        }
-        for (dst, src) in [
-            (&mut p.max_concurrent, self.proxy_max_concurrent),
-            (&mut p.max_body_bytes, self.proxy_max_body_bytes),
-            (&mut p.pool_max_idle, self.proxy_pool_max_idle),
-            (
-                &mut p.max_prefill_response_bytes,
-                self.proxy_max_prefill_response_bytes,
-            ),
-            (
-                &mut p.tokenize_inline_max_bytes,
-                self.proxy_tokenize_inline_max_bytes,
-            ),
-        ] {
-            if let Some(v) = src {
-                *dst = v;
-            }
-        }
-        if let Some(v) = self.proxy_retries {
-            p.retries = v;
-        }
-        if let Some(v) = self.proxy_breaker_threshold {
-            p.breaker_threshold = v;
-        }
-        if let Some(k) = &self.proxy_api_keys {
-            p.api_keys = k.iter().filter(|k| !k.is_empty()).cloned().collect();
-        }
-        if self.proxy_api_keys_file.is_some() {
-            p.api_keys_file = self.proxy_api_keys_file.clone();
-        }
-        // A flag or env for either form of the upstream key replaces both of the file's.
-        if self.proxy_upstream_api_key.is_some() || self.proxy_upstream_api_key_file.is_some() {
-            p.upstream_api_key = self.proxy_upstream_api_key.clone();
-            p.upstream_api_key_file = self.proxy_upstream_api_key_file.clone();
-        }
+        self.proxy.apply(&mut s.proxy);
         overlay!(s, self, ingest_slice_hashes);
         overlay!(s, self, index_layout);
         overlay!(s, self, pin_cores);

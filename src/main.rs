@@ -64,6 +64,18 @@ fn serve(settings: kvroute::settings::Settings) -> ExitCode {
         eprintln!("kvroute: signal {sig}, shutting down");
     }
     let t0 = std::time::Instant::now();
+    let (active, drain_ms) = (running.shared.proxy.inflight(), s.proxy.drain_ms);
+    if active > 0 && drain_ms > 0 {
+        eprintln!(
+            "kvroute: draining {active} proxied request(s), up to {drain_ms} ms (signal again to stop now)"
+        );
+    }
+    let left = running.drain(|| signals.pending().next().is_some());
+    if left > 0 {
+        eprintln!("kvroute: stopping with {left} proxied request(s) still running");
+    } else if active > 0 {
+        eprintln!("kvroute: drained in {} ms", t0.elapsed().as_millis());
+    }
     match running.shutdown() {
         Ok(()) => {
             eprintln!("kvroute: stopped in {} ms", t0.elapsed().as_millis());

@@ -43,6 +43,13 @@ pub struct ProxySettings {
     pub upstream_api_key_file: Option<String>,
     /// Largest prefill-leg answer read (P/D flow), in bytes. Default 1 MiB.
     pub max_prefill_response_bytes: usize,
+    /// At the first SIGTERM / SIGINT the proxy drains: it stops accepting connections,
+    /// `/health` and `/readyz` answer 503 `draining`, every response closes its
+    /// connection, and proxied requests in flight run on for up to this long before the
+    /// service stops (a second signal stops it at once). Keep it below the
+    /// orchestrator's kill deadline (Kubernetes: 30 s by default) less the shutdown
+    /// snapshot's time. 0 = stop at once. Default 20,000 ms.
+    pub drain_ms: u64,
     /// Request bodies up to this many bytes are tokenized on the core that accepted
     /// them; larger ones on that core's blocking thread (glommio `spawn_blocking`),
     /// so a long prompt (a 40 KB prompt takes ~2 ms) does not hold the core's other
@@ -68,6 +75,7 @@ impl Default for ProxySettings {
             upstream_api_key_file: None,
             max_prefill_response_bytes: 1 << 20,
             tokenize_inline_max_bytes: 8192,
+            drain_ms: 20_000,
         }
     }
 }
@@ -87,6 +95,9 @@ impl ProxySettings {
         }
         if self.max_concurrent == 0 || self.max_body_bytes < 64 {
             return Err("proxy max_concurrent must be > 0 and max_body_bytes >= 64".into());
+        }
+        if self.drain_ms > 3_600_000 {
+            return Err("proxy drain_ms must be <= 3600000 (one hour)".into());
         }
         if self.retries > 16 || self.retry_backoff_ms > 60_000 {
             return Err("proxy retries must be <= 16 and retry_backoff_ms <= 60000".into());

@@ -6,7 +6,7 @@
 //!
 //! Split like the rest of the crate: the decisions are pure and unit-tested —
 //! - `url`: the upstream URL of a worker (`http://host:port[/base]`);
-//! - `config`: the proxy's settings (`[proxy]` in TOML);
+//! - `config`: the proxy's settings (`[proxy]` in TOML), `args` their flags;
 //! - `request`: the client body (limits, the fields routing needs, ids);
 //! - `prompt`: token ids of a prompt (the one call site of tokenization);
 //! - `track`: lifecycle signals from an SSE or JSON response stream (`event`: the
@@ -22,6 +22,7 @@
 //! (the listener's routes and auth), `state` (metrics and the shared admission count),
 //! `refuse` (a 429 for a connection the listener has no slot for).
 
+pub mod args;
 pub mod breaker;
 pub mod config;
 pub mod errors;

@@ -2,7 +2,8 @@
 //!
 //! Routes (exactly these): `POST /v1/completions`, `POST /v1/chat/completions`,
 //! `GET /v1/models` (the models of registered workers that have a `url`, OpenAI list
-//! shape), `GET /health` (no auth). When the service has a token or the proxy has
+//! shape), `GET /health` (no auth; 503 `draining` once shutdown began, see
+//! `service::Running::drain`). When the service has a token or the proxy has
 //! client API keys, every other route needs `Authorization: Bearer <token or key>`
 //! (compared in constant time); otherwise 401 in OpenAI's error shape.
 
@@ -80,6 +81,12 @@ pub async fn handle(core: Rc<Core>, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     if method == Method::GET && path == "/health" {
+        if core.shared.proxy.is_draining() {
+            return json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &serde_json::json!({"status": "draining"}),
+            );
+        }
         return json(StatusCode::OK, &serde_json::json!({"status": "ok"}));
     }
     if !authorized(&core, &req) {
@@ -140,7 +147,16 @@ pub async fn serve(core: Rc<Core>, stream: glommio::net::TcpStream, slot: Rc<Slo
         let (core, conn) = (core.clone(), conn.clone());
         async move {
             conn.request_started();
-            let resp = handle(core, req).await;
+            let draining = || core.shared.proxy.is_draining();
+            let mut resp = handle(core.clone(), req).await;
+            // Draining: no further request on this connection (hyper closes it once
+            // the response is written), so clients reconnect to another replica.
+            if draining() {
+                resp.headers_mut().insert(
+                    hyper::header::CONNECTION,
+                    hyper::header::HeaderValue::from_static("close"),
+                );
+            }
             Ok::<_, std::convert::Infallible>(resp.map(|b| hyper_io::TrackedBody::new(b, conn)))
         }
     });

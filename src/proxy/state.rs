@@ -9,7 +9,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::service::shared::Shared;
@@ -159,6 +159,8 @@ pub struct ProxyShared {
     pub keys: OnceLock<Vec<String>>,
     /// `Bearer <upstream_api_key>`, marked sensitive (set once at start).
     upstream_auth: OnceLock<HeaderValue>,
+    /// Set at the first shutdown signal (`service::Running::drain`).
+    draining: AtomicBool,
 }
 
 impl ProxyShared {
@@ -168,6 +170,7 @@ impl ProxyShared {
             inflight: AtomicUsize::new(0),
             keys: OnceLock::new(),
             upstream_auth: OnceLock::new(),
+            draining: AtomicBool::new(false),
         };
         m.with_registry(|r| p.metrics.register(r));
         p
@@ -211,6 +214,16 @@ impl ProxyShared {
             Some(v) => b.header(hyper::header::AUTHORIZATION, v.clone()),
             None => b,
         }
+    }
+
+    /// From now on the proxy drains (`[proxy] drain_ms`): `/health` says so and every
+    /// response closes its connection.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
     }
 
     pub fn inflight(&self) -> usize {

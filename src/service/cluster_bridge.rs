@@ -216,9 +216,10 @@ impl Cluster {
 }
 
 /// `GET /readyz`: ready unless this replica is still catching up with the cluster
-/// (then 503) or stopping; the body says why, and how the cluster link is
+/// (then 503), draining its proxy or stopping; the body says why, and how the cluster link is
 /// (`degraded` while NATS is unreachable: still ready, routing on local state).
 pub fn readyz(sh: &Shared) -> (bool, serde_json::Value) {
+    let draining = sh.proxy.is_draining();
     let stopping = sh.stopping.load(Ordering::Relaxed);
     let (cluster_ready, detail) = match sh.cluster.get() {
         Some(c) => {
@@ -227,9 +228,11 @@ pub fn readyz(sh: &Shared) -> (bool, serde_json::Value) {
         }
         None => (true, None),
     };
-    let ready = cluster_ready && !stopping;
+    let ready = cluster_ready && !stopping && !draining;
     let status = if stopping {
         "stopping"
+    } else if draining {
+        "draining"
     } else if !cluster_ready {
         "catching_up"
     } else if detail.as_ref().is_some_and(|d| d["state"] == "degraded") {

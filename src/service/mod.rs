@@ -110,6 +110,27 @@ impl Running {
         self.stop(true)
     }
 
+    /// The proxy's drain, before [`Running::shutdown`] (`[proxy] drain_ms`): new proxy
+    /// connections are refused and proxied requests in flight run on until none is
+    /// left, `drain_ms` has passed, or `interrupted` says to stop (a second signal).
+    /// Everything else keeps serving meanwhile, so those requests' lifecycle still
+    /// applies and the shutdown snapshot sees them end. Returns how many were still
+    /// running.
+    pub fn drain(&self, mut interrupted: impl FnMut() -> bool) -> usize {
+        let p = &self.shared.proxy;
+        let max = Duration::from_millis(self.shared.settings.proxy.drain_ms);
+        let Some(l) = self.proxy_listener.as_ref().filter(|_| !max.is_zero()) else {
+            return p.inflight();
+        };
+        p.start_draining();
+        l.stop_listening();
+        let t0 = std::time::Instant::now();
+        while p.inflight() > 0 && t0.elapsed() < max && !interrupted() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        p.inflight()
+    }
+
     /// [`Running::shutdown`]; without `snapshot` (a start that failed) the state dir is
     /// left as it was, since nothing was served that it lacks.
     fn stop(mut self, snapshot: bool) -> Result<(), String> {
@@ -406,6 +427,8 @@ async fn accept_loop<F, Fut>(
             Ok(s) => s,
             // Stopped listening (shutdown), or a transient error (EMFILE...).
             Err(_) if core.shared.stopping.load(Ordering::Relaxed) => break,
+            // The proxy's listener alone stops first, when the proxy drains.
+            Err(_) if name == "proxy" && core.shared.proxy.is_draining() => break,
             Err(_) => {
                 glommio::timer::sleep(Duration::from_millis(5)).await;
                 continue;

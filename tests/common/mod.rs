@@ -114,6 +114,9 @@ impl Server {
             ])
             .args(&proxy_flag)
             .args(extra)
+            // A short drain, so a test that ends with a stream in flight stops fast;
+            // tests of the drain give `--proxy-drain-ms`, which wins over the env.
+            .env("KVROUTE_PROXY_DRAIN_MS", "1000")
             .stdout(Stdio::null())
             .stderr(if capture {
                 Stdio::piped()
@@ -167,6 +170,25 @@ impl Server {
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never dropped, so the child is moved out exactly once.
         unsafe { std::ptr::read(&me.child) }
+    }
+
+    /// Sends SIGTERM and returns at once (the drain tests watch what follows).
+    pub fn sigterm(&self) {
+        kvroute::process::sigterm(&self.child);
+    }
+
+    /// How the process ended, if it did within `within`.
+    pub fn exited_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
