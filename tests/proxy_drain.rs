@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::proxy::{events, register, FakeWorker};
+use common::proxy::{events, open_stream, register, FakeWorker};
 use common::Server;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -15,26 +15,10 @@ fn python_ok() -> bool {
     common::python_has("json", "python3")
 }
 
-/// Starts a streamed completion of `tokens` tokens on a raw connection; returns it
-/// once the response head and the first chunk have arrived.
+/// A streamed completion of `tokens` tokens, open once its first chunk arrived.
 fn start_stream(s: &Server, tokens: u32) -> (TcpStream, Vec<u8>) {
     let body = format!(r#"{{"model":"m","prompt":[1,2,3],"stream":true,"max_tokens":{tokens}}}"#);
-    let mut c = TcpStream::connect(&s.proxy).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        c,
-        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&got).contains("data: ") {
-        let n = c.read(&mut buf).unwrap();
-        assert!(n > 0, "closed before the first chunk");
-        got.extend_from_slice(&buf[..n]);
-    }
-    (c, got)
+    open_stream(s, &body, 1)
 }
 
 /// `GET /health` on an open keep-alive connection: the whole answer (it has a

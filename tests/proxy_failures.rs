@@ -6,11 +6,11 @@
 
 mod common;
 
-use common::proxy::{events, post, register, router_active, wait_until, Answer, FakeWorker};
+use common::proxy::{
+    events, open_stream, post, register, router_active, wait_until, Answer, FakeWorker,
+};
 use common::Server;
 use serde_json::{json, Value};
-use std::io::{Read, Write};
-use std::time::Duration;
 
 fn python_ok() -> bool {
     common::python_has("json", "python3")
@@ -118,21 +118,7 @@ fn a_client_that_disconnects_aborts_the_upstream_and_releases_load() {
     register(&s, "w1", "m", "aggregated", &w.url());
     let body =
         json!({"model": "m", "prompt": [1, 2], "stream": true, "max_tokens": 200}).to_string();
-    let mut c = std::net::TcpStream::connect(&s.proxy).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        c,
-        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    while got.windows(6).filter(|w| w == b"data: ").count() < 2 {
-        let n = c.read(&mut buf).unwrap();
-        assert!(n > 0, "closed early");
-        got.extend_from_slice(&buf[..n]);
-    }
+    let (c, _) = open_stream(&s, &body, 2);
     wait_until("routed and active", || router_active(&s) == 1.0);
     drop(c);
     wait_until("upstream aborted", || w.stats()["aborted"] == 1);

@@ -122,8 +122,9 @@ impl Running {
         let Some(l) = self.proxy_listener.as_ref().filter(|_| !max.is_zero()) else {
             return p.inflight();
         };
-        p.start_draining();
+        // Listener first: whoever sees `draining` (`/readyz`) can rely on it being shut.
         l.stop_listening();
+        p.start_draining();
         let t0 = std::time::Instant::now();
         while p.inflight() > 0 && t0.elapsed() < max && !interrupted() {
             std::thread::sleep(Duration::from_millis(10));

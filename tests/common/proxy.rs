@@ -4,7 +4,8 @@
 
 use super::Server;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -158,6 +159,29 @@ pub fn get(s: &Server, path: &str, token: Option<&str>) -> (u16, String) {
         Err(ureq::Error::Status(c, r)) => (c, r.into_string().unwrap_or_default()),
         Err(e) => panic!("GET {path}: {e}"),
     }
+}
+
+/// Sends a streamed completion `body` on a raw connection (so the test can drop it,
+/// or read it to its end) and returns it once the first `chunks` SSE chunks have
+/// arrived, with everything read so far.
+pub fn open_stream(s: &Server, body: &str, chunks: usize) -> (TcpStream, Vec<u8>) {
+    let mut c = TcpStream::connect(&s.proxy).expect("connect to the proxy");
+    c.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        c,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send the request");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.windows(6).filter(|w| w == b"data: ").count() < chunks {
+        let n = c.read(&mut buf).expect("read the stream");
+        assert!(n > 0, "closed before {chunks} chunks");
+        got.extend_from_slice(&buf[..n]);
+    }
+    (c, got)
 }
 
 /// The `data:` payloads of an SSE body.
