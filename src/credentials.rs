@@ -21,6 +21,17 @@
 use std::collections::HashMap;
 use subtle::ConstantTimeEq;
 
+/// The token of an `Authorization: Bearer <token>` header, if there is one: how every
+/// HTTP door reads a credential (the JSON API, the proxy port, the simulated workers).
+#[cfg(feature = "service")]
+pub fn bearer(headers: &hyper::HeaderMap) -> Option<&str> {
+    headers
+        .get(hyper::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+}
+
 /// An authenticated caller.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Principal {

@@ -31,12 +31,7 @@ fn authorized(core: &Core, req: &Request<Incoming>) -> bool {
     if !creds.enabled() && keys.is_empty() {
         return true;
     }
-    let presented = req
-        .headers()
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+    let presented = crate::credentials::bearer(req.headers()).unwrap_or("");
     if presented.is_empty() {
         return false;
     }
@@ -147,11 +142,10 @@ pub async fn serve(core: Rc<Core>, stream: glommio::net::TcpStream, slot: Rc<Slo
         let (core, conn) = (core.clone(), conn.clone());
         async move {
             conn.request_started();
-            let draining = || core.shared.proxy.is_draining();
             let mut resp = handle(core.clone(), req).await;
             // Draining: no further request on this connection (hyper closes it once
             // the response is written), so clients reconnect to another replica.
-            if draining() {
+            if core.shared.proxy.is_draining() {
                 resp.headers_mut().insert(
                     hyper::header::CONNECTION,
                     hyper::header::HeaderValue::from_static("close"),

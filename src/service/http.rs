@@ -123,11 +123,7 @@ pub async fn handle(
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let mut presented = req
-        .headers()
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+    let mut presented = crate::credentials::bearer(req.headers())
         .unwrap_or("")
         .to_string();
     // A browser opening the status page cannot set a header: `/ui` also takes the

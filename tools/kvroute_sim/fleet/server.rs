@@ -103,11 +103,7 @@ fn authorized(ctx: &WorkerCtx, path: &str, req: &Request<Incoming>) -> bool {
     if !path.starts_with("/v1") || req.method() == Method::OPTIONS {
         return true;
     }
-    req.headers()
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| t == key)
+    kvroute::credentials::bearer(req.headers()).is_some_and(|t| t == key)
 }
 
 /// Handles one request.
