@@ -19,6 +19,7 @@ pub mod api;
 pub mod batch;
 pub mod blocking;
 pub mod claims;
+pub mod cluster_auth;
 pub mod cluster_bridge;
 pub mod cluster_load;
 pub mod cluster_nats;
