@@ -47,6 +47,9 @@ pub struct ServeArgs {
     pub index_layout: Option<crate::settings::IndexLayout>,
     #[arg(long, env = "KVROUTE_HEARTBEAT_TIMEOUT_MS")]
     pub heartbeat_timeout_ms: Option<u64>,
+    /// An in-flight request with no lifecycle call for this long expires.
+    #[arg(long, env = "KVROUTE_REQUEST_TTL_MS")]
+    pub request_ttl_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_SPIN_BEFORE_PARK_US")]
     pub spin_before_park_us: Option<u64>,
     /// Warm-restart snapshots directory.
@@ -314,6 +317,7 @@ impl ServeArgs {
             api_addr,
             http_addr,
             heartbeat_timeout_ms,
+            request_ttl_ms,
             spin_before_park_us
         );
         if self.cores.is_some() {

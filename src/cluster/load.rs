@@ -222,6 +222,8 @@ mod tests {
                     age_us: 0,
                     first_token_age_us: None,
                     pinned: false,
+                    idle_us: 0,
+                    local: false,
                 }),
                 LoadOp::Progress {
                     id: "q".into(),
@@ -285,6 +287,8 @@ mod tests {
             age_us: 0,
             first_token_age_us: None,
             pinned: false,
+            idle_us: 0,
+            local: false,
         });
         let synced = LoadOp::Route(CarriedRequest {
             id: "r".into(),
@@ -300,6 +304,8 @@ mod tests {
             age_us: 1500,
             first_token_age_us: Some(700),
             pinned: false,
+            idle_us: 0,
+            local: false,
         });
         let b = LoadBatch {
             origin: "o".into(),
@@ -370,6 +376,8 @@ mod tests {
                 age_us: 0,
                 first_token_age_us: None,
                 pinned,
+                idle_us: 0,
+                local: false,
             })
         };
         let unpinned = r#"{"op":"route","id":"q","decode":"w","input_tokens":1,"cached_tokens":0,"prompt_blocks":1,"hashes":[]}"#;

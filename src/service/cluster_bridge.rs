@@ -180,6 +180,10 @@ pub struct Cluster {
     /// Per `[[engines]]` entry: this replica holds the engine's lease (it alone
     /// ingests and publishes that engine's batches; the others discard theirs).
     pub engine_leases: Box<[AtomicBool]>,
+    /// Requests of the previous incarnation's proxy, dropped at the restore
+    /// (`persist::drop_orphans`): finished on the peers too, and never taken back
+    /// from their load-sync answers.
+    pub orphans: std::collections::HashSet<String>,
 }
 
 /// The state dir file holding the stream sequence the snapshot beside it covers.
@@ -261,7 +265,11 @@ pub fn readyz(sh: &Shared) -> (bool, serde_json::Value) {
 
 /// Starts the bridge when `--cluster` is set: the NATS thread and the apply thread
 /// (both joined at shutdown through the returned handles).
-pub fn start(sh: &Arc<Shared>, restored: bool) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
+pub fn start(
+    sh: &Arc<Shared>,
+    restored: bool,
+    orphans: Vec<String>,
+) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
     let cfg = &sh.settings.cluster;
     if !cfg.enabled() {
         return Ok(Vec::new());
@@ -310,10 +318,15 @@ pub fn start(sh: &Arc<Shared>, restored: bool) -> Result<Vec<std::thread::JoinHa
             .iter()
             .map(|_| AtomicBool::new(false))
             .collect(),
+        orphans: orphans.iter().cloned().collect(),
     });
     sh.metrics.cluster.state.set(0);
     if sh.cluster.set(cluster.clone()).is_err() {
         return Err("cluster bridge started twice".into());
+    }
+    // Sent once NATS is reached (the load publisher starts then).
+    for id in orphans {
+        publish_life(sh, super::msg::LifeOp::Finish, &id);
     }
     eprintln!(
         "kvroute: cluster {:?} via {}: replica {}, resuming the log after sequence {start_after}",
