@@ -354,3 +354,128 @@ fn a_replica_with_another_secret_is_refused_both_ways() {
     assert_eq!(ids(&a), ["wa"]);
     assert_eq!(ids(&c), ["wc"]);
 }
+
+/// A NATS client that keeps writing the lease of an `[[engines]]` entry (so that no
+/// replica would ingest the engine) is overruled: a lease whose value does not verify
+/// is taken over at once, each time.
+#[test]
+fn a_forged_engine_lease_is_taken_over() {
+    if !nats_available() {
+        return;
+    }
+    let nats = NatsServer::start();
+    // Nobody listens there: the lease is decided whatever the engine does.
+    let engine = format!(
+        "worker_id=e0,endpoint=tcp://127.0.0.1:{},model=m,capacity_blocks=1000,block_size=4",
+        common::free_port()
+    );
+    let flags = ["--block-size", "4", "--engine", engine.as_str()];
+    let holds = |s: &Server| metric(s, "kvroute_cluster_engine_leases ") == 1.0;
+    let a = replica(&nats, &flags);
+    poll("A holds the lease", 30, || holds(&a));
+    let mut child = a.into_child();
+    child.kill().expect("SIGKILL A");
+    let _ = child.wait();
+    // The rogue overwrites the lease every 300 ms from now on.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let port = nats.port;
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut rogue = RawNats::connect(port, None).expect("rogue connects");
+            let subject = format!("$KV.kvroute_t_leases.{}", worker_key("e0"));
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                rogue.publish(&subject, None, b"rogue/1");
+                rogue.flush();
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+    };
+    let b = replica(&nats, &flags);
+    let taken = eventually(30, || holds(&b));
+    // And keeps it while the rogue writes on (refreshes every 2 s take it back).
+    let kept = taken
+        && (0..6).all(|_| {
+            std::thread::sleep(Duration::from_millis(500));
+            holds(&b)
+        });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = writer.join();
+    assert!(taken, "B never took the forged lease over");
+    assert!(kept, "B lost the lease to the rogue");
+    assert!(refused(&b, "lease") >= 1.0);
+}
+
+/// The NATS side: a user whose permissions deny the tier's subjects cannot publish or
+/// subscribe on them (the server refuses, nothing reaches a replica), while replicas
+/// run with the permission set docs/SECURITY.md gives.
+#[test]
+fn nats_permissions_keep_other_clients_off_the_tier() {
+    if !nats_available() {
+        return;
+    }
+    let conf = r#"
+authorization {
+  users = [
+    { user: "kvroute", password: "kvroute-pass-0123",
+      permissions: {
+        publish: { allow: ["kvroute.t.>", "$KV.kvroute_t_workers.>", "$KV.kvroute_t_leases.>",
+                           "$JS.API.>", "$JS.FC.>", "_INBOX.>"] },
+        subscribe: { allow: ["kvroute.t.>", "_INBOX.>"] }
+      } },
+    { user: "app", password: "app-pass-4567",
+      permissions: {
+        publish: { deny: ["kvroute.>", "$KV.>", "$JS.>"] },
+        subscribe: { deny: ["kvroute.>", "$KV.>", "$JS.>"] }
+      } }
+  ]
+}
+"#;
+    let nats = NatsServer::start_conf(conf);
+    let creds = [
+        "--cluster-user",
+        "kvroute",
+        "--cluster-password",
+        "kvroute-pass-0123",
+    ];
+    let a = replica(&nats, &creds);
+    let b = replica(&nats, &creds);
+    let (code, body) = call(&a, "POST", "/v1/workers", ADMIN, Some(worker("w1", W1_URL)));
+    assert!(code == 200 || code == 201, "{code} {body}");
+    let events = json!({"events": [{"type": "stored", "tier": "device", "parent": null,
+                                    "block_hashes": hashes(1, 4)}]});
+    let (code, body) = call(&a, "POST", "/v1/workers/w1/events", ADMIN, Some(events));
+    assert_eq!(code, 200, "{body}");
+    let route = json!({"request_id": "r1", "model": "m", "block_hashes": hashes(1, 4)});
+    let (code, body) = call(&a, "POST", "/v1/route", ADMIN, Some(route));
+    assert_eq!(code, 200, "{body}");
+    // Registry, event log and shared load all flow under the restricted permissions.
+    let want = vec![("w1".to_string(), W1_URL.to_string(), 4, 1)];
+    poll("B holds A's worker, blocks and load", 30, || {
+        fleet(&b) == want
+    });
+    // So does a load sync: a third replica takes r1 over at start.
+    let c = replica(&nats, &creds);
+    assert_eq!(fleet(&c), want);
+    drop(c);
+    let mut app = RawNats::connect(nats.port, Some(("app", "app-pass-4567"))).expect("app user");
+    app.subscribe("kvroute.t.load", 1);
+    app.publish("kvroute.t.load", None, b"{}");
+    app.publish("kvroute.t.events.w1", None, b"x");
+    let evil = format!("$KV.kvroute_t_workers.{}", worker_key("evil"));
+    app.publish(&evil, None, b"{}");
+    let errs = app.flush();
+    assert_eq!(errs.len(), 4, "{errs:?}");
+    assert!(
+        errs.iter().all(|e| e.contains("Permissions Violation")),
+        "{errs:?}"
+    );
+    // Nothing reached the replicas (not even to be refused).
+    std::thread::sleep(Duration::from_millis(500));
+    for s in [&a, &b] {
+        assert_eq!(metric(s, "kvroute_cluster_refused_total"), 0.0);
+        assert_eq!(fleet(s), want);
+    }
+    // Without credentials at all, the server refuses the connection.
+    assert!(RawNats::connect(nats.port, None).is_err());
+}

@@ -279,12 +279,15 @@ pub(super) async fn engine_leases(
                 .sealer
                 .seal(Kind::Lease, key.as_bytes(), cl.origin.clone().into_bytes())
                 .into();
+            // Refused (another writer got there first): a replica's lease stands, a
+            // forged one is taken over at once.
             let r = match revs[i] {
-                Some(rev) => kv.update(&key, me, rev).await.ok(),
-                None => match kv.create(&key, me.clone()).await {
-                    Ok(rev) => Some(rev),
-                    Err(_) => take_forged(sh, cl, &kv, &key, me).await,
-                },
+                Some(rev) => kv.update(&key, me.clone(), rev).await.ok(),
+                None => kv.create(&key, me.clone()).await.ok(),
+            };
+            let r = match r {
+                Some(rev) => Some(rev),
+                None => take_forged(sh, cl, &kv, &key, me).await,
             };
             // No answer from NATS decides nothing: while it is unreachable the holder
             // keeps ingesting locally (and buffering), a standby keeps waiting.

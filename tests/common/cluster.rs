@@ -191,8 +191,9 @@ impl RawNats {
     }
 
     /// A round trip: everything sent before was handled by the server. Returns the
-    /// `-ERR` lines it sent meanwhile (permission violations...); messages that
-    /// arrived are kept for [`RawNats::next_msg`].
+    /// `-ERR` lines it sent meanwhile (permission violations...; or the one before it
+    /// closed the connection); messages that arrived are kept for
+    /// [`RawNats::next_msg`].
     pub fn flush(&mut self) -> Vec<String> {
         self.send(b"PING\r\n");
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -202,6 +203,7 @@ impl RawNats {
                 Some(Event::Pong) => return errs,
                 Some(Event::Err(e)) => errs.push(e),
                 Some(Event::Msg { subject, payload }) => self.msgs.push_back((subject, payload)),
+                None if !errs.is_empty() => return errs,
                 None => panic!("no PONG from nats within 10 s"),
             }
         }
@@ -229,7 +231,8 @@ impl RawNats {
         self.s.set_read_timeout(Some(left)).expect("read timeout");
         let mut b = [0u8; 65536];
         match self.s.read(&mut b) {
-            Ok(0) => panic!("nats closed the connection"),
+            // Closed (after an `-ERR` that ends the connection): nothing more.
+            Ok(0) => false,
             Ok(n) => {
                 self.buf.extend_from_slice(&b[..n]);
                 true
