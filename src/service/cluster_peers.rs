@@ -322,7 +322,8 @@ pub(super) async fn engine_leases(
 /// A lease key that exists: if its value is not a sealed lease (a NATS client wrote
 /// it, to keep every replica from ingesting the engine), it is refused, counted, and
 /// taken over (a revision-checked update, so a replica's lease written meanwhile
-/// wins). `None` when a replica holds it, or on any NATS error.
+/// wins); if it is this replica's own (a refresh whose answer was lost), it is kept.
+/// `None` when another replica holds it, or on any NATS error.
 async fn take_forged(
     sh: &Shared,
     cl: &Cluster,
@@ -331,17 +332,11 @@ async fn take_forged(
     me: Bytes,
 ) -> Option<u64> {
     let e = kv.entry(key).await.ok()??;
-    let put = e.operation == async_nats::jetstream::kv::Operation::Put;
-    if put
-        && cl
-            .sealer
-            .open(Kind::Lease, key.as_bytes(), &e.value)
-            .is_ok()
-    {
-        return None;
-    }
-    if put {
-        let _ = auth::open(sh, cl, Kind::Lease, key.as_bytes(), &e.value);
+    if e.operation == async_nats::jetstream::kv::Operation::Put {
+        match cl.sealer.open(Kind::Lease, key.as_bytes(), &e.value) {
+            Ok(holder) => return (holder == cl.origin.as_bytes()).then_some(e.revision),
+            Err(r) => auth::refuse(sh, "lease", r.label(), key),
+        }
     } else {
         auth::refuse(sh, "lease", "missing_tag", key);
     }
