@@ -200,7 +200,7 @@ fn a_rogue_nats_client_forges_nothing_and_replicas_agree() {
     assert_eq!(code, 200, "{body}");
     poll("B releases it", 30, || fleet(&b) == before);
 
-    // The attacks. Each as the plain client sent it, and each again in the
+    // The attacks. Each as a plain client of the old formats sends it, and each again in the
     // new formats, unsealed or sealed with another secret.
     let mut rogue = RawNats::connect(nats.port, None).expect("rogue connects");
     let wrong = Sealer::new(b"not-the-tier-secret", "t");
