@@ -1,6 +1,8 @@
 //! Codec throughput: framing + decoding of `Stored` events with 64 hashes (the event
 //! ingest hot path) and of `Route` requests (the routing hot path); decoding of vLLM's
-//! msgpack `KVEventBatch` payloads (the ZMQ ingest path, `engines::vllm`).
+//! msgpack `KVEventBatch` payloads (the ZMQ ingest path, `engines::vllm`); sealing and
+//! opening a replica's event record (`cluster::auth`, HMAC-SHA256 over each record a
+//! replica publishes or applies).
 //!
 //! Each iteration decodes a stream of many back-to-back frames from a fresh copy of a
 //! prebuilt `BytesMut` (the copy is made outside the timed part), so the numbers include
@@ -161,5 +163,43 @@ fn bench_vllm(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_stored, bench_route, bench_vllm);
+fn bench_cluster_seal(c: &mut Criterion) {
+    use kvroute::cluster::auth::{Kind, Sealer};
+    use kvroute::cluster::wire::{EventRecord, RecOp};
+    let sealer = Sealer::new(b"0123456789abcdef0123456789abcdef", "prod");
+    let mut g = c.benchmark_group("cluster_seal");
+    for n in [64usize, 4096] {
+        let rec = EventRecord {
+            origin: "replica-1/18f6cc10254f0a38".into(),
+            worker: "worker-17".into(),
+            seq: 1,
+            ops: vec![RecOp::Stored {
+                tier: Tier::Device,
+                hashes: (0..n as u64).map(|h| h.wrapping_mul(0x9e37_79b9)).collect(),
+            }],
+        }
+        .encode();
+        let sealed = sealer.seal(Kind::Record, b"", rec.clone());
+        g.throughput(Throughput::Bytes(rec.len() as u64));
+        g.bench_function(format!("seal_record_{n}_hashes"), |b| {
+            b.iter_batched(
+                || rec.clone(),
+                |r| black_box(sealer.seal(Kind::Record, b"", r)),
+                BatchSize::SmallInput,
+            )
+        });
+        g.bench_function(format!("open_record_{n}_hashes"), |b| {
+            b.iter(|| black_box(sealer.open(Kind::Record, b"", &sealed).is_ok()))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_stored,
+    bench_route,
+    bench_vllm,
+    bench_cluster_seal
+);
 criterion_main!(benches);

@@ -1,6 +1,8 @@
 //! Throughput of the load tracker's hot path: route → first token → progress → finish
 //! cycles with 1024 requests in flight over 64 workers (updates/s), under the `full`
-//! and `predicted` (+ output blocks) models, plus the active-block shard's add/remove.
+//! and `predicted` (+ output blocks) models, plus the active-block shard's add/remove,
+//! and the cost of one `request_ttl_ms` sweep (`LoadTracker::expire`) over a core's
+//! requests when none is due (what each core pays every TTL/8).
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use kvroute::config::{PrefillLoadModel, RouterConfig};
@@ -92,5 +94,32 @@ fn active_blocks(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, cycles, active_blocks);
+fn expiry_sweep(c: &mut Criterion) {
+    let mut g = c.benchmark_group("load_tracker_expire");
+    for n in [1024usize, 65_536] {
+        let mut t = LoadTracker::new(128, &RouterConfig::default());
+        for i in 0..n {
+            let r = NewRequest {
+                id: format!("req-{i:08}-{:016x}", i * 7919),
+                decode_worker: (i as u16 * 13) % WORKERS,
+                prefill_worker: None,
+                input_tokens: 4096,
+                cached_tokens: 0,
+                prompt_blocks: 32,
+                hashes: vec![i as u64],
+                expected_output_tokens: None,
+                now_us: 1_000_000 + i as u64,
+                pinned: false,
+            };
+            t.on_route(r).ok();
+        }
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_function(format!("sweep_{n}_none_due"), |b| {
+            b.iter(|| black_box(t.expire(2_000_000, 600_000_000)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, cycles, active_blocks, expiry_sweep);
 criterion_main!(benches);

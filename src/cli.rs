@@ -47,6 +47,9 @@ pub struct ServeArgs {
     pub index_layout: Option<crate::settings::IndexLayout>,
     #[arg(long, env = "KVROUTE_HEARTBEAT_TIMEOUT_MS")]
     pub heartbeat_timeout_ms: Option<u64>,
+    /// An in-flight request with no lifecycle call for this long expires.
+    #[arg(long, env = "KVROUTE_REQUEST_TTL_MS")]
+    pub request_ttl_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_SPIN_BEFORE_PARK_US")]
     pub spin_before_park_us: Option<u64>,
     /// Warm-restart snapshots directory.
@@ -164,6 +167,14 @@ pub struct ServeArgs {
     pub cluster_password: Option<String>,
     #[arg(long, env = "KVROUTE_CLUSTER_CREDS_FILE")]
     pub cluster_creds_file: Option<String>,
+    /// The tier secret replicas seal their messages with (prefer the env var or a file).
+    #[arg(long, env = "KVROUTE_CLUSTER_SECRET", hide_env_values = true)]
+    pub cluster_secret: Option<String>,
+    #[arg(long, env = "KVROUTE_CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<String>,
+    /// Run the replica tier without a secret (any NATS client can forge its state).
+    #[arg(long, env = "KVROUTE_CLUSTER_UNAUTHENTICATED")]
+    pub cluster_unauthenticated: bool,
     #[arg(long, env = "KVROUTE_CLUSTER_MAX_AGE_MS")]
     pub cluster_max_age_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_CLUSTER_MAX_BYTES")]
@@ -306,6 +317,7 @@ impl ServeArgs {
             api_addr,
             http_addr,
             heartbeat_timeout_ms,
+            request_ttl_ms,
             spin_before_park_us
         );
         if self.cores.is_some() {
@@ -459,6 +471,11 @@ impl ServeArgs {
         opt(&mut c.user, &self.cluster_user);
         opt(&mut c.password, &self.cluster_password);
         opt(&mut c.creds_file, &self.cluster_creds_file);
+        opt(&mut c.secret, &self.cluster_secret);
+        opt(&mut c.secret_file, &self.cluster_secret_file);
+        if self.cluster_unauthenticated {
+            c.unauthenticated = true;
+        }
         if let Some(n) = &self.cluster_name {
             c.name.clone_from(n);
         }

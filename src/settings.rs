@@ -21,6 +21,14 @@ pub const DEFAULT_ANSWER_SPIN_US: u64 = 200;
 /// Largest `answer_spin_us` accepted (1 s): the spin stays bounded whatever is set.
 pub const MAX_ANSWER_SPIN_US: u64 = 1_000_000;
 
+/// Default `request_ttl_ms` (10 minutes): twice the proxy's default
+/// `request_timeout_ms`, the longest a proxied request may go without a lifecycle call
+/// (waiting for a non-streamed answer), so no live proxied request expires.
+pub const DEFAULT_REQUEST_TTL_MS: u64 = 600_000;
+
+/// Largest `request_ttl_ms` accepted (7 days).
+pub const MAX_REQUEST_TTL_MS: u64 = 7 * 86_400_000;
+
 /// How the block-hash index is laid out over the cores (`index_layout`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -65,6 +73,12 @@ pub struct Settings {
     /// A worker with a binary connection that sends nothing (heartbeat or event) for this
     /// long leaves routing until it returns. Default 10,000 ms.
     pub heartbeat_timeout_ms: u64,
+    /// An in-flight request with no lifecycle call (route, first token, progress) for
+    /// this long expires: its load is released, counted and logged. Covers requests
+    /// whose caller died (a crashed proxy's streams restored from a snapshot, a peer
+    /// replica's routes after it went away, a frontend that never finishes); a long
+    /// stream stays as long as progress calls keep coming. Default 600,000 ms.
+    pub request_ttl_ms: u64,
     /// Microseconds an idle executor spins before parking (0 = park at once). Lowers
     /// cross-core hand-off latency at the price of CPU. Default 50.
     pub spin_before_park_us: u64,
@@ -225,6 +239,7 @@ impl Default for Settings {
             cores: None,
             index_layout: IndexLayout::Sharded,
             heartbeat_timeout_ms: 10_000,
+            request_ttl_ms: DEFAULT_REQUEST_TTL_MS,
             spin_before_park_us: 50,
             state_dir: None,
             snapshot_interval_ms: 30_000,
@@ -310,6 +325,11 @@ impl Settings {
         }
         if self.heartbeat_timeout_ms == 0 {
             return Err("heartbeat_timeout_ms must be > 0".into());
+        }
+        if !(100..=MAX_REQUEST_TTL_MS).contains(&self.request_ttl_ms) {
+            return Err(format!(
+                "request_ttl_ms must be between 100 and {MAX_REQUEST_TTL_MS} (7 days)"
+            ));
         }
         if self.snapshot_interval_ms < 100 {
             return Err("snapshot_interval_ms must be >= 100".into());

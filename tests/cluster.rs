@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::cluster::{nats_available, NatsServer};
+use common::cluster::{nats_available, NatsServer, RawNats};
 use common::{hashes, Server};
 use kvroute::client::EventPublisher;
 use kvroute::types::Tier;
@@ -305,25 +305,11 @@ fn load_is_shared_and_lifecycle_works_on_any_replica() {
 
 /// Publishes raw payloads on NATS subjects over the plain text protocol.
 fn nats_pub(nats: &NatsServer, msgs: &[(&str, &[u8])]) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", nats.port)).expect("nats");
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-    let mut buf = [0u8; 4096];
-    let _ = s.read(&mut buf); // INFO
-    let mut out = b"CONNECT {\"verbose\":false}\r\n".to_vec();
+    let mut c = RawNats::connect(nats.port, None).expect("nats");
     for (subj, payload) in msgs {
-        out.extend_from_slice(format!("PUB {subj} {}\r\n", payload.len()).as_bytes());
-        out.extend_from_slice(payload);
-        out.extend_from_slice(b"\r\n");
+        c.publish(subj, None, payload);
     }
-    out.extend_from_slice(b"PING\r\n");
-    s.write_all(&out).expect("publish");
-    let mut got = Vec::new();
-    while !String::from_utf8_lossy(&got).contains("PONG") {
-        let n = s.read(&mut buf).expect("PONG");
-        assert!(n > 0, "nats closed");
-        got.extend_from_slice(&buf[..n]);
-    }
+    assert_eq!(c.flush(), Vec::<String>::new());
 }
 
 #[test]
@@ -359,11 +345,18 @@ fn garbage_on_the_shared_subjects_changes_nothing() {
             ("$KV.kvroute_t_workers.w.7a", b"{\"id\": 5}"),
         ],
     );
-    poll("A skipped the bad records", 30, || {
-        a.metric("kvroute_cluster_records_total{outcome=\"undecodable\"}") >= 3.0
+    // None of it carries the tier's tag: refused before it is even parsed.
+    let refused = |kind: &str| {
+        a.metric(&format!(
+            "kvroute_cluster_refused_total{{kind=\"{kind}\",reason=\"missing_tag\"}}"
+        ))
+    };
+    poll("A refused the bad records", 30, || refused("record") >= 3.0);
+    poll("A refused the bad load batches", 30, || {
+        refused("load") >= 3.0
     });
-    poll("A skipped the unknown worker's route", 30, || {
-        a.metric("kvroute_cluster_load_ops_total{outcome=\"unknown_worker\"}") >= 1.0
+    poll("A refused the bad registry entry", 30, || {
+        refused("registry") >= 1.0
     });
     assert!(a.alive());
     assert_eq!(fleet(&a), vec![("w1".to_string(), 4)]);

@@ -1,13 +1,16 @@
 """Shared start-up of a loopback router cluster for the tools (`cluster_lag.py`,
 `replicas.py`): one nats-server with JetStream on a temporary store and a free port,
 and `kvroute serve --cluster` replicas on free ports, each waited for until its
-/readyz answers 200.
+/readyz answers 200. The replicas share a tier secret made afresh for each cluster
+(`KVROUTE_CLUSTER_SECRET`, docs/SECURITY.md).
 
 Guarantees: `with Cluster() as c:` stops everything it started when the block ends,
 also on failure, `sys.exit` or Ctrl-C (SIGTERM in reverse start order, then up to 10 s
 each before SIGKILL), and removes the temporary store. A wait that runs out exits
 with "timed out waiting for WHAT". Started processes' output goes to /dev/null.
 """
+import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -59,6 +62,7 @@ class Cluster:
         self.procs = []
         self.store = tempfile.mkdtemp()
         self.nats_url = None
+        self.secret = secrets.token_hex(32)
 
     def __enter__(self):
         return self
@@ -69,7 +73,9 @@ class Cluster:
 
     def spawn(self, argv):
         """Starts `argv` (output discarded); stopped with the cluster."""
-        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = dict(os.environ, KVROUTE_CLUSTER_SECRET=self.secret)
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=env)
         self.procs.append(p)
         return p
 

@@ -4,8 +4,10 @@
 //! a lifecycle call may reach any replica (every replica holds every request's record).
 //!
 //! Workers travel as ids (slots differ between replicas). A batch is JSON: small,
-//! self-describing, and bounded by the NATS payload limit before it is parsed. Pure:
-//! the batcher decides when to flush; the driver sends.
+//! self-describing, and bounded by the NATS payload limit before it is parsed; it is
+//! sealed (`cluster::auth`), and live batches carry a per-origin sequence that
+//! [`SeqGuard`] checks, so a captured batch replayed later is refused. Pure: the
+//! batcher decides when to flush; the driver sends.
 
 use crate::load::CarriedRequest;
 use serde::{Deserialize, Serialize};
@@ -44,6 +46,10 @@ pub enum LoadOp {
 pub struct LoadBatch {
     /// The publishing replica's incarnation (receivers skip their own).
     pub origin: String,
+    /// Live batches: 1, 2, ... per origin ([`SeqGuard`]); 0 (left out) in load-sync
+    /// answers, which are bound to their request instead.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub seq: u64,
     pub ops: Vec<LoadOp>,
     /// A load-sync answer continues in another message.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -76,6 +82,7 @@ pub fn chunk(origin: &str, ops: Vec<LoadOp>, max_bytes: usize) -> Vec<LoadBatch>
         if (bytes + n > max_bytes && !cur.is_empty()) || apart(&cur, &op) {
             out.push(LoadBatch {
                 origin: origin.to_string(),
+                seq: 0,
                 ops: std::mem::take(&mut cur),
                 more: true,
             });
@@ -86,10 +93,53 @@ pub fn chunk(origin: &str, ops: Vec<LoadOp>, max_bytes: usize) -> Vec<LoadBatch>
     }
     out.push(LoadBatch {
         origin: origin.to_string(),
+        seq: 0,
         ops: cur,
         more: false,
     });
     out
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Replay guard of live load batches: the last sequence seen per origin incarnation.
+/// A batch is admitted only with a sequence above its origin's last one (core NATS
+/// delivers one publisher's messages in order). Bounded: past `cap` origins it forgets
+/// them all, after which one replay per forgotten origin could pass again (its load
+/// then expires with `request_ttl_ms`).
+pub struct SeqGuard {
+    last: std::collections::HashMap<String, u64>,
+    cap: usize,
+}
+
+impl SeqGuard {
+    pub fn new(cap: usize) -> SeqGuard {
+        SeqGuard {
+            last: std::collections::HashMap::new(),
+            cap: cap.max(1),
+        }
+    }
+
+    /// Whether a live batch `seq` of `origin` is new (and remembers it).
+    pub fn admit(&mut self, origin: &str, seq: u64) -> bool {
+        if seq == 0 {
+            return false;
+        }
+        if let Some(last) = self.last.get_mut(origin) {
+            if seq <= *last {
+                return false;
+            }
+            *last = seq;
+            return true;
+        }
+        if self.last.len() >= self.cap {
+            self.last.clear();
+        }
+        self.last.insert(origin.to_string(), seq);
+        true
+    }
 }
 
 impl LoadBatch {
@@ -156,6 +206,7 @@ mod tests {
     fn batches_round_trip_and_flush_by_size_or_age() {
         let b = LoadBatch {
             origin: "r/1".into(),
+            seq: 0,
             ops: vec![
                 LoadOp::Route(CarriedRequest {
                     id: "q".into(),
@@ -171,6 +222,8 @@ mod tests {
                     age_us: 0,
                     first_token_age_us: None,
                     pinned: false,
+                    idle_us: 0,
+                    local: false,
                 }),
                 LoadOp::Progress {
                     id: "q".into(),
@@ -234,6 +287,8 @@ mod tests {
             age_us: 0,
             first_token_age_us: None,
             pinned: false,
+            idle_us: 0,
+            local: false,
         });
         let synced = LoadOp::Route(CarriedRequest {
             id: "r".into(),
@@ -249,9 +304,12 @@ mod tests {
             age_us: 1500,
             first_token_age_us: Some(700),
             pinned: false,
+            idle_us: 0,
+            local: false,
         });
         let b = LoadBatch {
             origin: "o".into(),
+            seq: 0,
             ops: vec![fresh, synced],
             more: true,
         };
@@ -275,6 +333,30 @@ mod tests {
         assert!(LoadBatch::decode(ok.as_bytes()).is_ok(), "{ok}");
     }
 
+    #[test]
+    fn live_batches_carry_a_sequence_and_replays_are_refused() {
+        let b = LoadBatch {
+            origin: "o/1".into(),
+            seq: 7,
+            ops: vec![LoadOp::Finish { id: "q".into() }],
+            more: false,
+        };
+        let text = String::from_utf8(b.encode()).unwrap();
+        assert_eq!(
+            text,
+            r#"{"origin":"o/1","seq":7,"ops":[{"op":"finish","id":"q"}]}"#
+        );
+        assert_eq!(LoadBatch::decode(text.as_bytes()), Ok(b));
+        let mut g = SeqGuard::new(2);
+        assert!(g.admit("a", 1) && g.admit("a", 2) && g.admit("a", 5));
+        assert!(!g.admit("a", 5) && !g.admit("a", 3), "replays");
+        assert!(!g.admit("b", 0), "a sync answer's 0 is never live");
+        assert!(g.admit("b", 9) && !g.admit("b", 9));
+        // Bounded: a third origin forgets the others.
+        assert!(g.admit("c", 1));
+        assert!(g.last.len() <= 2);
+    }
+
     /// A pinned route says so last (`"pinned":true`); a route without the field (an
     /// older peer's, or any unpinned one) reads as not pinned.
     #[test]
@@ -294,6 +376,8 @@ mod tests {
                 age_us: 0,
                 first_token_age_us: None,
                 pinned,
+                idle_us: 0,
+                local: false,
             })
         };
         let unpinned = r#"{"op":"route","id":"q","decode":"w","input_tokens":1,"cached_tokens":0,"prompt_blocks":1,"hashes":[]}"#;

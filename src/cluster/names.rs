@@ -19,6 +19,17 @@ pub fn check_cluster_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// Whether `origin` names a replica incarnation as replicas make them
+/// (`replica_id/boot`: a valid id, `/`, 1..=16 lowercase hex digits).
+pub fn is_origin(origin: &str) -> bool {
+    let Some((id, boot)) = origin.rsplit_once('/') else {
+        return false;
+    };
+    crate::ids::check("replica id", id).is_ok()
+        && (1..=16).contains(&boot.len())
+        && boot.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 pub struct Names {
     pub stream: String,
     pub events_prefix: String,
@@ -85,6 +96,24 @@ mod tests {
         assert!(check_cluster_name("prod-1_x").is_ok());
         assert!(check_cluster_name("a.b").is_err());
         assert!(check_cluster_name("").is_err());
+    }
+
+    #[test]
+    fn origins() {
+        assert!(is_origin("host-1/1a2b3c"));
+        assert!(is_origin("r:1@x/0"));
+        for bad in [
+            "",
+            "r",
+            "r/",
+            "/1a",
+            "r/1A",
+            "r/xyz",
+            "r/12345678901234567",
+            "a b/1",
+        ] {
+            assert!(!is_origin(bad), "{bad:?}");
+        }
     }
 
     #[test]

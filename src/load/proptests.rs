@@ -1,5 +1,5 @@
-//! Property tests: random interleavings of lifecycle calls over a few ids and workers
-//! never panic (aggregate underflow is a `debug_assert`), keep every aggregate equal to
+//! Property tests: random interleavings of lifecycle calls (and expiries) over a few
+//! ids and workers never panic (aggregate underflow is a `debug_assert`), keep every aggregate equal to
 //! the sum of the active requests' contributions, and return to all-zero once every
 //! request has left. The active-block shard is driven alongside, as the service would.
 
@@ -29,6 +29,8 @@ enum Op {
     Finish(usize),
     PrefillFailed(usize),
     RemoveWorker(WorkerSlot),
+    /// `expire(now, ttl)`.
+    Expire(u64, u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -58,6 +60,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => id.clone().prop_map(Op::Finish),
         1 => id.prop_map(Op::PrefillFailed),
         1 => w.prop_map(Op::RemoveWorker),
+        1 => (0..4_000u64, 0..2_000u64).prop_map(|(now, ttl)| Op::Expire(now, ttl)),
     ]
 }
 
@@ -196,6 +199,14 @@ fn run(ops: Vec<Op>, model: PrefillLoadModel, track_output_blocks: bool) {
                 }
                 assert!(t.agg(w).is_zero());
                 assert_eq!(shard.unique_blocks(w), 0);
+            }
+            Op::Expire(now, ttl) => {
+                for f in t.expire(now, ttl) {
+                    assert_eq!(f.reason, FinishReason::Expired);
+                    let i = IDS.iter().position(|&s| s == f.id).expect("known id");
+                    assert!(active.remove(&i), "expired once");
+                    undo(&mut shard, &f);
+                }
             }
         }
         check_consistent(&t, &active, predicted);

@@ -81,6 +81,8 @@ pub enum FinishReason {
     PrefillFailed,
     /// `remove_worker` on its decode worker.
     WorkerRemoved,
+    /// `expire`: no lifecycle call for the request TTL.
+    Expired,
 }
 
 /// A request that left the tracker: every contribution it made has been removed; the
@@ -162,11 +164,21 @@ pub struct CarriedRequest<W = WorkerSlot> {
     /// Time since prefill completed when carried (µs), if it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_token_age_us: Option<u64>,
+    /// Time since its last lifecycle call (or its routing) when carried (µs): a peer
+    /// that takes it over in a load sync expires it when the holder would
+    /// (`LoadTracker::expire`). Absent = 0 (a fresh route; snapshots do not save it,
+    /// so a restored request's TTL starts again at the restore).
+    #[serde(default, skip_serializing_if = "is_zero64")]
+    pub idle_us: u64,
     /// Routed to a worker the caller pinned ([`NewRequest::pinned`]): a peer admits
     /// its load but notes no prefix affinity for it. Left out when false, so a route
     /// of an older peer reads as not pinned.
     #[serde(default, skip_serializing_if = "is_false")]
     pub pinned: bool,
+    /// Routed by this process (not restored from a snapshot nor taken from a peer):
+    /// what a snapshot needs to tell its own proxy's requests apart. Never on the wire.
+    #[serde(skip)]
+    pub local: bool,
 }
 
 impl CarriedRequest {
@@ -185,7 +197,9 @@ impl CarriedRequest {
             output_tokens: 0,
             age_us: 0,
             first_token_age_us: None,
+            idle_us: 0,
             pinned: req.pinned,
+            local: true,
         }
     }
 }
@@ -215,7 +229,9 @@ impl<W> CarriedRequest<W> {
             output_tokens: self.output_tokens,
             age_us: self.age_us,
             first_token_age_us: self.first_token_age_us,
+            idle_us: self.idle_us,
             pinned: self.pinned,
+            local: self.local,
         })
     }
 }
@@ -248,6 +264,9 @@ pub(super) struct Req {
     pub hashes: Vec<u64>,
     pub osl: Option<u32>,
     pub routed_at_us: u64,
+    /// Its routing or its last lifecycle call (µs, the tracker's clock): it expires
+    /// `ttl` after this (`LoadTracker::expire`).
+    pub last_call_us: u64,
     /// Tie-break of equal routing times in the per-worker prefill order.
     pub seq: u64,
     /// Contributes prefill load to `prefill_slot()`.

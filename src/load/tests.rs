@@ -527,3 +527,60 @@ fn carried_requests_restore_the_same_load_and_finish_to_zero() {
         assert_all_zero(&u);
     }
 }
+
+#[test]
+fn idle_requests_expire_and_every_lifecycle_call_restarts_the_ttl() {
+    const TTL: u64 = 10_000;
+    let mut t = tracker();
+    // Routed at 1,000 µs (`req`).
+    t.on_route(req("quiet", 1, None, 100, 0)).unwrap();
+    t.on_route(req("streams", 2, Some(3), 64, 0)).unwrap();
+    t.on_route(req("keepalive", 4, None, 32, 0)).unwrap();
+    assert!(
+        t.expire(1_000 + TTL - 1, TTL).is_empty(),
+        "not before the TTL"
+    );
+    // Progress keeps a stream; a zero-token progress is a keep-alive.
+    t.on_first_token("streams", 8_000).unwrap();
+    t.on_progress("streams", 5, 9_000).unwrap();
+    t.on_progress("keepalive", 0, 9_500).unwrap();
+    let gone = t.expire(1_000 + TTL, TTL);
+    assert_eq!(gone.len(), 1);
+    let f = &gone[0];
+    assert_eq!((f.id.as_str(), f.reason), ("quiet", FinishReason::Expired));
+    assert_eq!(
+        f.hashes,
+        vec![100, 7, 9],
+        "handed back to clear active blocks"
+    );
+    assert!(t.agg(1).is_zero(), "its load is released");
+    assert_eq!(
+        t.on_finish("quiet", 12_000),
+        Err(LifecycleError::UnknownRequest)
+    );
+    // The others expire TTL after their last call, each exactly once, and their
+    // prefill load (still in prefill on worker 4) goes too.
+    assert_eq!(t.agg(4).prefill_requests, 1);
+    let gone = t.expire(9_500 + TTL, TTL);
+    assert_eq!(gone.len(), 2);
+    assert_all_zero(&t);
+    assert!(t.expire(u64::MAX, TTL).is_empty());
+}
+
+#[test]
+fn a_carried_request_keeps_its_idle_time() {
+    const TTL: u64 = 10_000;
+    let mut t = tracker();
+    t.on_route(req("r", 1, None, 64, 0)).unwrap();
+    let carried = t.carry(4_000);
+    assert_eq!(carried[0].idle_us, 3_000);
+    assert!(carried[0].local, "routed here");
+    // Taken over by another tracker whose clock reads 50,000: it expires when the
+    // holder's copy would, 7,000 µs later.
+    let mut peer = tracker();
+    peer.restore(carried[0].clone(), 50_000).unwrap();
+    assert!(!peer.carry(50_000)[0].local, "not routed there");
+    assert!(peer.expire(56_999, TTL).is_empty());
+    assert_eq!(peer.expire(57_000, TTL).len(), 1);
+    assert_all_zero(&peer);
+}

@@ -201,6 +201,7 @@ impl LoadTracker {
             hashes: r.hashes,
             osl: r.expected_output_tokens,
             routed_at_us: r.now_us,
+            last_call_us: r.now_us,
             seq: self.next_seq,
             in_prefill: true,
             first_token_us: None,
@@ -228,6 +229,7 @@ impl LoadTracker {
             .requests
             .get_mut(id)
             .ok_or(LifecycleError::UnknownRequest)?;
+        r.last_call_us = r.last_call_us.max(now_us);
         if !r.in_prefill {
             return Ok(false);
         }
@@ -245,7 +247,8 @@ impl LoadTracker {
     /// the last one are ignored (out-of-order notifications). A positive count implies
     /// the first token if it had not arrived (prefill load is released, but the
     /// predictor is not fed: the delay is only an upper bound of the prefill duration).
-    /// `output_tokens = 0` carries no information and changes nothing.
+    /// `output_tokens = 0` carries no information and changes nothing but the
+    /// request's TTL, which every lifecycle call restarts (a keep-alive).
     pub fn on_progress(
         &mut self,
         id: &str,
@@ -258,6 +261,7 @@ impl LoadTracker {
             .requests
             .get_mut(id)
             .ok_or(LifecycleError::UnknownRequest)?;
+        r.last_call_us = r.last_call_us.max(now_us);
         if output_tokens == 0 {
             return Ok(());
         }
@@ -326,9 +330,28 @@ impl LoadTracker {
                 output_tokens: r.output_tokens,
                 age_us: now_us.saturating_sub(r.routed_at_us),
                 first_token_age_us: r.first_token_us.map(|t| now_us.saturating_sub(t)),
+                idle_us: now_us.saturating_sub(r.last_call_us),
                 pinned: r.pinned,
+                local: !r.carried,
             })
             .collect()
+    }
+
+    /// Removes every request with no lifecycle call (nor routing) for `ttl_us` or more
+    /// at `now_us` (their caller is gone: nothing else would ever end them), releasing
+    /// every contribution as a finish does; their records come back with reason
+    /// `Expired`, in no particular order. O(active requests).
+    pub fn expire(&mut self, now_us: u64, ttl_us: u64) -> Vec<Finished> {
+        let gone: Vec<(String, Req)> = self
+            .requests
+            .extract_if(|_, r| now_us.saturating_sub(r.last_call_us) >= ttl_us)
+            .collect();
+        let mut out = Vec::with_capacity(gone.len());
+        for (id, r) in gone {
+            self.release(&r);
+            out.push(r.into_finished(id, FinishReason::Expired));
+        }
+        out
     }
 
     /// Re-admits a request carried across a restart, at `now_us` of the new clock: it
@@ -336,6 +359,7 @@ impl LoadTracker {
     /// its prompt blocks and output placeholder blocks on its decode worker), and later
     /// lifecycle calls treat it like any other. Routing times before the new clock's
     /// start are clamped to 0; under `predicted` its prefill gets a fresh prediction.
+    /// Its TTL runs from `now_us - idle_us`.
     pub fn restore(&mut self, c: CarriedRequest, now_us: u64) -> Result<(), LifecycleError> {
         check_id(&c.id)?;
         let slot = match self.requests.entry(c.id) {
@@ -353,6 +377,7 @@ impl LoadTracker {
             hashes: c.hashes,
             osl: c.expected_output_tokens,
             routed_at_us: now_us.saturating_sub(c.age_us),
+            last_call_us: now_us.saturating_sub(c.idle_us),
             seq: self.next_seq,
             in_prefill: c.in_prefill,
             first_token_us: c.first_token_age_us.map(|a| now_us.saturating_sub(a)),

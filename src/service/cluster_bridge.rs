@@ -89,6 +89,10 @@ pub struct ClusterMetrics {
     pub load_ops: Family<OutcomeLabel, Counter>,
     /// `[[engines]]` whose lease this replica holds (it ingests them).
     pub engine_leases: Gauge,
+    /// Messages refused by kind (record, registry, load, sync_request, sync_answer,
+    /// lease) and reason (missing_tag, bad_tag, origin, key, owner, stale,
+    /// undecodable): `cluster_auth`.
+    pub refused: Family<super::cluster_auth::RefusedLabel, Counter>,
 }
 
 impl ClusterMetrics {
@@ -124,6 +128,11 @@ impl ClusterMetrics {
             self.load_ops.clone(),
         );
         r.register(
+            "cluster_refused",
+            "Messages from NATS refused (bad or missing tag, foreign origin, ownership, replay) by kind and reason",
+            self.refused.clone(),
+        );
+        r.register(
             "cluster_engine_leases",
             "ZMQ engines whose lease this replica holds (it alone ingests them)",
             self.engine_leases.clone(),
@@ -147,6 +156,9 @@ impl ClusterMetrics {
 pub struct Cluster {
     /// This incarnation's origin tag: `replica_id/boot`.
     pub origin: String,
+    /// Seals what this replica publishes and opens what it receives
+    /// (`cluster.secret`; a pass-through when the tier runs unauthenticated).
+    pub sealer: crate::cluster::auth::Sealer,
     tx: crossbeam::channel::Sender<Out>,
     /// Load changes to publish (core NATS, batched); full = dropped and counted.
     pub(super) load_tx: crossbeam::channel::Sender<crate::cluster::load::LoadOp>,
@@ -168,6 +180,10 @@ pub struct Cluster {
     /// Per `[[engines]]` entry: this replica holds the engine's lease (it alone
     /// ingests and publishes that engine's batches; the others discard theirs).
     pub engine_leases: Box<[AtomicBool]>,
+    /// Requests of the previous incarnation's proxy, dropped at the restore
+    /// (`persist::drop_orphans`): finished on the peers too, and never taken back
+    /// from their load-sync answers.
+    pub orphans: std::collections::HashSet<String>,
 }
 
 /// The state dir file holding the stream sequence the snapshot beside it covers.
@@ -249,11 +265,25 @@ pub fn readyz(sh: &Shared) -> (bool, serde_json::Value) {
 
 /// Starts the bridge when `--cluster` is set: the NATS thread and the apply thread
 /// (both joined at shutdown through the returned handles).
-pub fn start(sh: &Arc<Shared>, restored: bool) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
+pub fn start(
+    sh: &Arc<Shared>,
+    restored: bool,
+    orphans: Vec<String>,
+) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
     let cfg = &sh.settings.cluster;
     if !cfg.enabled() {
         return Ok(Vec::new());
     }
+    let sealer = match cfg.resolve_secret()? {
+        Some(secret) => crate::cluster::auth::Sealer::new(secret.as_bytes(), &cfg.name),
+        None => {
+            eprintln!(
+                "kvroute: cluster: WARNING: unauthenticated (cluster.unauthenticated): \
+                 any client of the NATS server can forge records, registrations and load"
+            );
+            crate::cluster::auth::Sealer::unauthenticated()
+        }
+    };
     let replica = cfg.replica_id.clone().unwrap_or_else(default_replica_id);
     let boot = format!(
         "{:x}",
@@ -270,6 +300,7 @@ pub fn start(sh: &Arc<Shared>, restored: bool) -> Result<Vec<std::thread::JoinHa
     let (load_tx, load_rx) = crossbeam::channel::bounded(cfg.publish_buffer);
     let cluster = Arc::new(Cluster {
         origin: format!("{replica}/{boot}"),
+        sealer,
         tx,
         load_tx,
         wake: Arc::new(tokio::sync::Notify::new()),
@@ -287,10 +318,15 @@ pub fn start(sh: &Arc<Shared>, restored: bool) -> Result<Vec<std::thread::JoinHa
             .iter()
             .map(|_| AtomicBool::new(false))
             .collect(),
+        orphans: orphans.iter().cloned().collect(),
     });
     sh.metrics.cluster.state.set(0);
     if sh.cluster.set(cluster.clone()).is_err() {
         return Err("cluster bridge started twice".into());
+    }
+    // Sent once NATS is reached (the load publisher starts then).
+    for id in orphans {
+        publish_life(sh, super::msg::LifeOp::Finish, &id);
     }
     eprintln!(
         "kvroute: cluster {:?} via {}: replica {}, resuming the log after sequence {start_after}",

@@ -153,9 +153,11 @@ pub fn carried_ops(
         .collect()
 }
 
-/// Takes the peers' in-flight requests over: the ones missing here are admitted, and
-/// the ones held here (restored from a snapshot) that no peer holds any more ended
-/// while this replica was away, so they are released.
+/// Takes the peers' in-flight requests over: the ones missing here are admitted
+/// (except this replica's own orphans, `Cluster::orphans`: the peers may answer
+/// before they applied their finish), and the ones held here (restored from a
+/// snapshot) that no peer holds any more ended while this replica was away, so they
+/// are released.
 pub(super) fn load_sync(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
     use crate::cluster::load::LoadOp;
     let Some(mine) = carry_all(sh) else {
@@ -172,9 +174,10 @@ pub(super) fn load_sync(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
     for id in mine.iter().filter(|id| !theirs.contains(*id)) {
         apply_load(sh, vec![LoadOp::Finish { id: id.clone() }]);
     }
+    let orphan = |id: &str| sh.cluster.get().is_some_and(|c| c.orphans.contains(id));
     let missing: Vec<LoadOp> = ops
         .into_iter()
-        .filter(|o| matches!(o, LoadOp::Route(r) if !mine.contains(&r.id)))
+        .filter(|o| matches!(o, LoadOp::Route(r) if !mine.contains(&r.id) && !orphan(&r.id)))
         .collect();
     apply_load(sh, missing);
 }

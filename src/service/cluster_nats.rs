@@ -243,7 +243,7 @@ async fn main(
     // The fleet first, then the catch-up target: the apply thread handles both in
     // order, so the replica is ready only once it knows every registered worker.
     loop {
-        match registry_sync(&kv, &apply).await {
+        match registry_sync(&sh, &cl, &kv, &apply).await {
             Ok(()) => break,
             Err(e) => {
                 log(&format!("registry sync: {e}; retrying"));
@@ -289,7 +289,7 @@ async fn main(
         }
     };
     let sync = async {
-        let (ops, peers) = peers::sync_request(&client, &sync_subject, &cl.origin).await;
+        let (ops, peers) = peers::sync_request(&sh, &cl, &client, &sync_subject).await;
         let _ = apply.send(Apply::LoadSync { ops, peers }).await;
     };
     tokio::join!(
@@ -297,9 +297,9 @@ async fn main(
         sync,
         peers::sync_responder(&sh, &cl, &client, sync_sub),
         peers::load_publisher(&sh, &cl, &client, &load_subject, load_rx),
-        peers::load_subscriber(&cl, sub, &apply),
+        peers::load_subscriber(&sh, &cl, sub, &apply),
         publisher(&sh, &cl, &js, &kv, &names, rx),
-        consume(&sh, &stream, &kv, &names, start, &apply),
-        watch_registry(&kv, &apply),
+        consume(&sh, &cl, &stream, &kv, &names, start, &apply),
+        watch_registry(&sh, &cl, &kv, &apply),
     );
 }

@@ -2,10 +2,19 @@
 //! "kvroute-cluster", with `cluster_nats`): shared load on core NATS (batched
 //! publisher, subscriber), the start's load sync (request and responder), and the ZMQ
 //! engine leases in a KV bucket.
+//!
+//! Everything is sealed with the tier secret (`cluster::auth`): live load batches
+//! with their subject and a per-origin sequence (a replayed batch is refused), a
+//! load-sync request and its answers with the requester's inbox (so only a replica
+//! can make peers dump their requests, and answers to one request never count for
+//! another), a lease with its key (a lease held by a value that does not verify is
+//! taken over).
 
+use super::cluster_auth as auth;
 use super::cluster_bridge::{Apply, Cluster};
 use super::shared::Shared;
-use crate::cluster::load::{Batcher, LoadBatch, LoadOp};
+use crate::cluster::auth::Kind;
+use crate::cluster::load::{Batcher, LoadBatch, LoadOp, SeqGuard};
 use crate::cluster::names::{worker_key, Names};
 use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
@@ -36,6 +45,7 @@ pub(super) async fn load_publisher(
     let mut held: Option<LoadOp> = None;
     let t0 = std::time::Instant::now();
     let m = &sh.metrics.cluster;
+    let mut seq = 0u64;
     loop {
         while b.len() < crate::cluster::load::MAX_OPS {
             let Some(op) = held.take().or_else(|| rx.try_recv().ok()) else {
@@ -55,15 +65,17 @@ pub(super) async fn load_publisher(
                 m.load("dropped", n);
                 continue;
             }
+            seq += 1;
             let batch = LoadBatch {
                 origin: cl.origin.clone(),
+                seq,
                 ops,
                 more: false,
             };
-            match client
-                .publish(subject.to_string(), batch.encode().into())
-                .await
-            {
+            let sealed = cl
+                .sealer
+                .seal(Kind::Load, subject.as_bytes(), batch.encode());
+            match client.publish(subject.to_string(), sealed.into()).await {
                 Ok(()) => m.load("published", n),
                 Err(_) => m.load("dropped", n),
             }
@@ -81,16 +93,23 @@ pub(super) async fn load_publisher(
 /// answers until every answering peer has sent its last part and no new peer spoke
 /// for a moment (at most 10 s). Returns the ops and how many peers answered.
 pub(super) async fn sync_request(
+    sh: &Shared,
+    cl: &Cluster,
     client: &async_nats::Client,
     subject: &str,
-    origin: &str,
 ) -> (Vec<LoadOp>, usize) {
+    let origin = cl.origin.as_str();
     let inbox = client.new_inbox();
     let Ok(mut sub) = client.subscribe(inbox.clone()).await else {
         return (Vec::new(), 0);
     };
+    let request = cl.sealer.seal(
+        Kind::SyncRequest,
+        inbox.as_bytes(),
+        origin.as_bytes().to_vec(),
+    );
     if client
-        .publish_with_reply(subject.to_string(), inbox, origin.to_string().into())
+        .publish_with_reply(subject.to_string(), inbox.clone(), request.into())
         .await
         .is_err()
     {
@@ -109,10 +128,14 @@ pub(super) async fn sync_request(
         };
         match tokio::time::timeout_at(until, sub.next()).await {
             Ok(Some(m)) => {
-                let Ok(b) = LoadBatch::decode(&m.payload) else {
+                let Some(p) = auth::open(sh, cl, Kind::SyncAnswer, inbox.as_bytes(), &m.payload)
+                else {
                     continue;
                 };
-                if b.origin == origin {
+                let Ok(b) = LoadBatch::decode(p) else {
+                    continue;
+                };
+                if b.origin == origin || !auth::origin_ok(sh, Kind::SyncAnswer, &b.origin) {
                     continue;
                 }
                 open.insert(b.origin, b.more);
@@ -137,7 +160,11 @@ pub(super) async fn sync_responder(
         let Some(reply) = m.reply.clone() else {
             continue;
         };
-        if m.payload.as_ref() == cl.origin.as_bytes() {
+        let Some(asker) = auth::open(sh, cl, Kind::SyncRequest, reply.as_bytes(), &m.payload)
+        else {
+            continue;
+        };
+        if asker == cl.origin.as_bytes() {
             continue;
         }
         let s = sh.clone();
@@ -151,22 +178,36 @@ pub(super) async fn sync_responder(
         let Some(ops) = ops else { continue };
         let max = (client.server_info().max_payload / 2).clamp(1 << 12, 1 << 19);
         for part in crate::cluster::load::chunk(&cl.origin, ops, max) {
-            let _ = client.publish(reply.clone(), part.encode().into()).await;
+            let sealed = cl
+                .sealer
+                .seal(Kind::SyncAnswer, reply.as_bytes(), part.encode());
+            let _ = client.publish(reply.clone(), sealed.into()).await;
         }
     }
 }
 
-/// Peers' load changes, in arrival order, to the apply thread.
+/// Peers' load changes, in arrival order, to the apply thread: only sealed batches
+/// of a replica incarnation, each at most once ([`SeqGuard`]).
 pub(super) async fn load_subscriber(
+    sh: &Shared,
     cl: &Cluster,
     mut sub: async_nats::Subscriber,
     apply: &Sender<Apply>,
 ) {
+    let mut seqs = SeqGuard::new(4096);
     while let Some(msg) = sub.next().await {
-        let Ok(batch) = LoadBatch::decode(&msg.payload) else {
+        let Some(p) = auth::open(sh, cl, Kind::Load, msg.subject.as_bytes(), &msg.payload) else {
             continue;
         };
-        if batch.origin == cl.origin {
+        let Ok(batch) = LoadBatch::decode(p) else {
+            sh.metrics.cluster.load("undecodable", 1);
+            continue;
+        };
+        if batch.origin == cl.origin || !auth::origin_ok(sh, Kind::Load, &batch.origin) {
+            continue;
+        }
+        if !seqs.admit(&batch.origin, batch.seq) {
+            auth::refuse(sh, "load", "stale", &batch.origin);
             continue;
         }
         if apply.send(Apply::Load(batch.ops)).await.is_err() {
@@ -234,10 +275,19 @@ pub(super) async fn engine_leases(
     loop {
         for (i, w) in engines.iter().enumerate() {
             let key = worker_key(w);
-            let me: Bytes = cl.origin.clone().into();
+            let me: Bytes = cl
+                .sealer
+                .seal(Kind::Lease, key.as_bytes(), cl.origin.clone().into_bytes())
+                .into();
+            // Refused (another writer got there first): a replica's lease stands, a
+            // forged one is taken over at once.
             let r = match revs[i] {
-                Some(rev) => kv.update(&key, me, rev).await.ok(),
-                None => kv.create(&key, me).await.ok(),
+                Some(rev) => kv.update(&key, me.clone(), rev).await.ok(),
+                None => kv.create(&key, me.clone()).await.ok(),
+            };
+            let r = match r {
+                Some(rev) => Some(rev),
+                None => take_forged(sh, cl, &kv, &key, me).await,
             };
             // No answer from NATS decides nothing: while it is unreachable the holder
             // keeps ingesting locally (and buffering), a standby keeps waiting.
@@ -267,4 +317,28 @@ pub(super) async fn engine_leases(
         sh.metrics.cluster.engine_leases.set(held as i64);
         tokio::time::sleep(LEASE_REFRESH).await;
     }
+}
+
+/// A lease key that exists: if its value is not a sealed lease (a NATS client wrote
+/// it, to keep every replica from ingesting the engine), it is refused, counted, and
+/// taken over (a revision-checked update, so a replica's lease written meanwhile
+/// wins); if it is this replica's own (a refresh whose answer was lost), it is kept.
+/// `None` when another replica holds it, or on any NATS error.
+async fn take_forged(
+    sh: &Shared,
+    cl: &Cluster,
+    kv: &async_nats::jetstream::kv::Store,
+    key: &str,
+    me: Bytes,
+) -> Option<u64> {
+    let e = kv.entry(key).await.ok()??;
+    if e.operation == async_nats::jetstream::kv::Operation::Put {
+        match cl.sealer.open(Kind::Lease, key.as_bytes(), &e.value) {
+            Ok(holder) => return (holder == cl.origin.as_bytes()).then_some(e.revision),
+            Err(r) => auth::refuse(sh, "lease", r.label(), key),
+        }
+    } else {
+        auth::refuse(sh, "lease", "missing_tag", key);
+    }
+    kv.update(key, me, e.revision).await.ok()
 }

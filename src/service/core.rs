@@ -8,12 +8,13 @@
 //!
 //! The per-core operations live in submodules by concern: `index` (applying KV-event
 //! batches, forgetting a worker), `requests` (commit, lifecycle calls, active-block
-//! fan-out, replica calls) and `wait` (tasks waiting for replies).
+//! fan-out, replica calls, expiry) and `wait` (tasks waiting for replies).
 
 mod index;
 mod requests;
 mod wait;
 
+pub use requests::expiry_loop;
 pub use wait::WaitReply;
 
 use super::msg::{Msg, QueryAnswer, Reply, Retained, SpecAdd};

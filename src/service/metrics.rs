@@ -26,6 +26,11 @@ pub struct KindLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListenerLabel {
     pub listener: &'static str,
 }
@@ -109,6 +114,10 @@ pub struct Metrics {
     /// and queries other cores announced: `expected` (announcements received),
     /// `expect_expired` (announced queries that did not come within `answer_spin_us`).
     pub answer_waits: Family<KindLabel, Counter>,
+    /// In-flight requests that left without a finish: `ttl` (no lifecycle call for
+    /// `request_ttl_ms`), `restart` (restored from a snapshot, but routed by the dead
+    /// process's own proxy).
+    pub requests_expired: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -118,6 +127,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Counts `n` requests that expired for `reason` (`requests_expired`).
+    pub fn expired(&self, reason: &'static str, n: u64) {
+        self.requests_expired
+            .get_or_create(&ReasonLabel { reason })
+            .inc_by(n);
+    }
+
     pub fn new() -> Metrics {
         // 1 µs .. ~33 ms in powers of two.
         let buckets = (0..16).map(|i| 1e-6 * f64::from(1u32 << i));
@@ -164,6 +180,7 @@ impl Metrics {
             record_stopped: Gauge::default(),
             cluster: Default::default(),
             answer_waits: Family::default(),
+            requests_expired: Family::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -322,6 +339,11 @@ impl Metrics {
                 "index_budget_used",
                 "Index entries counted against max_index_entries",
                 m.index_budget_used.clone(),
+            );
+            r.register(
+                "requests_expired",
+                "In-flight requests ended without a finish: ttl (no lifecycle call for request_ttl_ms) or restart (their proxy died with the previous process)",
+                m.requests_expired.clone(),
             );
             r.register(
                 "speculative_blocks",

@@ -19,6 +19,7 @@ pub mod api;
 pub mod batch;
 pub mod blocking;
 pub mod claims;
+pub mod cluster_auth;
 pub mod cluster_bridge;
 pub mod cluster_load;
 pub mod cluster_nats;
@@ -201,6 +202,15 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         };
         eprintln!("kvroute: tokenizer for model {m:?}: {how}");
     }
+    if !crate::proxy::config::is_off(&settings.proxy_addr)
+        && settings.request_ttl_ms < settings.proxy.request_timeout_ms
+    {
+        eprintln!(
+            "kvroute: warning: request_ttl_ms ({}) is below proxy request_timeout_ms ({}): \
+             a non-streamed proxied request waiting that long for its answer expires first",
+            settings.request_ttl_ms, settings.proxy.request_timeout_ms
+        );
+    }
     let token = settings.resolve_token()?;
     let worker_tokens = match &settings.worker_tokens_file {
         Some(path) => crate::credentials::load_worker_tokens(path, token.as_deref())?,
@@ -246,7 +256,6 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         saved: Vec::new(),
         requests: Vec::new(),
     });
-    let requests = Arc::new(requests);
     shards.resize_with(cores, crate::index::IndexShard::new);
     // A restored worker that was on the event protocol stays owned by it; others may be
     // claimed by the first registration (e.g. their `[[engines]]` entry at start).
@@ -286,8 +295,10 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             c.last_seen_ms.store(0, Ordering::Release);
         }
     }
+    let (requests, orphans) = persist::drop_orphans(&shared, requests);
+    let requests = Arc::new(requests);
     // Before the cores accept anything, so every accepted event is published.
-    let cluster_threads = cluster_bridge::start(&shared, restored_state)?;
+    let cluster_threads = cluster_bridge::start(&shared, restored_state, orphans)?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let mut handles = Vec::new();
     let mut first_err = None;
@@ -348,6 +359,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             if id == 0 {
                 glommio::spawn_local(status::sample_loop(core.clone())).detach();
             }
+            glommio::spawn_local(self::core::expiry_loop(core.clone())).detach();
             run_loop::run(core, bell).await;
         });
         match spawned {

@@ -11,6 +11,9 @@
 //! every restored request to its shard of the active-block index, and the request's
 //! owner under the new core count (`Shared::owner_of`) re-admits it into its tracker,
 //! so a restart with another `--cores` works; the load board is then republished.
+//! Requests the previous process's own proxy was serving are not re-admitted
+//! ([`drop_orphans`]): their connections died with it. The others' TTL
+//! (`request_ttl_ms`) starts again at the restore.
 //!
 //! Restore is all or nothing (`snapshot::check` first, then every entry must land in
 //! its shard): any problem stops the start with a message naming it. Snapshot outcomes
@@ -63,12 +66,34 @@ pub fn dump(core: &Core) -> ShardDump {
                 mode: r.mode,
             });
             SavedRequest {
+                proxied_here: c.local && crate::ids::is_proxy_id(&c.id),
                 request: c,
                 reroute,
             }
         })
         .collect();
     ShardDump { entries, requests }
+}
+
+/// Splits the restored requests: those the previous process's own proxy was serving
+/// (`SavedRequest::proxied_here`) are orphans, since their client and upstream
+/// connections ended with that process and nobody will ever finish them; they are
+/// not re-admitted but counted (`kvroute_requests_expired_total{reason="restart"}`)
+/// and logged, and their ids returned (with `--cluster` the peers, which hold them
+/// too, are told they finished). The rest is re-admitted.
+pub fn drop_orphans(sh: &Shared, restored: Vec<Restored>) -> (Vec<Restored>, Vec<String>) {
+    let (orphans, kept): (Vec<Restored>, Vec<Restored>) =
+        restored.into_iter().partition(|r| r.proxied_here);
+    let ids: Vec<String> = orphans.into_iter().map(|r| r.request.id).collect();
+    if let Some(first) = ids.first() {
+        sh.metrics.expired("restart", ids.len() as u64);
+        eprintln!(
+            "kvroute: {} restored in-flight request(s) of the previous process's proxy \
+             not re-admitted (their streams ended with it; e.g. {first:?}); their load is released",
+            ids.len()
+        );
+    }
+    (kept, ids)
 }
 
 /// Re-admits restored requests on `core` before it serves anything: active blocks of

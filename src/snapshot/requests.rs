@@ -4,7 +4,8 @@
 //! Per request (little-endian): id (u16 length + UTF-8), u32 decode worker (index into
 //! the snapshot's workers), u32 prefill worker (`u32::MAX` = none), u32 input tokens,
 //! u32 cached tokens, u32 prompt blocks, u8 flags (1 in prefill, 2 has OSL, 4 has first
-//! token, 8 has re-route inputs; other bits are corrupt), u32 output tokens, u64 age
+//! token, 8 has re-route inputs, 16 routed by the writing router's own proxy; other
+//! bits are corrupt), u32 output tokens, u64 age
 //! µs, then if flagged: u32 OSL, u64 first-token age µs, u32 length + JSON
 //! `{"filters", "mode"}`; last u32 hash count + the hashes as u64.
 
@@ -22,6 +23,10 @@ pub struct SavedRequest<W = u32> {
     pub request: CarriedRequest<W>,
     /// Disaggregated requests: what a prefill failure needs to re-route decode-only.
     pub reroute: Option<SavedReroute>,
+    /// Routed by the OpenAI proxy of the router that wrote the snapshot: its client
+    /// and upstream connections live in that process only, so a restart leaves
+    /// nobody to end it (`service::persist::drop_orphans`).
+    pub proxied_here: bool,
 }
 
 impl<W> SavedRequest<W> {
@@ -30,6 +35,7 @@ impl<W> SavedRequest<W> {
         Some(SavedRequest {
             request: self.request.map_workers(name)?,
             reroute: self.reroute,
+            proxied_here: self.proxied_here,
         })
     }
 }
@@ -90,6 +96,7 @@ const FLAG_IN_PREFILL: u8 = 1;
 const FLAG_OSL: u8 = 2;
 const FLAG_FIRST_TOKEN: u8 = 4;
 const FLAG_REROUTE: u8 = 8;
+const FLAG_PROXIED_HERE: u8 = 16;
 const NO_WORKER: u32 = u32::MAX;
 
 impl SavedRequest {
@@ -118,6 +125,7 @@ impl SavedRequest {
             (r.expected_output_tokens.is_some(), FLAG_OSL),
             (r.first_token_age_us.is_some(), FLAG_FIRST_TOKEN),
             (reroute.is_some(), FLAG_REROUTE),
+            (self.proxied_here, FLAG_PROXIED_HERE),
         ] {
             if on {
                 flags |= f;
@@ -162,7 +170,9 @@ impl SavedRequest {
         };
         let (input_tokens, cached_tokens, prompt_blocks) = (r.u32()?, r.u32()?, r.u32()?);
         let flags = r.u8()?;
-        if flags & !(FLAG_IN_PREFILL | FLAG_OSL | FLAG_FIRST_TOKEN | FLAG_REROUTE) != 0 {
+        let known =
+            FLAG_IN_PREFILL | FLAG_OSL | FLAG_FIRST_TOKEN | FLAG_REROUTE | FLAG_PROXIED_HERE;
+        if flags & !known != 0 {
             return Err(bad("request flags"));
         }
         let output_tokens = r.u32()?;
@@ -200,7 +210,13 @@ impl SavedRequest {
             // Not in the snapshot format: a restored request counts as routed, which
             // only matters if a peer load-syncs it (it then notes its prefix).
             pinned: false,
+            idle_us: 0,
+            local: false,
         };
-        Ok(SavedRequest { request, reroute })
+        Ok(SavedRequest {
+            request,
+            reroute,
+            proxied_here: flags & FLAG_PROXIED_HERE != 0,
+        })
     }
 }

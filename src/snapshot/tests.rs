@@ -38,6 +38,8 @@ fn sample() -> Snapshot {
                     age_us: 1234,
                     first_token_age_us: None,
                     pinned: false,
+                    idle_us: 0,
+                    local: false,
                 },
                 reroute: Some(SavedReroute {
                     filters: crate::select::Filters {
@@ -46,6 +48,7 @@ fn sample() -> Snapshot {
                     },
                     mode: crate::config::Mode::Kv,
                 }),
+                proxied_here: false,
             },
             SavedRequest {
                 request: CarriedRequest {
@@ -62,8 +65,11 @@ fn sample() -> Snapshot {
                     age_us: 0,
                     first_token_age_us: Some(9),
                     pinned: false,
+                    idle_us: 0,
+                    local: false,
                 },
                 reroute: None,
+                proxied_here: true,
             },
         ],
     }
@@ -317,7 +323,7 @@ fn request_bytes_are_pinned() {
         "0a000000",         // 10 input tokens
         "00000000",         // none cached
         "01000000",         // 1 prompt block
-        "04",               // first token
+        "14",               // first token | proxied here
         "11000000",         // 17 output tokens
         "0000000000000000", // age 0
         "0900000000000000", // first token 9 µs ago

@@ -117,6 +117,13 @@ impl Server {
             // A short drain, so a test that ends with a stream in flight stops fast;
             // tests of the drain give `--proxy-drain-ms`, which wins over the env.
             .env("KVROUTE_PROXY_DRAIN_MS", "1000")
+            // Replicas (`--cluster`) need a tier secret: every test replica gets the
+            // same one (a `--cluster-secret` flag wins; none for a replica started
+            // `--cluster-unauthenticated`); ignored without `--cluster`.
+            .envs(
+                (!extra.contains(&"--cluster-unauthenticated"))
+                    .then_some(("KVROUTE_CLUSTER_SECRET", cluster::TEST_SECRET)),
+            )
             .stdout(Stdio::null())
             .stderr(if capture {
                 Stdio::piped()

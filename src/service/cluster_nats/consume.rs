@@ -5,24 +5,28 @@
 //! Guarantees: records reach the apply thread in stream order, each sequence at most
 //! once, from the sequence after the restored snapshot's (or the start); after any
 //! error (NATS restart) the consumer is re-created from the next sequence. A record
-//! of a worker this replica does not know yet is preceded by its KV registration. An
-//! undecodable record is counted and skipped, never applied.
+//! of a worker this replica does not know yet is preceded by its KV registration.
+//! Nothing is applied unless its tag verifies (`service::cluster_auth`); an
+//! undecodable, unsealed or foreign record is counted and skipped.
 
 use super::log;
-use crate::cluster::names::{worker_id_of_key, worker_key, Names};
+use crate::cluster::auth::Kind;
+use crate::cluster::names::{worker_key, Names};
 use crate::cluster::wire::EventRecord;
-use crate::service::cluster_bridge::Apply;
+use crate::service::cluster_auth::{self as auth, registry_delete, registry_item};
+use crate::service::cluster_bridge::{Apply, Cluster};
 use crate::service::shared::Shared;
 use async_nats::jetstream::{consumer, kv, stream};
 use futures_lite::StreamExt;
 use std::time::Duration;
 use tokio::sync::mpsc::Sender;
 
-fn parse_spec(v: &[u8]) -> Option<crate::types::WorkerSpec> {
-    serde_json::from_slice(v).ok()
-}
-
-pub(super) async fn registry_sync(kv: &kv::Store, apply: &Sender<Apply>) -> Result<(), String> {
+pub(super) async fn registry_sync(
+    sh: &Shared,
+    cl: &Cluster,
+    kv: &kv::Store,
+    apply: &Sender<Apply>,
+) -> Result<(), String> {
     let mut keys = kv.keys().await.map_err(|e| e.to_string())?;
     let mut all = Vec::new();
     while let Some(k) = keys.next().await {
@@ -30,24 +34,29 @@ pub(super) async fn registry_sync(kv: &kv::Store, apply: &Sender<Apply>) -> Resu
     }
     for k in all {
         if let Some(v) = kv.get(&k).await.map_err(|e| e.to_string())? {
-            if let Some(spec) = parse_spec(&v) {
-                let _ = apply.send(Apply::Worker(spec)).await;
+            if let Some(item) = registry_item(sh, cl, &k, &v) {
+                let _ = apply.send(item).await;
             }
         }
     }
     Ok(())
 }
 
-pub(super) async fn watch_registry(kv: &kv::Store, apply: &Sender<Apply>) {
+pub(super) async fn watch_registry(
+    sh: &Shared,
+    cl: &Cluster,
+    kv: &kv::Store,
+    apply: &Sender<Apply>,
+) {
     loop {
         match kv.watch_all().await {
             Ok(mut w) => {
                 while let Some(e) = w.next().await {
                     let Ok(e) = e else { break };
                     let item = match e.operation {
-                        kv::Operation::Put => parse_spec(&e.value).map(Apply::Worker),
+                        kv::Operation::Put => registry_item(sh, cl, &e.key, &e.value),
                         kv::Operation::Delete | kv::Operation::Purge => {
-                            worker_id_of_key(&e.key).map(Apply::Removed)
+                            registry_delete(sh, cl, &e.key)
                         }
                     };
                     if let Some(item) = item {
@@ -65,6 +74,7 @@ pub(super) async fn watch_registry(kv: &kv::Store, apply: &Sender<Apply>) {
 
 pub(super) async fn consume(
     sh: &Shared,
+    cl: &Cluster,
     stream: &stream::Stream,
     kv: &kv::Store,
     names: &Names,
@@ -120,18 +130,24 @@ pub(super) async fn consume(
                 continue;
             }
             next = seq + 1;
-            let item = match EventRecord::decode(&m.payload) {
-                Ok(rec) => {
+            let opened = auth::open(sh, cl, Kind::Record, b"", &m.payload);
+            let item = match opened.map(EventRecord::decode) {
+                None => Apply::Skip { seq },
+                Some(Ok(rec)) if !auth::origin_ok(sh, Kind::Record, &rec.origin) => {
+                    Apply::Skip { seq }
+                }
+                Some(Ok(rec)) => {
                     if sh.registry.load().slot(&rec.worker).is_none() {
-                        if let Ok(Some(v)) = kv.get(worker_key(&rec.worker)).await {
-                            if let Some(spec) = parse_spec(&v) {
-                                let _ = apply.send(Apply::Worker(spec)).await;
+                        let key = worker_key(&rec.worker);
+                        if let Ok(Some(v)) = kv.get(&key).await {
+                            if let Some(item) = registry_item(sh, cl, &key, &v) {
+                                let _ = apply.send(item).await;
                             }
                         }
                     }
                     Apply::Record { seq, rec }
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     sh.metrics.cluster.record("undecodable", 1);
                     log(&format!("record {seq}: {e}; skipped"));
                     Apply::Skip { seq }

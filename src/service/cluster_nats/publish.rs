@@ -1,6 +1,7 @@
 //! The publisher task of the cluster bridge: drains the publish buffer in order. Event
 //! records go to `kvroute.NAME.events.WORKER` with a `Nats-Msg-Id` of
-//! `origin.worker.seq`, registrations to the KV bucket.
+//! `origin.worker.seq`, registrations and removals (sealed tombstones, not KV deletes)
+//! to the KV bucket; every one sealed with the tier secret (`cluster::auth`).
 //!
 //! Guarantees: each record's sequence is assigned once, so a retried publish carries
 //! the same id and JetStream deduplicates it; a failure retries from the first
@@ -9,7 +10,8 @@
 //! degraded while publishing fails.
 
 use super::log;
-use crate::cluster::names::{worker_key, Names};
+use crate::cluster::auth::Kind;
+use crate::cluster::names::Names;
 use crate::cluster::wire::EventRecord;
 use crate::service::cluster_bridge::{Cluster, Out};
 use crate::service::shared::Shared;
@@ -30,9 +32,6 @@ enum Job {
         key: String,
         value: Bytes,
     },
-    Delete {
-        key: String,
-    },
 }
 
 pub(super) async fn publisher(
@@ -50,6 +49,10 @@ pub(super) async fn publisher(
     loop {
         while queue.len() < 512 {
             let Ok(out) = rx.try_recv() else { break };
+            if let Some((key, value)) = crate::service::cluster_auth::registry_value(sh, cl, &out) {
+                queue.push_back(Job::Put { key, value });
+                continue;
+            }
             queue.push_back(match out {
                 Out::Events { worker, ops } => {
                     let seq = seqs.entry(worker.clone()).or_insert(0);
@@ -63,16 +66,11 @@ pub(super) async fn publisher(
                     Job::Publish {
                         subject: names.event_subject(&rec.worker),
                         id: format!("{}.{}.{}", rec.origin, rec.worker, rec.seq),
-                        payload: rec.encode().into(),
+                        payload: cl.sealer.seal(Kind::Record, b"", rec.encode()).into(),
                     }
                 }
-                Out::Worker(spec) => Job::Put {
-                    key: worker_key(&spec.id),
-                    value: serde_json::to_vec(&spec).unwrap_or_default().into(),
-                },
-                Out::Removed(id) => Job::Delete {
-                    key: worker_key(&id),
-                },
+                // Registry changes were queued above.
+                Out::Worker(_) | Out::Removed(_) => continue,
             });
         }
         m.publish_backlog.set((queue.len() + rx.len()) as i64);
@@ -84,11 +82,6 @@ pub(super) async fn publisher(
         let ok = match queue.front() {
             Some(Job::Put { key, value }) => kv
                 .put(key, value.clone())
-                .await
-                .map(|_| 1)
-                .map_err(|e| (0, e.to_string())),
-            Some(Job::Delete { key }) => kv
-                .delete(key)
                 .await
                 .map(|_| 1)
                 .map_err(|e| (0, e.to_string())),

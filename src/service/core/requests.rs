@@ -1,19 +1,43 @@
 //! Requests on one core: committing a routed request, lifecycle calls (first token,
 //! progress, finish, prefill failure), the active-block updates they fan out to every
-//! shard, the `--record` trace offer, and a peer replica's routing / lifecycle calls
-//! (`--cluster`).
+//! shard, the `--record` trace offer, a peer replica's routing / lifecycle calls
+//! (`--cluster`), and the expiry of requests nobody calls about (`request_ttl_ms`).
 //!
 //! Guarantees: a request's active blocks are added on every shard when it is committed
-//! and removed on every shard when it ends, exactly once; a lifecycle call for a request
-//! that does not live on this core answers `UnknownRequest` without side effects; a
-//! replica's calls are applied but never published again.
+//! and removed on every shard when it ends (finish, prefill failure or expiry), exactly
+//! once; a lifecycle call for a request that does not live on this core answers
+//! `UnknownRequest` without side effects; a replica's calls are applied but never
+//! published again; a request with no lifecycle call for `request_ttl_ms` leaves within
+//! about an eighth of that more ([`expiry_loop`]), counted and logged.
 
 use super::Core;
 use crate::engine::EngineError;
 use crate::load::{LifecycleError, NewRequest};
 use crate::service::msg::{LifeOp, LifeOutcome, Msg, Retained, SpecAdd};
 use crate::types::WorkerSlot;
+use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// Runs [`Core::expire_idle`] every eighth of `request_ttl_ms` (50 ms to 5 s) until
+/// shutdown.
+pub async fn expiry_loop(core: Rc<Core>) {
+    let ttl = core.shared.settings.request_ttl_ms;
+    let every = Duration::from_millis((ttl / 8).clamp(50, 5_000));
+    loop {
+        glommio::timer::sleep(every).await;
+        if core
+            .shared
+            .stopping
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        if core.expire_idle() > 0 {
+            core.after_local();
+        }
+    }
+}
 
 impl Core {
     pub(super) fn commit(
@@ -224,6 +248,52 @@ impl Core {
             ))),
             _ => Ok(LifeOutcome::Done),
         }
+    }
+
+    /// Ends this core's requests with no lifecycle call for `request_ttl_ms`
+    /// (`LoadTracker::expire`): their load and active blocks are released as a finish
+    /// releases them (the trace records nothing: they did not finish), their ids are
+    /// free again, and they are counted (`kvroute_requests_expired_total{reason="ttl"}`)
+    /// and logged. Not published to peer replicas: each replica expires its own copy
+    /// on the same lifecycle calls, and one that missed calls must not end a live
+    /// request on the others. Returns how many expired.
+    pub fn expire_idle(&self) -> usize {
+        let sh = &self.shared;
+        let now = sh.now_us();
+        let ttl_ms = sh.settings.request_ttl_ms;
+        let gone = {
+            let mut st = self.st.borrow_mut();
+            let gone = st.tracker.expire(now, ttl_ms.saturating_mul(1000));
+            for f in &gone {
+                st.retained.remove(&f.id);
+                st.mark(f.decode_worker);
+                if let Some(p) = f.prefill_worker {
+                    st.mark(p);
+                }
+            }
+            gone
+        };
+        for f in &gone {
+            self.unregister(&f.id);
+            let spec = SpecAdd {
+                slot: f.prefill_worker.unwrap_or(f.decode_worker),
+                from: 0,
+                now_us: now,
+            };
+            let hashes: Arc<[u64]> = Arc::from(f.hashes.as_slice());
+            self.broadcast_active(f.decode_worker, false, hashes, Some(spec));
+        }
+        if let Some(f) = gone.first() {
+            sh.metrics.expired("ttl", gone.len() as u64);
+            eprintln!(
+                "kvroute: expired {} in-flight request(s) on core {} with no lifecycle call \
+                 for request_ttl_ms ({ttl_ms} ms; e.g. {:?}); their load is released",
+                gone.len(),
+                self.id,
+                f.id
+            );
+        }
+        gone.len()
     }
 
     /// `--record`: offers the ended request to the trace writer (never blocks).
