@@ -138,7 +138,8 @@ pub struct ServeArgs {
     /// Most block hashes a shard applies between two looks at its routing queue.
     #[arg(long, env = "KVROUTE_INGEST_SLICE_HASHES")]
     pub ingest_slice_hashes: Option<usize>,
-    /// Pin executor N to CPU N (`false`: leave placement to the kernel).
+    /// Pin executor N to the Nth CPU of the affinity mask (`false`: leave placement to
+    /// the kernel).
     #[arg(long, env = "KVROUTE_PIN_CORES")]
     pub pin_cores: Option<bool>,
     /// Tokenize prompts by the lean walk of each tokenizer's pipeline where it is

@@ -139,7 +139,8 @@ pub struct Settings {
     pub ingest_slice_hashes: usize,
     /// Router replicas on NATS JetStream (`[cluster]`, `crate::cluster`). Default off.
     pub cluster: crate::cluster::config::ClusterSettings,
-    /// Pin executor N to CPU N (`Placement::Fixed`). `false` leaves the cores' threads
+    /// Pin executor N to the Nth CPU of the process's affinity mask (a cgroup cpuset,
+    /// `taskset`), wrapping around it (`service::pinning`). `false` leaves the cores' threads
     /// to the kernel's scheduler (`Placement::Unbound`): on a machine whose CPUs the
     /// router shares (with its workers, clients, other services) a pinned core must
     /// wait for its one CPU while another process runs there, even with the other CPU

@@ -27,6 +27,7 @@ pub mod conn;
 pub mod conn_slot;
 pub mod control;
 pub mod core;
+pub mod core_start;
 pub mod errors;
 pub mod http;
 pub mod http_clock;
@@ -38,6 +39,8 @@ pub mod listeners;
 pub mod metrics;
 pub mod msg;
 pub mod persist;
+pub mod pinning;
+pub mod preflight;
 pub mod recorder;
 pub mod router;
 pub mod run_loop;
@@ -189,6 +192,9 @@ impl Running {
 /// Starts the service and returns once every core listens.
 pub fn start(mut settings: Settings) -> Result<Running, String> {
     settings.validate()?;
+    // Before anything else: what the executors need from the kernel and the limits
+    // (a refusal is one line naming the fix, not a panic inside glommio).
+    preflight::check()?;
     // Before anything is bound: a missing or broken tokenizer directory stops the start.
     let tokenizers = Arc::new(crate::tokenize::Tokenizers::from_settings(&settings)?);
     for m in tokenizers.models() {
@@ -228,7 +234,6 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         settings.proxy_addr = l.addr()?.to_string();
         Some(l)
     };
-    raise_memlock();
     let cores = effective_cores(settings.cores);
     let (shard_bits, replicated) = Shared::layout(&settings, cores);
     let limits = settings.limits.clone();
@@ -286,36 +291,36 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             c.last_seen_ms.store(0, Ordering::Release);
         }
     }
+    let allowed = pinning::allowed_cpus();
+    let cpus = pinning::plan(cores, shared.settings.pin_cores, &allowed);
+    eprintln!("kvroute: {}", pinning::describe(&cpus, &allowed));
+    let mut placements = pinning::placements(&cpus)?.into_iter();
     // Before the cores accept anything, so every accepted event is published.
     let cluster_threads = cluster_bridge::start(&shared, restored_state)?;
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let reports = core_start::Reports::default();
     let mut handles = Vec::new();
     let mut first_err = None;
     for ((id, bell), shard) in doorbells.into_iter().enumerate().zip(shards) {
         let sh = shared.clone();
-        let ready = ready_tx.clone();
+        let ready = reports.guard(id);
         let requests = requests.clone();
         let spin = sh.settings.spin_before_park_us;
         let mine = match bound.for_core() {
             Ok(l) => l,
             Err(e) => {
-                first_err = Some(e);
+                first_err = Some(format!("core {id} did not start: {e}"));
                 break;
             }
         };
         let proxy_mine = match proxy_l.as_ref().map(|l| l.for_core()).transpose() {
             Ok(l) => l,
             Err(e) => {
-                first_err = Some(e);
+                first_err = Some(format!("core {id} did not start: {e}"));
                 break;
             }
         };
         // `pin_cores = false`: the kernel may run a core wherever a CPU is free.
-        let placement = if sh.settings.pin_cores {
-            Placement::Fixed(id % num_cpus())
-        } else {
-            Placement::Unbound
-        };
+        let placement = placements.next().unwrap_or(Placement::Unbound);
         // The core's blocking thread (long prompts' tokenization, the status page's
         // snapshot) is left to the scheduler: pinned next to its core (glommio's
         // default for a fixed placement) it would only take turns with it.
@@ -331,7 +336,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             persist::restore_requests(&core, &requests);
             drop(requests);
             let (ev, api_l, http_l) = mine.into_glommio();
-            let _ = ready.send(Ok(()));
+            ready.started();
             glommio::spawn_local(accept_loop(core.clone(), ev, "events", ingest::serve)).detach();
             glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::serve)).detach();
             glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http)).detach();
@@ -353,24 +358,15 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         match spawned {
             Ok(h) => handles.push(h),
             Err(e) => {
-                first_err = Some(format!(
-                    "cannot start executor {id}: {e} (kvroute needs io_uring: Linux >= 5.8 with io_uring enabled, and RLIMIT_MEMLOCK >= 512 KiB)"
-                ));
+                first_err = Some(format!("core {id} did not start: {e}"));
                 break;
             }
         }
     }
-    drop(ready_tx);
-    for _ in 0..handles.len() {
-        match ready_rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                first_err.get_or_insert(e);
-            }
-            Err(_) => {
-                first_err.get_or_insert("a core did not start".into());
-            }
-        }
+    // The cores that were spawned report (a failed one with its error) even when a
+    // later one could not be spawned, so every started core is stopped below.
+    if let Err(e) = reports.wait(&mut handles, core_start::TIMEOUT) {
+        first_err.get_or_insert(e);
     }
     let mut running = Running {
         shared,
@@ -395,12 +391,6 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     }
     running.engines.extend(zmq_ingest::start(&running.shared));
     Ok(running)
-}
-
-fn num_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
 }
 
 /// Accepts connections until shutdown. Each listener on each core has a slot table
