@@ -7,110 +7,12 @@
 //! (`pre_exec`), so no container is needed; CI also runs the image under podman's
 //! default profile (`.ci/container`).
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use common::run::{serve, Run, BIN};
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_kvroute");
-
-/// `kvroute serve` on free loopback ports (port 0) with `extra` flags.
-fn serve(extra: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.args([
-        "serve",
-        "--events-addr",
-        "127.0.0.1:0",
-        "--api-addr",
-        "127.0.0.1:0",
-    ])
-    .args(["--http-addr", "127.0.0.1:0", "--proxy-addr", "127.0.0.1:0"])
-    .args(extra);
-    c
-}
-
-/// A child whose stdout and stderr lines are collected as they come.
-struct Run {
-    child: Child,
-    out: Arc<Mutex<Vec<String>>>,
-    err: Arc<Mutex<Vec<String>>>,
-}
-
-impl Run {
-    fn spawn(mut c: Command) -> Run {
-        let mut child = c
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn kvroute");
-        let collect = |r: Box<dyn std::io::Read + Send>| {
-            let lines = Arc::new(Mutex::new(Vec::new()));
-            let l = lines.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(r).lines().map_while(Result::ok) {
-                    eprintln!("[kvroute] {line}");
-                    l.lock().unwrap().push(line);
-                }
-            });
-            lines
-        };
-        let out = collect(Box::new(child.stdout.take().unwrap()));
-        let err = collect(Box::new(child.stderr.take().unwrap()));
-        Run { child, out, err }
-    }
-
-    fn stderr(&self) -> Vec<String> {
-        self.err.lock().unwrap().clone()
-    }
-
-    /// Until the process exits (`Some`) or prints its listening line (`None`), within
-    /// `within`.
-    fn exit_or_listen(&mut self, within: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                // Let the readers drain the pipes.
-                std::thread::sleep(Duration::from_millis(50));
-                return Some(st);
-            }
-            if self
-                .out
-                .lock()
-                .unwrap()
-                .iter()
-                .any(|l| l.contains("listening"))
-            {
-                return None;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "kvroute neither started nor exited within {within:?}: {:?}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// SIGTERM, and the exit status within 10 s.
-    fn stop(&mut self) -> ExitStatus {
-        kvroute::process::sigterm(&self.child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return st;
-            }
-            assert!(Instant::now() < deadline, "kvroute did not stop at SIGTERM");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        kvroute::process::terminate(&mut self.child, Duration::from_secs(5));
-    }
-}
 
 /// Asserts a refused start: exit code 2 within `within`, no panic, and a last line
 /// starting `kvroute:` that contains every one of `needles`.
@@ -267,12 +169,14 @@ fn a_locked_memory_limit_below_512_kib_exits_2_naming_the_fix() {
 }
 
 /// With a file-descriptor limit just too low, some core cannot build its executor
-/// while the others can: every limit from too few to enough must end in a start or in
-/// exit 2 with one line naming the core, never a panic or a hang; the cores that did
-/// start are stopped with the process.
+/// while the other can: every limit from too few to enough must end in a start or in
+/// exit 2 with one line naming the core, never a panic or a hang; the core that did
+/// start is stopped with the process.
 #[test]
 fn a_core_that_cannot_start_is_named_and_the_started_cores_stop() {
-    let mut named_core_1 = false;
+    // Limits at which one core failed while the other had started (which core loses
+    // the race for the last descriptors varies).
+    let mut one_failed = Vec::new();
     let mut started_in_a_row = 0;
     for limit in 12u64..=96 {
         let mut c = serve(&["--cores", "2", "--pin-cores", "false"]);
@@ -291,7 +195,7 @@ fn a_core_that_cannot_start_is_named_and_the_started_cores_stop() {
         }
         let t0 = Instant::now();
         let mut r = Run::spawn(c);
-        match r.exit_or_listen(Duration::from_secs(10)) {
+        match r.exit_or_listen(Duration::from_secs(20)) {
             None => {
                 assert_eq!(r.stop().code(), Some(0), "limit {limit}: {:?}", r.stderr());
                 started_in_a_row += 1;
@@ -303,18 +207,28 @@ fn a_core_that_cannot_start_is_named_and_the_started_cores_stop() {
                 started_in_a_row = 0;
                 let err = r.stderr();
                 assert_eq!(st.code(), Some(2), "limit {limit}: {err:?}");
-                assert!(t0.elapsed() < Duration::from_secs(5), "limit {limit}");
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "limit {limit}: {:?}",
+                    t0.elapsed()
+                );
                 assert!(!err.iter().any(|l| l.contains("panicked")), "{err:?}");
                 let last = err.last().cloned().unwrap_or_default();
                 assert!(last.starts_with("kvroute: "), "limit {limit}: {err:?}");
-                named_core_1 |= last.contains("core 1 did not start");
+                // An executor that could not be built (not a listener that could not
+                // be handed to a core before its executor was spawned).
+                let executor = !last.contains("dup listener");
+                if last.contains(" did not start: ") && executor && !last.contains("more core(s)") {
+                    one_failed.push((limit, last));
+                }
             }
         }
     }
     assert_eq!(started_in_a_row, 3, "kvroute never started");
+    eprintln!("one core failed, the other stopped: {one_failed:?}");
     assert!(
-        named_core_1,
-        "no limit made core 1 fail after core 0 started"
+        one_failed.iter().any(|(_, l)| l.contains("kvroute: core ")),
+        "no limit made one core fail while the other started"
     );
 }
 
@@ -378,7 +292,7 @@ fn under_taskset_c_1_the_executor_is_pinned_to_cpu_1() {
             .any(|l| l.contains("affinity mask CPUs 1: core 0 -> CPU 1")),
         "{err:?}"
     );
-    let out = r.out.lock().unwrap().clone();
+    let out = r.stdout();
     assert!(out.iter().any(|l| l.contains("on 1 core(s)")), "{out:?}");
     let threads = core_threads_cpus(r.child.id());
     assert_eq!(threads.len(), 1, "{threads:?}");

@@ -217,6 +217,7 @@ fn unregister(sh: &Shared, id: &str) -> Result<WorkerSlot, EngineError> {
         c.heartbeat.store(false, Ordering::Release);
         c.connected.store(0, Ordering::Release);
         c.suspect.store(false, Ordering::Release);
+        c.engine_unreachable.store(false, Ordering::Release);
     }
     sh.registry.store(Arc::new(reg));
     Ok(slot)
@@ -361,7 +362,15 @@ pub fn worker_status(sh: &Shared, e: &crate::registry::WorkerEntry, now_us: u64)
     let mismatch = sh
         .cells(e.slot)
         .map_or(0, |c| c.engine_block_size_mismatch.load(Ordering::Relaxed));
-    if mismatch != 0 {
+    if sh
+        .cells(e.slot)
+        .is_some_and(|c| c.engine_unreachable.load(Ordering::Relaxed))
+    {
+        w.engine_issue = Some(format!(
+            "unreachable: the engine's event endpoint has not answered for {} ms or more",
+            sh.settings.heartbeat_timeout_ms
+        ));
+    } else if mismatch != 0 {
         w.engine_issue = Some(format!(
             "block_size_mismatch: engine {mismatch}, router {}",
             cfg.block_size

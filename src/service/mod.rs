@@ -50,6 +50,7 @@ pub mod slots;
 pub mod state_dir;
 pub mod status;
 pub mod zmq_ingest;
+pub mod zmq_reach;
 
 use self::core::Core;
 use crate::settings::Settings;

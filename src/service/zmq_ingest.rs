@@ -26,6 +26,7 @@ use super::index_batch::Batch;
 use super::metrics::EngineStreamLabels;
 use super::msg::{IndexOp, Msg};
 use super::shared::Shared;
+use super::zmq_reach::Reach;
 use crate::engines::adapter::{Adapter, AdapterStats, Change};
 use crate::engines::config::EngineEndpoint;
 use crate::engines::notes::LogLimiter;
@@ -96,6 +97,7 @@ struct Stream {
     reported: Vec<u64>,
     out: Vec<Change>,
     limiter: LogLimiter,
+    reach: Reach,
 }
 
 impl Stream {
@@ -121,6 +123,7 @@ impl Stream {
             max_message_bytes: sh.settings.limits.max_engine_message_bytes,
             max_frames: MAX_FRAMES,
         };
+        let reach = Reach::new(Duration::from_millis(sh.settings.heartbeat_timeout_ms));
         Stream {
             sh,
             cfg,
@@ -131,6 +134,7 @@ impl Stream {
             reported: Vec::new(),
             out: Vec::new(),
             limiter: LogLimiter::new(LOG_WINDOW),
+            reach,
         }
     }
 
@@ -250,7 +254,14 @@ impl Stream {
             let Some(mut sub) = self.connect_sub(&mut backoff) else {
                 return;
             };
-            log(&self.cfg, "subscribed");
+            let peer = sub.stream().peer_addr().map(|a| a.to_string());
+            log(
+                &self.cfg,
+                &format!("subscribed ({})", peer.unwrap_or_default()),
+            );
+            if let Some(m) = self.reach.connected(&self.sh, self.slot) {
+                log(&self.cfg, &m);
+            }
             let mut delivered = false;
             let err = loop {
                 if self.shutting_down() {
@@ -280,6 +291,7 @@ impl Stream {
             drop(sub);
             release_memory();
             self.conn_failed("subscription", &err);
+            self.unreachable();
             if !self.pause(backoff) {
                 return;
             }
@@ -356,12 +368,20 @@ impl Stream {
                 Err(e @ ConnError::Zmtp(_)) => self.conn_failed("handshake", &e),
                 Err(_) => {}
             }
+            self.unreachable();
             if !self.pause(*backoff) {
                 return None;
             }
             *backoff = (*backoff * 2).min(BACKOFF_MAX);
         }
         None
+    }
+
+    /// No subscription up: past the time-out the worker is down (`zmq_reach`).
+    fn unreachable(&mut self) {
+        if let Some(m) = self.reach.failed(&self.sh, self.slot) {
+            log(&self.cfg, &m);
+        }
     }
 
     /// Asks the replay endpoint for everything from `from` on and feeds it to the

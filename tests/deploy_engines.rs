@@ -1,0 +1,166 @@
+//! Engines that come and go, as engine pods do in Kubernetes, through the real binary:
+//! a worker whose event endpoint stays unreachable goes `down` and comes back by
+//! itself; a DNS name is resolved again on reconnect, so an engine that moved to
+//! another address is followed (the name's address is changed in a private
+//! `/etc/hosts`, bind-mounted in a mount namespace of kvroute's own).
+
+mod common;
+
+use common::run::{serve, serve_args, Run, BIN};
+use kvroute::zmtp::publisher::Publisher;
+use serde_json::Value;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const SEC: Duration = Duration::from_secs(1);
+
+fn worker(r: &Run, id: &str) -> Option<Value> {
+    r.workers().into_iter().find(|w| w["id"] == id)
+}
+
+fn state(r: &Run, id: &str) -> String {
+    worker(r, id)
+        .and_then(|w| w["state"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn metric(r: &Run, prefix: &str) -> Option<f64> {
+    r.get("/metrics")
+        .1
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn an_unreachable_engine_goes_down_and_comes_back_by_itself() {
+    let p = Publisher::bind("127.0.0.1:0").unwrap();
+    let port = p.local_addr().port();
+    let eng = format!("worker_id=e0,endpoint=tcp://127.0.0.1:{port},model=m");
+    let r = Run::spawn(serve(&[
+        "--cores",
+        "1",
+        "--heartbeat-timeout-ms",
+        "500",
+        "--engine",
+        &eng,
+    ]))
+    .started();
+    assert!(p.wait_subscribers(1, 10 * SEC), "no subscription");
+    r.wait_until("e0 live", 10 * SEC, |r| state(r, "e0") == "live");
+    // The pod goes away: its connections close, new ones are refused.
+    drop(p);
+    r.wait_until("e0 down", 15 * SEC, |r| state(r, "e0") == "down");
+    let w = worker(&r, "e0").unwrap();
+    assert!(
+        w["engine_issue"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("unreachable"),
+        "{w}"
+    );
+    assert_eq!(metric(&r, "kvroute_worker_live{worker=\"e0\"}"), Some(0.0));
+    // It comes back on the same address: routed again, without anyone's help.
+    let p = Publisher::bind(&format!("127.0.0.1:{port}")).unwrap();
+    assert!(p.wait_subscribers(1, 15 * SEC), "no new subscription");
+    r.wait_until("e0 live again", 10 * SEC, |r| state(r, "e0") == "live");
+    assert_eq!(worker(&r, "e0").unwrap()["engine_issue"], Value::Null);
+    assert_eq!(metric(&r, "kvroute_worker_live{worker=\"e0\"}"), Some(1.0));
+    let err = r.stderr();
+    assert!(err.iter().any(|l| l.contains("unreachable for")), "{err:?}");
+    assert!(err.iter().any(|l| l.contains("reachable again")), "{err:?}");
+}
+
+/// `unshare` arguments giving kvroute a mount namespace of its own (root: a mount
+/// namespace; otherwise inside a user namespace), if this machine allows one.
+fn private_mounts() -> Option<Vec<&'static str>> {
+    for args in [
+        &["--mount", "--propagation", "private"][..],
+        &[
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "--propagation",
+            "private",
+        ][..],
+    ] {
+        let ok = Command::new("unshare")
+            .args(args)
+            .arg("true")
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Some(args.to_vec());
+        }
+    }
+    None
+}
+
+#[test]
+fn a_dns_name_is_resolved_again_when_the_engine_moves() {
+    let Some(ns) = private_mounts() else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI is set but unshare cannot make a mount namespace"
+        );
+        eprintln!("SKIPPED: unshare cannot make a mount namespace here");
+        return;
+    };
+    let name = "engine-0.vllm.test";
+    let hosts = std::env::temp_dir().join(format!("kvroute-dns-{}-hosts", std::process::id()));
+    // Written in place (same inode), so the bind mount sees every version.
+    let point = |ip: Option<&str>| {
+        let line = ip.map(|ip| format!("{ip} {name}\n")).unwrap_or_default();
+        std::fs::write(&hosts, format!("127.0.0.1 localhost\n{line}")).unwrap();
+    };
+    point(Some("127.0.0.2"));
+    let a = Publisher::bind("127.0.0.2:0").unwrap();
+    let port = a.local_addr().port();
+    let eng = format!("worker_id=e0,endpoint=tcp://{name}:{port},model=m");
+    let mut c = Command::new("unshare");
+    c.args(&ns)
+        .args(["sh", "-c", "mount --bind \"$0\" /etc/hosts && exec \"$@\""])
+        .arg(&hosts)
+        .arg(BIN)
+        .args(serve_args())
+        .args(["--cores", "1", "--heartbeat-timeout-ms", "500"])
+        .args(["--engine", &eng]);
+    let r = Run::spawn(c).started();
+    assert!(
+        a.wait_subscribers(1, 10 * SEC),
+        "no subscription to 127.0.0.2"
+    );
+    r.wait_until("subscribed to the first address", 5 * SEC, |r| {
+        r.stderr()
+            .iter()
+            .any(|l| l.contains(&format!("subscribed (127.0.0.2:{port})")))
+    });
+    // The pod is deleted: its address goes, and its name with it for a while.
+    drop(a);
+    point(None);
+    r.wait_until(
+        "e0 down while its name resolves to nothing",
+        15 * SEC,
+        |r| state(r, "e0") == "down",
+    );
+    // Rescheduled elsewhere under the same name.
+    let b = Publisher::bind(&format!("127.0.0.3:{port}")).unwrap();
+    point(Some("127.0.0.3"));
+    assert!(
+        b.wait_subscribers(1, 15 * SEC),
+        "the new address was not followed"
+    );
+    r.wait_until("e0 live at its new address", 10 * SEC, |r| {
+        state(r, "e0") == "live"
+    });
+    let err = r.stderr();
+    assert!(
+        err.iter()
+            .any(|l| l.contains(&format!("subscribed (127.0.0.3:{port})"))),
+        "{err:?}"
+    );
+    drop(r);
+    let _ = std::fs::remove_file(&hosts);
+}
