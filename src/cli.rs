@@ -203,6 +203,9 @@ pub struct ServeArgs {
     /// model=...,capacity_blocks=...,dp_rank=...,block_size=...,lora=...,topic=...]`
     #[arg(long = "engine", value_parser = parse_engine)]
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
+    /// A file of more `[[engines]]`, re-read every second and on SIGHUP.
+    #[arg(long, env = "KVROUTE_ENGINES_FILE")]
+    pub engines_file: Option<String>,
     // Connection hardening (handshake, idle and HTTP timeouts; pre-auth limits).
     #[arg(long, env = "KVROUTE_HELLO_TIMEOUT_MS")]
     pub hello_timeout_ms: Option<u64>,
@@ -410,6 +413,9 @@ impl ServeArgs {
         }
         if !self.engines.is_empty() {
             s.engines = self.engines.clone();
+        }
+        if self.engines_file.is_some() {
+            s.engines_file.clone_from(&self.engines_file);
         }
         overlay!(
             s,

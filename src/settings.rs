@@ -91,6 +91,10 @@ pub struct Settings {
     /// worker (README "Pointing kvroute at a vLLM fleet").
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
+    /// A file of more `[[engines]]`, followed while kvroute runs: re-read every second
+    /// and on SIGHUP, its changes applied without a restart (`service::engines_file`).
+    /// Not with `[cluster]`. Default none.
+    pub engines_file: Option<String>,
     /// Time a new binary connection (event port, request API) has to deliver its
     /// `Hello`; then it is closed. Default 5,000 ms.
     pub hello_timeout_ms: u64,
@@ -236,6 +240,7 @@ impl Default for Settings {
             limits: Limits::default(),
             router: RouterConfig::default(),
             engines: Vec::new(),
+            engines_file: None,
             hello_timeout_ms: 5_000,
             api_idle_timeout_ms: 300_000,
             http_header_timeout_ms: 10_000,
@@ -343,6 +348,17 @@ impl Settings {
             );
         }
         crate::engines::config::validate_all(&self.engines)?;
+        if self.engines_file.as_deref() == Some("") {
+            return Err("engines_file must name a file".into());
+        }
+        if self.engines_file.is_some() && self.cluster.url.is_some() {
+            // A replica ingests an engine only while it holds the engine's lease, and
+            // the leases cover the static `[[engines]]` list.
+            return Err(
+                "engines_file cannot be combined with [cluster] yet: list the engines in [[engines]]"
+                    .into(),
+            );
+        }
         self.proxy.validate()?;
         if !crate::proxy::config::is_off(&self.proxy_addr) {
             let a = self

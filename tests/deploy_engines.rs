@@ -2,11 +2,14 @@
 //! a worker whose event endpoint stays unreachable goes `down` and comes back by
 //! itself; a DNS name is resolved again on reconnect, so an engine that moved to
 //! another address is followed (the name's address is changed in a private
-//! `/etc/hosts`, bind-mounted in a mount namespace of kvroute's own).
+//! `/etc/hosts`, bind-mounted in a mount namespace of kvroute's own); and the engines
+//! file adds, retires and changes engines without a restart (on change, and on SIGHUP).
 
 mod common;
 
+use common::fleet::Fleet;
 use common::run::{serve, serve_args, Run, BIN};
+use kvroute::engines::config::EngineEndpoint;
 use kvroute::zmtp::publisher::Publisher;
 use serde_json::Value;
 use std::process::{Command, Stdio};
@@ -163,4 +166,146 @@ fn a_dns_name_is_resolved_again_when_the_engine_moves() {
     );
     drop(r);
     let _ = std::fs::remove_file(&hosts);
+}
+
+/// The TOML of an engines file holding `engines` (compact `--engine` forms).
+fn engines_toml(engines: &[&str]) -> String {
+    #[derive(serde::Serialize)]
+    struct Doc {
+        engines: Vec<EngineEndpoint>,
+    }
+    let engines = engines
+        .iter()
+        .map(|e| EngineEndpoint::parse_compact(e).unwrap())
+        .collect();
+    toml::to_string(&Doc { engines }).unwrap()
+}
+
+/// Replaces `path` at once (a new file renamed over it, as a ConfigMap update does).
+fn replace(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn chat(proxy: &str, prompt: &str) -> u16 {
+    let body = serde_json::json!({
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 4,
+    });
+    match ureq::post(&format!("http://{proxy}/v1/chat/completions"))
+        .timeout(Duration::from_secs(30))
+        .send_json(body)
+    {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(c, _)) => c,
+        Err(e) => panic!("chat: {e}"),
+    }
+}
+
+fn requests(f: &Fleet, i: usize) -> u64 {
+    f.stats(i)["requests"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn the_engines_file_adds_and_retires_engines_without_a_restart() {
+    let fleet = Fleet::start(&["--workers", "2", "--block-size", "4"]);
+    let e: Vec<&str> = fleet
+        .workers
+        .iter()
+        .map(|w| w.engine.as_deref().unwrap())
+        .collect();
+    let file = std::env::temp_dir().join(format!("kvroute-engines-{}.toml", std::process::id()));
+    replace(&file, &engines_toml(&e[..1]));
+    let path = file.to_str().unwrap();
+    let r = Run::spawn(serve(&[
+        "--cores",
+        "1",
+        "--block-size",
+        "4",
+        "--engines-file",
+        path,
+    ]))
+    .started();
+    let pid = r.child.id();
+    let proxy = r.addr("proxy");
+    r.wait_until("sim-0 live", 10 * SEC, |r| state(r, "sim-0") == "live");
+    assert_eq!(r.workers().len(), 1);
+    assert_eq!(chat(&proxy, "t1 t2 t3 t4 t5"), 200);
+    assert_eq!((requests(&fleet, 0), requests(&fleet, 1)), (1, 0));
+
+    // A new engine pod: added to the file, followed within the poll.
+    replace(&file, &engines_toml(&e));
+    r.wait_until("sim-1 live", 10 * SEC, |r| state(r, "sim-1") == "live");
+
+    // The first one retired, applied at SIGHUP: only sim-1 is left to route to.
+    replace(&file, &engines_toml(&e[1..]));
+    r.signal(libc::SIGHUP);
+    r.wait_until("sim-0 removed", 10 * SEC, |r| worker(r, "sim-0").is_none());
+    assert_eq!(chat(&proxy, "t9 t8 t7 t6 t5"), 200);
+    assert_eq!((requests(&fleet, 0), requests(&fleet, 1)), (1, 1));
+
+    // SIGHUP with nothing changed says so.
+    r.signal(libc::SIGHUP);
+    r.wait_until("unchanged", 10 * SEC, |r| {
+        r.stderr()
+            .iter()
+            .any(|l| l.contains("unchanged (1 engines)"))
+    });
+
+    // A broken file changes nothing, and says why once.
+    replace(&file, "[[engines]]\nworker_id = \"x\"\n");
+    r.wait_until("rejected", 10 * SEC, |r| {
+        metric(r, "kvroute_engines_file_reloads_total{kind=\"rejected\"}") == Some(1.0)
+    });
+    std::thread::sleep(3 * SEC);
+    assert_eq!(
+        metric(&r, "kvroute_engines_file_reloads_total{kind=\"rejected\"}"),
+        Some(1.0)
+    );
+    let err = r.stderr();
+    assert!(
+        err.iter()
+            .any(|l| l.contains("missing field `endpoint`") && l.contains("keeping the 1 engines")),
+        "{err:?}"
+    );
+    assert_eq!(state(&r, "sim-1"), "live");
+    // A missing file too (it is not "no engines").
+    std::fs::remove_file(&file).unwrap();
+    r.wait_until("missing file rejected", 10 * SEC, |r| {
+        metric(r, "kvroute_engines_file_reloads_total{kind=\"rejected\"}") == Some(2.0)
+    });
+    assert_eq!(state(&r, "sim-1"), "live");
+    // An empty file: no engines.
+    replace(&file, "");
+    r.wait_until("sim-1 removed", 10 * SEC, |r| r.workers().is_empty());
+    assert_eq!(r.child.id(), pid);
+    let mut r = r;
+    assert_eq!(r.stop().code(), Some(0));
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn an_unusable_engines_file_stops_the_start() {
+    let file =
+        std::env::temp_dir().join(format!("kvroute-engines-bad-{}.toml", std::process::id()));
+    for text in [
+        "[[engines]]\nworker_id = \"a\"\nendpoint = \"tcp://h:1\"\n[[engines]]\nworker_id = \"a\"\nendpoint = \"tcp://h:2\"\n",
+        "not toml",
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let mut r = Run::spawn(serve(&["--engines-file", file.to_str().unwrap()]));
+        let st = r.exit_or_listen(10 * SEC);
+        assert_eq!(st.and_then(|s| s.code()), Some(2), "{:?}", r.stderr());
+    }
+    let _ = std::fs::remove_file(&file);
+    let mut r = Run::spawn(serve(&["--engines-file", "/nonexistent/engines.toml"]));
+    let st = r.exit_or_listen(10 * SEC);
+    assert_eq!(st.and_then(|s| s.code()), Some(2));
+    assert!(r
+        .stderr()
+        .last()
+        .unwrap()
+        .contains("/nonexistent/engines.toml"));
 }

@@ -200,6 +200,21 @@ pub async fn deregister(core: &Core, id: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// [`deregister`] for plain OS threads (an entry gone from the engines file), the
+/// messages sent with [`send_blocking`]. Errors if the worker is unknown or shutdown
+/// started first.
+pub fn deregister_blocking(sh: &Shared, id: &str) -> Result<(), ApiError> {
+    let slot = unregister(sh, id)?;
+    super::cluster_bridge::publish_removal(sh, id);
+    for to in 0..sh.cores {
+        if !send_blocking(sh, to, Msg::Forget { slot }) {
+            return Err(EngineError::BadRequest("shutting down".into()).into());
+        }
+    }
+    sh.metrics.workers.set(sh.registry.load().len() as i64);
+    Ok(())
+}
+
 /// Takes `id` out of the registry and retires its slot's cells (a new generation, no
 /// heartbeat, no connection, not suspect); the caller then tells the cores to forget
 /// the slot. Shared by local and replicated removals.

@@ -109,6 +109,9 @@ pub struct Metrics {
     /// and queries other cores announced: `expected` (announcements received),
     /// `expect_expired` (announced queries that did not come within `answer_spin_us`).
     pub answer_waits: Family<KindLabel, Counter>,
+    /// Reads of the engines file that changed the engines or found them unchanged
+    /// (`applied`), or were refused and changed nothing (`rejected`).
+    pub engines_file_reloads: Family<KindLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -164,6 +167,7 @@ impl Metrics {
             record_stopped: Gauge::default(),
             cluster: Default::default(),
             answer_waits: Family::default(),
+            engines_file_reloads: Family::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -348,6 +352,11 @@ impl Metrics {
                 "answer_waits",
                 "Run-loop parks (parked, parked_long) and ended spins (spin_expired) while an answer from another core was outstanding; queries announced by other cores (expected) and announced queries that did not come in time (expect_expired)",
                 m.answer_waits.clone(),
+            );
+            r.register(
+                "engines_file_reloads",
+                "Reads of the engines file applied (changes made, or none needed) or rejected (unusable file, nothing changed)",
+                m.engines_file_reloads.clone(),
             );
         }
         m

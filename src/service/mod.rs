@@ -28,6 +28,7 @@ pub mod conn_slot;
 pub mod control;
 pub mod core;
 pub mod core_start;
+pub mod engines_file;
 pub mod errors;
 pub mod http;
 pub mod http_clock;
@@ -103,6 +104,8 @@ pub struct Running {
     listeners: listeners::Bound,
     /// The proxy's listening socket (`proxy_addr`), stopped with the others.
     proxy_listener: Option<listeners::Extra>,
+    /// `engines_file`: the thread following it (and the engine threads it started).
+    engines_file: Option<engines_file::Watcher>,
 }
 
 impl Running {
@@ -112,6 +115,17 @@ impl Running {
     /// must say so (`kvroute serve` exits 1).
     pub fn shutdown(self) -> Result<(), String> {
         self.stop(true)
+    }
+
+    /// Re-reads the engines file now (SIGHUP). False when none is configured.
+    pub fn reload_engines(&self) -> bool {
+        match &self.engines_file {
+            Some(w) => {
+                w.reload();
+                true
+            }
+            None => false,
+        }
     }
 
     /// The proxy's drain, before [`Running::shutdown`] (`[proxy] drain_ms`): new proxy
@@ -186,6 +200,9 @@ impl Running {
         for h in self.engines {
             let _ = h.join();
         }
+        if let Some(w) = self.engines_file.take() {
+            w.stop();
+        }
         result
     }
 }
@@ -208,6 +225,15 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         };
         eprintln!("kvroute: tokenizer for model {m:?}: {how}");
     }
+    // An unusable engines file stops the start, like any setting.
+    let first_engines = match &settings.engines_file {
+        Some(path) => Some(engines_file::load(
+            path,
+            &settings.engines,
+            settings.limits.max_workers,
+        )?),
+        None => None,
+    };
     let token = settings.resolve_token()?;
     let worker_tokens = match &settings.worker_tokens_file {
         Some(path) => crate::credentials::load_worker_tokens(path, token.as_deref())?,
@@ -377,6 +403,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         _state_lock: state.lock,
         listeners: bound,
         proxy_listener: proxy_l,
+        engines_file: None,
     };
     if let Some(e) = first_err {
         let _ = running.stop(false);
@@ -391,6 +418,16 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         ));
     }
     running.engines.extend(zmq_ingest::start(&running.shared));
+    if let (Some(path), Some(first)) = (running.shared.settings.engines_file.clone(), first_engines)
+    {
+        match engines_file::Watcher::start(&running.shared, path, first) {
+            Ok(w) => running.engines_file = Some(w),
+            Err(e) => {
+                let _ = running.stop(false);
+                return Err(e);
+            }
+        }
+    }
     Ok(running)
 }
 

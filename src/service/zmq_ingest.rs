@@ -33,7 +33,7 @@ use crate::engines::notes::LogLimiter;
 use crate::engines::stream::{parse_multipart, replay_request, Session, Step, END_SEQ};
 use crate::types::WorkerSlot;
 use crate::zmtp::{codec, Conn, ConnError, Limits, ZmtpError};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,17 +74,25 @@ fn log(cfg: &EngineEndpoint, msg: &str) {
 pub fn start(sh: &Arc<Shared>) -> Vec<std::thread::JoinHandle<()>> {
     let mut out = Vec::new();
     for cfg in sh.settings.engines.iter().cloned() {
-        let sh = sh.clone();
-        let name = format!("kvroute-zmq-{}", cfg.worker_id);
-        match std::thread::Builder::new()
-            .name(name)
-            .spawn(move || Stream::new(sh, cfg).run())
-        {
+        match spawn(sh, cfg, Arc::new(AtomicBool::new(false))) {
             Ok(h) => out.push(h),
             Err(e) => eprintln!("kvroute: zmq: cannot start a thread: {e}"),
         }
     }
     out
+}
+
+/// Starts the thread of one engine; it stops at shutdown, or once `stop` is set
+/// (`engines_file`), within about 200 ms (a replay in progress: within 2 s).
+pub fn spawn(
+    sh: &Arc<Shared>,
+    cfg: EngineEndpoint,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let sh = sh.clone();
+    std::thread::Builder::new()
+        .name(format!("kvroute-zmq-{}", cfg.worker_id))
+        .spawn(move || Stream::new(sh, cfg, stop).run())
 }
 
 struct Stream {
@@ -98,10 +106,12 @@ struct Stream {
     out: Vec<Change>,
     limiter: LogLimiter,
     reach: Reach,
+    /// Set when the engines file no longer lists this engine.
+    stop: Arc<AtomicBool>,
 }
 
 impl Stream {
-    fn new(sh: Arc<Shared>, cfg: EngineEndpoint) -> Stream {
+    fn new(sh: Arc<Shared>, cfg: EngineEndpoint, stop: Arc<AtomicBool>) -> Stream {
         let router_bs = sh.settings.router.block_size;
         let bs = cfg.block_size.unwrap_or(router_bs);
         if bs != router_bs {
@@ -135,11 +145,12 @@ impl Stream {
             out: Vec::new(),
             limiter: LogLimiter::new(LOG_WINDOW),
             reach,
+            stop,
         }
     }
 
     fn shutting_down(&self) -> bool {
-        self.sh.shutdown.load(Ordering::Relaxed)
+        self.sh.shutdown.load(Ordering::Relaxed) || self.stop.load(Ordering::Relaxed)
     }
 
     /// Sleeps `d` in slices, returning false at shutdown.
