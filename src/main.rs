@@ -67,10 +67,9 @@ fn serve(settings: kvroute::settings::Settings) -> ExitCode {
             eprintln!("kvroute: signal {sig}, shutting down");
             break;
         }
-        if running.reload_engines() {
-            eprintln!("kvroute: SIGHUP: reading the engines file");
-        } else {
-            eprintln!("kvroute: SIGHUP ignored: no engines_file is configured");
+        match running.reload_engines() {
+            Ok(()) => eprintln!("kvroute: SIGHUP: reading the engines file"),
+            Err(why) => eprintln!("kvroute: SIGHUP ignored: {why}"),
         }
     }
     let t0 = std::time::Instant::now();

@@ -93,7 +93,9 @@ pub struct Settings {
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
     /// A file of more `[[engines]]`, followed while kvroute runs: re-read every second
     /// and on SIGHUP, its changes applied without a restart (`service::engines_file`).
-    /// Not with `[cluster]`. Default none.
+    /// With `[cluster]` it is read once at start, its entries added to `engines` (each
+    /// replica ingests an engine only under the engine's lease, which covers the list
+    /// it started with). Default none.
     pub engines_file: Option<String>,
     /// Time a new binary connection (event port, request API) has to deliver its
     /// `Hello`; then it is closed. Default 5,000 ms.
@@ -350,14 +352,6 @@ impl Settings {
         crate::engines::config::validate_all(&self.engines)?;
         if self.engines_file.as_deref() == Some("") {
             return Err("engines_file must name a file".into());
-        }
-        if self.engines_file.is_some() && self.cluster.url.is_some() {
-            // A replica ingests an engine only while it holds the engine's lease, and
-            // the leases cover the static `[[engines]]` list.
-            return Err(
-                "engines_file cannot be combined with [cluster] yet: list the engines in [[engines]]"
-                    .into(),
-            );
         }
         self.proxy.validate()?;
         if !crate::proxy::config::is_off(&self.proxy_addr) {

@@ -309,3 +309,39 @@ fn an_unusable_engines_file_stops_the_start() {
         .unwrap()
         .contains("/nonexistent/engines.toml"));
 }
+
+/// With `--cluster` (NATS replicas) the file's engines join the static list at start,
+/// under the engine leases; a change needs a restart, which SIGHUP says.
+#[test]
+fn with_replicas_on_nats_the_engines_file_is_read_at_start() {
+    if !common::cluster::nats_available() {
+        return;
+    }
+    let nats = common::cluster::NatsServer::start();
+    let p = Publisher::bind("127.0.0.1:0").unwrap();
+    let eng = format!("worker_id=e0,endpoint={},model=m", p.endpoint());
+    let file =
+        std::env::temp_dir().join(format!("kvroute-engines-nats-{}.toml", std::process::id()));
+    replace(&file, &engines_toml(&[&eng]));
+    let r = Run::spawn(serve(&[
+        "--cores",
+        "1",
+        "--cluster",
+        &nats.url(),
+        "--engines-file",
+        file.to_str().unwrap(),
+    ]))
+    .started();
+    assert!(p.wait_subscribers(1, 10 * SEC), "no subscription");
+    r.wait_until("e0 registered", 10 * SEC, |r| state(r, "e0") == "live");
+    r.wait_until("lease held", 15 * SEC, |r| {
+        metric(r, "kvroute_cluster_engine_leases") == Some(1.0)
+    });
+    r.signal(libc::SIGHUP);
+    r.wait_until("SIGHUP answered", 10 * SEC, |r| {
+        r.stderr().iter().any(|l| {
+            l.contains("SIGHUP ignored: with [cluster] the engines file is read only at start")
+        })
+    });
+    let _ = std::fs::remove_file(&file);
+}

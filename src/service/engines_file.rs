@@ -8,7 +8,9 @@
 //! registers the worker), a removed one has its thread stopped and its worker removed
 //! (as `DELETE /v1/workers/{id}` does), a changed one is restarted with its new entry
 //! (re-registered: a changed spec is a new epoch). Entries of the static list
-//! (`[[engines]]` in the settings, `--engine`) are never touched.
+//! (`[[engines]]` in the settings, `--engine`) are never touched. With `[cluster]` the
+//! file is read once at start and its entries join the static list (a replica ingests
+//! an engine only under that engine's lease, and the leases cover the static list).
 //!
 //! Guarantees: a file that cannot be read, is larger than [`MAX_FILE_BYTES`], does not
 //! parse, fails validation or repeats a worker id (of the file or of the static list)
@@ -44,6 +46,16 @@ struct FileDoc {
 pub struct Loaded {
     bytes: Vec<u8>,
     engines: Vec<EngineEndpoint>,
+}
+
+impl Loaded {
+    pub fn engines(&self) -> &[EngineEndpoint] {
+        &self.engines
+    }
+
+    pub fn into_engines(self) -> Vec<EngineEndpoint> {
+        self.engines
+    }
 }
 
 /// Reads and validates `path` against the static entries and the worker limit.

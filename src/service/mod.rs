@@ -117,14 +117,17 @@ impl Running {
         self.stop(true)
     }
 
-    /// Re-reads the engines file now (SIGHUP). False when none is configured.
-    pub fn reload_engines(&self) -> bool {
+    /// Re-reads the engines file now (SIGHUP); `Err` says why it is not followed.
+    pub fn reload_engines(&self) -> Result<(), &'static str> {
         match &self.engines_file {
             Some(w) => {
                 w.reload();
-                true
+                Ok(())
             }
-            None => false,
+            None if self.shared.settings.engines_file.is_some() => Err(
+                "with [cluster] the engines file is read only at start: restart the replicas to apply it",
+            ),
+            None => Err("no engines_file is configured"),
         }
     }
 
@@ -225,8 +228,9 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         };
         eprintln!("kvroute: tokenizer for model {m:?}: {how}");
     }
-    // An unusable engines file stops the start, like any setting.
-    let first_engines = match &settings.engines_file {
+    // An unusable engines file stops the start, like any setting. With `[cluster]` its
+    // entries join the static list (the engine leases cover that list only).
+    let mut first_engines = match &settings.engines_file {
         Some(path) => Some(engines_file::load(
             path,
             &settings.engines,
@@ -234,6 +238,15 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         )?),
         None => None,
     };
+    if settings.cluster.url.is_some() {
+        if let (Some(first), Some(path)) = (first_engines.take(), &settings.engines_file) {
+            let n = first.engines().len();
+            settings.engines.extend(first.into_engines());
+            eprintln!(
+                "kvroute: engines file {path}: {n} engines, read once at start ([cluster]: restart the replicas to apply a change)"
+            );
+        }
+    }
     let token = settings.resolve_token()?;
     let worker_tokens = match &settings.worker_tokens_file {
         Some(path) => crate::credentials::load_worker_tokens(path, token.as_deref())?,
