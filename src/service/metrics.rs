@@ -91,6 +91,8 @@ pub struct Metrics {
     pub index_refused: Family<KindLabel, Counter>,
     /// Entries counted against `max_index_entries` (live, plus batches being applied).
     pub index_budget_used: Gauge,
+    /// `max_index_entries` (each copy's bound when replicated), for dashboards.
+    pub index_budget_limit: Gauge,
     /// Sums over kinds of `events` and `protocol_errors`, for the status page.
     pub events_total: AtomicU64,
     pub protocol_errors_total: AtomicU64,
@@ -159,6 +161,7 @@ impl Metrics {
             snapshot_bytes: Gauge::default(),
             index_refused: Family::default(),
             index_budget_used: Gauge::default(),
+            index_budget_limit: Gauge::default(),
             events_total: AtomicU64::new(0),
             protocol_errors_total: AtomicU64::new(0),
             speculative_blocks: Counter::default(),
@@ -326,6 +329,11 @@ impl Metrics {
                 "index_budget_used",
                 "Index entries counted against max_index_entries",
                 m.index_budget_used.clone(),
+            );
+            r.register(
+                "index_budget_limit",
+                "max_index_entries: the index entries the budget allows (each copy's, with index_layout replicated)",
+                m.index_budget_limit.clone(),
             );
             r.register(
                 "speculative_blocks",

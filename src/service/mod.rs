@@ -308,6 +308,11 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     for (c, s) in shards.iter_mut().enumerate() {
         s.attach_budget(shared.budget_of(c).clone());
     }
+    let limit = shared.settings.limits.max_index_entries;
+    shared
+        .metrics
+        .index_budget_limit
+        .set(i64::try_from(limit).unwrap_or(i64::MAX));
     let _ = shared.proxy.keys.set(proxy_keys);
     shared.proxy.set_upstream_key(upstream_key.as_deref());
     let _ = shared.tokenizers.set(tokenizers);
