@@ -19,7 +19,10 @@
 //! replays, restarts, malformed payloads, block-size mismatches) is logged with the
 //! worker, the reason and the action, at most one line per reason per 10 s with the
 //! count of suppressed ones; no buffer is kept at the size of a past large message,
-//! and after a message of 1 MiB or more the freed pages go back to the OS at once.
+//! and after a message of 1 MiB or more the freed pages go back to the OS at once. An
+//! endpoint (its DNS name resolved afresh on each connect) without a subscription for
+//! `heartbeat_timeout_ms` takes its worker out of routing until it answers again
+//! (`zmq_reach`); a thread the engines file started also stops when its entry goes.
 
 use super::control;
 use super::index_batch::Batch;
