@@ -141,7 +141,8 @@ pub struct ServeArgs {
     /// Most block hashes a shard applies between two looks at its routing queue.
     #[arg(long, env = "KVROUTE_INGEST_SLICE_HASHES")]
     pub ingest_slice_hashes: Option<usize>,
-    /// Pin executor N to CPU N (`false`: leave placement to the kernel).
+    /// Pin executor N to the Nth CPU of the affinity mask (`false`: leave placement to
+    /// the kernel).
     #[arg(long, env = "KVROUTE_PIN_CORES")]
     pub pin_cores: Option<bool>,
     /// Tokenize prompts by the lean walk of each tokenizer's pipeline where it is
@@ -213,6 +214,9 @@ pub struct ServeArgs {
     /// model=...,capacity_blocks=...,dp_rank=...,block_size=...,lora=...,topic=...]`
     #[arg(long = "engine", value_parser = parse_engine)]
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
+    /// A file of more `[[engines]]`, re-read every second and on SIGHUP.
+    #[arg(long, env = "KVROUTE_ENGINES_FILE")]
+    pub engines_file: Option<String>,
     // Connection hardening (handshake, idle and HTTP timeouts; pre-auth limits).
     #[arg(long, env = "KVROUTE_HELLO_TIMEOUT_MS")]
     pub hello_timeout_ms: Option<u64>,
@@ -421,6 +425,9 @@ impl ServeArgs {
         }
         if !self.engines.is_empty() {
             s.engines = self.engines.clone();
+        }
+        if self.engines_file.is_some() {
+            s.engines_file.clone_from(&self.engines_file);
         }
         overlay!(
             s,

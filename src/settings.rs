@@ -105,6 +105,12 @@ pub struct Settings {
     /// worker (README "Pointing kvroute at a vLLM fleet").
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
+    /// A file of more `[[engines]]`, followed while kvroute runs: re-read every second
+    /// and on SIGHUP, its changes applied without a restart (`service::engines_file`).
+    /// With `[cluster]` it is read once at start, its entries added to `engines` (each
+    /// replica ingests an engine only under the engine's lease, which covers the list
+    /// it started with). Default none.
+    pub engines_file: Option<String>,
     /// Time a new binary connection (event port, request API) has to deliver its
     /// `Hello`; then it is closed. Default 5,000 ms.
     pub hello_timeout_ms: u64,
@@ -153,7 +159,8 @@ pub struct Settings {
     pub ingest_slice_hashes: usize,
     /// Router replicas on NATS JetStream (`[cluster]`, `crate::cluster`). Default off.
     pub cluster: crate::cluster::config::ClusterSettings,
-    /// Pin executor N to CPU N (`Placement::Fixed`). `false` leaves the cores' threads
+    /// Pin executor N to the Nth CPU of the process's affinity mask (a cgroup cpuset,
+    /// `taskset`), wrapping around it (`service::pinning`). `false` leaves the cores' threads
     /// to the kernel's scheduler (`Placement::Unbound`): on a machine whose CPUs the
     /// router shares (with its workers, clients, other services) a pinned core must
     /// wait for its one CPU while another process runs there, even with the other CPU
@@ -250,6 +257,7 @@ impl Default for Settings {
             limits: Limits::default(),
             router: RouterConfig::default(),
             engines: Vec::new(),
+            engines_file: None,
             hello_timeout_ms: 5_000,
             api_idle_timeout_ms: 300_000,
             http_header_timeout_ms: 10_000,
@@ -362,6 +370,9 @@ impl Settings {
             );
         }
         crate::engines::config::validate_all(&self.engines)?;
+        if self.engines_file.as_deref() == Some("") {
+            return Err("engines_file must name a file".into());
+        }
         self.proxy.validate()?;
         if !crate::proxy::config::is_off(&self.proxy_addr) {
             let a = self
