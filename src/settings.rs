@@ -91,6 +91,9 @@ pub struct Settings {
     /// worker (README "Pointing kvroute at a vLLM fleet").
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
+    /// The tier credited for blocks of an engine medium neither vLLM nor SGLang
+    /// defines (docs/ENGINES.md "Media and tiers"). Default disk, the least optimistic.
+    pub engine_unknown_medium_tier: crate::types::Tier,
     /// Time a new binary connection (event port, request API) has to deliver its
     /// `Hello`; then it is closed. Default 5,000 ms.
     pub hello_timeout_ms: u64,
@@ -235,6 +238,7 @@ impl Default for Settings {
             limits: Limits::default(),
             router: RouterConfig::default(),
             engines: Vec::new(),
+            engine_unknown_medium_tier: crate::types::Tier::Disk,
             hello_timeout_ms: 5_000,
             api_idle_timeout_ms: 300_000,
             http_header_timeout_ms: 10_000,

@@ -45,6 +45,9 @@ pub struct WorkerCells {
     /// ZMQ engine workers: the block size of the engine's last refused `BlockStored`
     /// (it differs from the router's), 0 when its stored events are accepted.
     pub engine_block_size_mismatch: AtomicU32,
+    /// ZMQ engine workers: 1 + the data-parallel rank of the engine's last batch,
+    /// refused because the entry serves another rank; 0 when its batches are accepted.
+    pub engine_dp_rank_mismatch: AtomicU32,
 }
 
 pub struct Shared {
