@@ -24,6 +24,7 @@ import importlib.util
 import json
 import logging
 import os
+import socket
 import sys
 import time
 import types
@@ -129,11 +130,30 @@ def resolve(mod, v):
     return v
 
 
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def port_of(endpoint):
     return int(endpoint.rsplit(":", 1)[1]) if endpoint else None
 
 
 def start(c):
+    # A restart on the same ports: the stopped engine's sockets close asynchronously
+    # (ZeroMQ's I/O thread), so binding may fail for a moment. Bounded: 5 s.
+    deadline = time.time() + 5
+    while True:
+        try:
+            return start_once(c)
+        except Exception as e:
+            if "Address already in use" not in str(e) or time.time() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def start_once(c):
     engine, rank = c["engine"], c.get("dp_rank", 0)
     mod = module(engine)
     port, replay_port = c.get("port"), c.get("replay_port")
@@ -150,7 +170,12 @@ def start(c):
         p = mod.ZmqEventPublisher(data_parallel_rank=rank, endpoint=ep, replay_endpoint=rep)
         PUBLISHERS[c["name"]] = (mod, p)
         return {"pub": port_of(p._endpoint), "replay": port_of(p._replay_endpoint)}
-    # SGLang: rank r binds the base port + r, so the base is chosen to land on `port`.
+    # SGLang: rank r binds the base port + r, so the base is chosen to land on `port`
+    # (a free one for a rank above 0: port 0 + r is no free port).
+    if rank and not port:
+        port = free_port()
+    if rank and c.get("replay") and not replay_port:
+        replay_port = free_port()
     base = (port - rank) if port else 0
     ep = f"tcp://127.0.0.1:{base}"
     rep = None
