@@ -81,8 +81,6 @@ struct Entry {
     /// The engine hash this block continues (for the windowed-group rule).
     parent: Option<EngineHash>,
     holds: SmallVec<[Hold; 2]>,
-    /// Per tier: children of this block present in the index.
-    children: [u32; 3],
     /// Bit per tier: present in the index.
     present: u8,
     stamp: u64,
@@ -97,7 +95,7 @@ impl Entry {
     }
 
     fn idle(&self) -> bool {
-        self.holds.is_empty() && self.children == [0; 3]
+        self.holds.is_empty()
     }
 }
 
@@ -118,6 +116,10 @@ pub struct Adapter {
     pub unknown_medium: Option<String>,
     groups: Groups,
     map: HashMap<EngineHash, Entry, RandomState>,
+    /// Per engine hash and tier: blocks continuing it that are present in the index.
+    /// Kept apart from the entries, so a block evicted and stored again finds the
+    /// continuations it has (never more entries than present blocks).
+    kids: HashMap<EngineHash, [u32; 3], RandomState>,
     /// Keys in store order with the stamp they had; stale pairs are skipped lazily.
     order: VecDeque<(EngineHash, u64)>,
     next_stamp: u64,
@@ -143,6 +145,7 @@ impl Adapter {
             unknown_medium: None,
             groups: Groups::default(),
             map: HashMap::with_hasher(RandomState::new()),
+            kids: HashMap::with_hasher(RandomState::new()),
             order: VecDeque::new(),
             next_stamp: 0,
             mark: 0,
@@ -201,6 +204,7 @@ impl Adapter {
     /// Forgets everything (the caller clears the index). Learned groups stay.
     pub fn clear(&mut self) {
         self.map.clear();
+        self.kids.clear();
         self.order.clear();
     }
 
@@ -251,8 +255,11 @@ impl Adapter {
                     self.map.retain(|_, e| {
                         e.holds.retain(|h| usize::from(h.tier) != t);
                         e.present &= !bit;
-                        e.children[t] = 0;
                         !e.idle()
+                    });
+                    self.kids.retain(|_, k| {
+                        k[t] = 0;
+                        *k != [0; 3]
                     });
                     out.push(Change::Cleared { tier: Some(tier) });
                     self.maybe_compact();
@@ -386,7 +393,6 @@ impl Adapter {
                 seq,
                 parent,
                 holds: SmallVec::new(),
-                children: [0; 3],
                 present: 0,
                 stamp,
             },
@@ -419,10 +425,11 @@ impl Adapter {
         let (t, bit) = (tier as usize, 1u8 << tier.as_u8());
         let mut at = key.clone();
         loop {
+            let child = self.kids.get(&at).is_some_and(|k| k[t] > 0);
             let Some(e) = self.map.get_mut(&at) else {
                 return;
             };
-            let now = self.groups.present(e.held(t), e.children[t] > 0);
+            let now = self.groups.present(e.held(t), child);
             let was = e.present & bit != 0;
             if now == was {
                 return;
@@ -437,13 +444,14 @@ impl Adapter {
             let Some(p) = e.parent.clone() else {
                 return;
             };
-            let Some(pe) = self.map.get_mut(&p) else {
-                return;
-            };
+            let k = self.kids.entry(p.clone()).or_insert([0; 3]);
             if now {
-                pe.children[t] += 1;
+                k[t] += 1;
             } else {
-                pe.children[t] = pe.children[t].saturating_sub(1);
+                k[t] = k[t].saturating_sub(1);
+                if *k == [0; 3] {
+                    self.kids.remove(&p);
+                }
             }
             at = p;
         }
@@ -464,7 +472,6 @@ impl Adapter {
     fn drop_entry(&mut self, key: &EngineHash, out: &mut Vec<Change>) {
         if let Some(e) = self.map.get_mut(key) {
             e.holds.clear();
-            e.children = [0; 3];
         }
         for t in Tier::ALL {
             self.update(key, t, out);
@@ -481,8 +488,8 @@ impl Adapter {
                 return true;
             }
         }
-        // Order lost track (an entry kept only for its children): drop any entry so
-        // the bound still holds.
+        // Order lost track (cannot happen while every live entry has its pair): drop
+        // any entry so the bound still holds.
         match self.map.keys().next().cloned() {
             Some(k) => {
                 self.stats.evicted += 1;
@@ -504,6 +511,23 @@ impl Adapter {
         self.order = v.into();
     }
 
+    /// The (kvroute hash, tier) pairs the index should hold for this worker (tests).
+    #[doc(hidden)]
+    pub fn present(&self) -> Vec<(u64, Tier)> {
+        let mut v: Vec<(u64, Tier)> = self
+            .map
+            .values()
+            .flat_map(|e| {
+                Tier::ALL
+                    .into_iter()
+                    .filter(|t| e.present & (1 << t.as_u8()) != 0)
+                    .map(|t| (e.seq, t))
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     /// Internal consistency (tests): the bound, live order pairs, presence and child
     /// counts as the groups rule says.
     #[doc(hidden)]
@@ -515,26 +539,26 @@ impl Adapter {
                 self.capacity
             ));
         }
-        let mut children: HashMap<&EngineHash, [u32; 3]> = HashMap::default();
+        let mut kids: HashMap<&EngineHash, [u32; 3]> = HashMap::default();
         for e in self.map.values() {
             if let Some(p) = &e.parent {
                 for t in 0..3 {
                     if e.present & (1 << t) != 0 {
-                        children.entry(p).or_default()[t] += 1;
+                        kids.entry(p).or_default()[t] += 1;
                     }
                 }
             }
+        }
+        if kids.len() != self.kids.len() || self.kids.iter().any(|(k, c)| kids.get(k) != Some(c)) {
+            return Err("continuation counts out of date".into());
         }
         for (k, e) in &self.map {
             if e.idle() {
                 return Err("idle entry kept".into());
             }
-            let want = children.get(k).copied().unwrap_or_default();
-            if e.children != want {
-                return Err(format!("child counts {:?} != {want:?}", e.children));
-            }
             for t in 0..3 {
-                let p = self.groups.present(e.held(t), e.children[t] > 0);
+                let child = self.kids.get(k).is_some_and(|c| c[t] > 0);
+                let p = self.groups.present(e.held(t), child);
                 if p != (e.present & (1 << t) != 0) {
                     return Err(format!("presence of tier {t} out of date"));
                 }

@@ -60,6 +60,8 @@ pub mod vllm;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_engines;
+#[cfg(test)]
 mod tests_stream;
 
 use crate::hash::SEED;
