@@ -1,8 +1,9 @@
 //! Conformance of engine streams with the real publishers of vLLM 0.33.0 and SGLang
 //! 0.5.23 (see tests/engine_conformance.rs): batches of another data-parallel rank
 //! are refused and said so, an engine that restarted while kvroute was away is
-//! detected on the fresh connection, and a request's `cache_salt` reaches the same
-//! salted blocks through the binary API and the proxy (which forwards it unchanged).
+//! detected on the fresh connection, a gap is replayed (or clears the worker without a
+//! replay endpoint), and a request's `cache_salt` reaches the same salted blocks
+//! through the binary API and the proxy (which forwards it unchanged).
 
 mod common;
 #[path = "common/engines.rs"]
@@ -13,6 +14,76 @@ use common::Server;
 use engines::{flag, prompt, send, stored, stream, sync, tiers, Engines, Ports};
 use serde_json::json;
 use std::time::{Duration, Instant};
+
+/// A 32-byte digest, as vLLM publishes its default sha256 block hashes.
+fn digest(i: u32) -> String {
+    format!("0x{i:064x}")
+}
+
+fn stored_digests(ids: &[u32], parent: Option<u32>, tokens: &[u32]) -> serde_json::Value {
+    json!({"type": "BlockStored", "block_hashes": ids.iter().map(|&i| digest(i)).collect::<Vec<_>>(),
+           "parent_block_hash": parent.map(digest), "token_ids": tokens,
+           "block_size": engines::BS, "medium": "$MEDIUM_GPU"})
+}
+
+#[test]
+fn digest_chains_removals_and_gaps_with_and_without_replay() {
+    if !engines::available() {
+        return;
+    }
+    let mut e = Engines::new();
+    let pr = e.start("r", "vllm", 0, true, None);
+    let pn = e.start("n", "vllm", 0, false, None);
+    let (fr, fnr) = (flag("wr", pr, ""), flag("wn", pn, ""));
+    let s = Server::start(1, &["--block-size", "4", "--engine", &fr, "--engine", &fnr]);
+    let (a, c, d) = (prompt(1, 4), prompt(2, 2), prompt(3, 2));
+    for (name, w) in [("r", "wr"), ("n", "wn")] {
+        sync(&mut e, &s, name, w);
+        send(
+            &mut e,
+            &s,
+            name,
+            w,
+            vec![stored_digests(&[1, 2], None, &a[..8])],
+        );
+        send(
+            &mut e,
+            &s,
+            name,
+            w,
+            vec![stored_digests(&[3, 4], Some(2), &a[8..])],
+        );
+        assert_eq!(
+            tiers(&s, &format!("{w}a"), w, &a, json!({})),
+            (4, 0, 0),
+            "chained"
+        );
+        let rm = json!({"type": "BlockRemoved", "block_hashes": [digest(3), digest(4)],
+                        "medium": "$MEDIUM_GPU"});
+        send(&mut e, &s, name, w, vec![rm]);
+        assert_eq!(
+            tiers(&s, &format!("{w}b"), w, &a, json!({})),
+            (2, 0, 0),
+            "removed"
+        );
+        e.publish_lost(name, vec![stored_digests(&[5, 6], None, &c)]);
+        send(&mut e, &s, name, w, vec![stored_digests(&[7, 8], None, &d)]);
+        assert_eq!(stream(&s, w, "gap"), 1.0);
+    }
+    // With replay the lost batch comes back; without, the worker is cleared.
+    assert_eq!(tiers(&s, "rc", "wr", &c, json!({})), (2, 0, 0));
+    assert_eq!(tiers(&s, "ra", "wr", &a, json!({})), (2, 0, 0));
+    assert_eq!(
+        (stream(&s, "wr", "replay"), stream(&s, "wr", "clear")),
+        (1.0, 0.0)
+    );
+    assert_eq!(tiers(&s, "nc", "wn", &c, json!({})), (0, 0, 0));
+    assert_eq!(tiers(&s, "na", "wn", &a, json!({})), (0, 0, 0));
+    assert_eq!(stream(&s, "wn", "clear"), 1.0);
+    for w in ["wr", "wn"] {
+        assert_eq!(tiers(&s, &format!("{w}d"), w, &d, json!({})), (2, 0, 0));
+    }
+}
 
 #[test]
 fn batches_of_another_dp_rank_are_refused_logged_once_and_shown() {

@@ -3,6 +3,8 @@
 //! against a running `kvroute serve --engine ...`, for the conformance suites
 //! (tests/engine_conformance.rs, tests/engine_streams.rs).
 
+#![allow(dead_code)]
+
 use crate::common::Server;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
@@ -111,6 +113,11 @@ impl Engines {
     /// Publishes one batch of the engine's own event classes.
     pub fn publish(&mut self, name: &str, events: Vec<Value>) {
         self.call(json!({"op": "publish", "name": name, "events": events}));
+    }
+
+    /// Publishes one batch that only reaches the replay buffer (a gap).
+    pub fn publish_lost(&mut self, name: &str, events: Vec<Value>) {
+        self.call(json!({"op": "publish", "name": name, "events": events, "lost": true}));
     }
 
     pub fn stop(&mut self, name: &str) {

@@ -10,14 +10,17 @@ the ZmqEventPublisher (PUB + ROUTER replay) are the engines' own code, unchanged
 Commands, one JSON object per line, each answered by one JSON line:
   {"op": "start", "name": "e0", "engine": "vllm"|"sglang", "dp_rank": 0,
    "replay": true, "port": P?, "replay_port": R?}   -> {"pub": P, "replay": R|null}
-  {"op": "publish", "name": "e0", "events": [EVENT, ...]}   -> {"ok": true}
+  {"op": "publish", "name": "e0", "events": [EVENT, ...], "lost": false}
+                                                            -> {"ok": true}
   {"op": "stop", "name": "e0"}                              -> {"ok": true}
   {"op": "quit"}
 EVENT: {"type": "BlockStored"|"BlockRemoved"|"AllBlocksCleared", field: value, ...},
 the engine's own field names. A string value "$NAME" or "$Enum.MEMBER" is that
 attribute of the engine's module (e.g. "$MEDIUM_STORAGE", "$StorageMedium.CPU"). With
 "namespace_salt": S (SGLang), block and parent hashes go through the module's own
-`namespaced_block_hash(h, kv_event_namespace_seed(extra_key=None, cache_salt=S))`.
+`namespaced_block_hash(h, kv_event_namespace_seed(extra_key=None, cache_salt=S))`. A
+hash given as "0x<hex>" is those bytes (vLLM's default sha256 digests). "lost": true
+lets the publisher buffer the batch for replay but drops its PUB send (a gap).
 """
 
 import importlib.util
@@ -189,8 +192,28 @@ def start_once(c):
     }
 
 
+def hash_value(h):
+    if isinstance(h, str) and h.startswith("0x"):
+        return bytes.fromhex(h[2:])
+    return h
+
+
+class DropNextSend:
+    """Wraps the PUB socket: the next send_multipart is dropped (an injected gap)."""
+
+    def __init__(self, publisher):
+        self.publisher, self.sock = publisher, publisher._pub
+
+    def send_multipart(self, frames):
+        self.publisher._pub = self.sock
+
+
 def event(mod, e):
     e = {k: resolve(mod, v) for k, v in e.items()}
+    if "block_hashes" in e:
+        e["block_hashes"] = [hash_value(h) for h in e["block_hashes"]]
+    if e.get("parent_block_hash") is not None:
+        e["parent_block_hash"] = hash_value(e["parent_block_hash"])
     kind = e.pop("type")
     salt = e.pop("namespace_salt", None)
     if salt is not None:
@@ -216,6 +239,8 @@ def event(mod, e):
 def publish(c):
     mod, p = PUBLISHERS[c["name"]]
     batch = mod.KVEventBatch(ts=time.time(), events=[event(mod, e) for e in c["events"]])
+    if c.get("lost"):
+        p._pub = DropNextSend(p)
     p.publish(batch)
     # The publisher thread sends it; wait (bounded) until it did.
     deadline = time.time() + 5
