@@ -198,8 +198,8 @@ pub struct ServeArgs {
     pub affinity_slack: Option<f64>,
     #[arg(long, env = "KVROUTE_LOOKAHEAD_TOKENS")]
     pub lookahead_tokens: Option<u32>,
-    /// device | host | disk: the tier credited for an engine medium neither vLLM nor
-    /// SGLang defines.
+    /// host | disk: the tier credited for an engine medium neither vLLM nor SGLang
+    /// defines (never device).
     #[arg(long, env = "KVROUTE_ENGINE_UNKNOWN_MEDIUM_TIER", value_parser = parse_tier)]
     pub engine_unknown_medium_tier: Option<crate::types::Tier>,
     /// A vLLM / SGLang engine to subscribe to over ZMQ, repeatable; replaces the file's

@@ -92,7 +92,8 @@ pub struct Settings {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
     /// The tier credited for blocks of an engine medium neither vLLM nor SGLang
-    /// defines (docs/ENGINES.md "Media and tiers"). Default disk, the least optimistic.
+    /// defines (docs/ENGINES.md "Media and tiers"): host or disk, never device.
+    /// Default disk, the least optimistic.
     pub engine_unknown_medium_tier: crate::types::Tier,
     /// Time a new binary connection (event port, request API) has to deliver its
     /// `Hello`; then it is closed. Default 5,000 ms.
@@ -342,6 +343,13 @@ impl Settings {
             return Err(
                 "worker_tokens_file needs a shared auth_token or auth_token_file \
                         (frontends and admins authenticate with it)"
+                    .into(),
+            );
+        }
+        if self.engine_unknown_medium_tier == crate::types::Tier::Device {
+            return Err(
+                "engine_unknown_medium_tier must be host or disk: a medium neither engine \
+                 defines is never credited as device"
                     .into(),
             );
         }

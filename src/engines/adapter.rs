@@ -22,7 +22,7 @@
 //!   would be hashed over other token spans than routing requests are, so they could
 //!   never match; likewise one whose lookahead differs from `lookahead_tokens`;
 //! - a medium neither engine defines is counted (`unknown_medium`) and credited to the
-//!   configured tier (default disk, never device unless configured).
+//!   configured tier (default disk; settings never allow device).
 
 use super::groups::{Groups, MAX_GROUPS};
 use super::hashing::{stored_hashes, Refused};

@@ -23,7 +23,7 @@
 //! `locality: "REMOTE"` (remote or shared storage) and `EXTERNAL` (a shared pool such
 //! as Mooncake) are credited as `disk`, the least optimistic tier; an unknown medium
 //! is `None`, and the adapter credits it to the configured
-//! `engine_unknown_medium_tier` (default `disk`, never device unless configured).
+//! `engine_unknown_medium_tier` (`host` or `disk`, default `disk`; never device).
 //!
 //! ## Salting (LoRA, cache salt, extra keys, lookahead)
 //! Blocks cached under a LoRA adapter, a `cache_salt` or with extra keys (multimodal
