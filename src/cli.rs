@@ -208,6 +208,12 @@ pub struct ServeArgs {
     pub affinity_max_entries: Option<usize>,
     #[arg(long, env = "KVROUTE_AFFINITY_SLACK")]
     pub affinity_slack: Option<f64>,
+    #[arg(long, env = "KVROUTE_LOOKAHEAD_TOKENS")]
+    pub lookahead_tokens: Option<u32>,
+    /// host | disk: the tier credited for an engine medium neither vLLM nor SGLang
+    /// defines (never device).
+    #[arg(long, env = "KVROUTE_ENGINE_UNKNOWN_MEDIUM_TIER", value_parser = parse_tier)]
+    pub engine_unknown_medium_tier: Option<crate::types::Tier>,
     /// A vLLM / SGLang engine to subscribe to over ZMQ, repeatable; replaces the file's
     /// `[[engines]]` when given. Compact form:
     /// `worker_id=w1,endpoint=tcp://127.0.0.1:5557[,replay_endpoint=...,role=...,device=...,
@@ -263,6 +269,13 @@ fn parse_pair(s: &str) -> Result<(String, String), String> {
 
 fn parse_engine(s: &str) -> Result<crate::engines::config::EngineEndpoint, String> {
     crate::engines::config::EngineEndpoint::parse_compact(s)
+}
+
+fn parse_tier(s: &str) -> Result<crate::types::Tier, String> {
+    crate::types::Tier::ALL
+        .into_iter()
+        .find(|t| t.name() == s)
+        .ok_or_else(|| format!("unknown tier {s:?} (device | host | disk)"))
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -386,6 +399,7 @@ impl ServeArgs {
             balance_routed_min_ties,
             affinity_max_entries,
             affinity_slack,
+            lookahead_tokens,
         );
         // Optional per-stage knobs: a given flag sets Some(value).
         for (dst, src) in [
@@ -429,6 +443,7 @@ impl ServeArgs {
         if self.engines_file.is_some() {
             s.engines_file.clone_from(&self.engines_file);
         }
+        overlay!(s, self, engine_unknown_medium_tier);
         overlay!(
             s,
             self,

@@ -111,6 +111,10 @@ pub struct Settings {
     /// replica ingests an engine only under the engine's lease, which covers the list
     /// it started with). Default none.
     pub engines_file: Option<String>,
+    /// The tier credited for blocks of an engine medium neither vLLM nor SGLang
+    /// defines (docs/ENGINES.md "Media and tiers"): host or disk, never device.
+    /// Default disk, the least optimistic.
+    pub engine_unknown_medium_tier: crate::types::Tier,
     /// Time a new binary connection (event port, request API) has to deliver its
     /// `Hello`; then it is closed. Default 5,000 ms.
     pub hello_timeout_ms: u64,
@@ -258,6 +262,7 @@ impl Default for Settings {
             router: RouterConfig::default(),
             engines: Vec::new(),
             engines_file: None,
+            engine_unknown_medium_tier: crate::types::Tier::Disk,
             hello_timeout_ms: 5_000,
             api_idle_timeout_ms: 300_000,
             http_header_timeout_ms: 10_000,
@@ -366,6 +371,13 @@ impl Settings {
             return Err(
                 "worker_tokens_file needs a shared auth_token or auth_token_file \
                         (frontends and admins authenticate with it)"
+                    .into(),
+            );
+        }
+        if self.engine_unknown_medium_tier == crate::types::Tier::Device {
+            return Err(
+                "engine_unknown_medium_tier must be host or disk: a medium neither engine \
+                 defines is never credited as device"
                     .into(),
             );
         }

@@ -278,10 +278,16 @@ impl Job {
             (Some(_), Some(t)) => t.lora_for(&self.creq.model).map(str::to_string),
             _ => None,
         };
+        // Forwarded unchanged in the body; routed in the salt's hash space.
+        let cache_salt = self
+            .tokens
+            .as_ref()
+            .and_then(|_| super::prompt::cache_salt(&self.creq.body));
         RouteRequest {
             request_id: rid.to_string(),
             model: (!model.is_empty()).then(|| model.to_string()),
             lora_name,
+            cache_salt,
             tokens,
             block_hashes,
             input_tokens,

@@ -391,6 +391,17 @@ pub fn worker_status(sh: &Shared, e: &crate::registry::WorkerEntry, now_us: u64)
             cfg.block_size
         ));
     }
+    let rank = sh
+        .cells(e.slot)
+        .map_or(0, |c| c.engine_dp_rank_mismatch.load(Ordering::Relaxed));
+    if rank != 0 {
+        w.engine_issue = Some(format!(
+            "dp_rank_mismatch: engine batches are of rank {}, the entry serves rank {} \
+             (each rank publishes on the base port + its rank)",
+            rank - 1,
+            e.spec.dp_ranks.lo
+        ));
+    }
     w
 }
 

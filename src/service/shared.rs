@@ -48,6 +48,9 @@ pub struct WorkerCells {
     /// ZMQ engine workers: the engine's event endpoint has not answered for
     /// `heartbeat_timeout_ms` (`zmq_reach`); the worker is down until it does.
     pub engine_unreachable: AtomicBool,
+    /// ZMQ engine workers: 1 + the data-parallel rank of the engine's last batch,
+    /// refused because the entry serves another rank; 0 when its batches are accepted.
+    pub engine_dp_rank_mismatch: AtomicU32,
 }
 
 pub struct Shared {

@@ -130,7 +130,10 @@ impl Stream {
             .capacity_blocks
             .min(sh.settings.limits.max_blocks_per_worker)
             .min(usize::MAX as u64) as usize;
-        let adapter = Adapter::new(bs, cap, cfg.lora.clone()).with_router_block_size(router_bs);
+        let adapter = Adapter::new(bs, cap, cfg.lora.clone())
+            .with_router_block_size(router_bs)
+            .with_unknown_medium_tier(sh.settings.engine_unknown_medium_tier)
+            .with_lookahead(sh.settings.router.lookahead_tokens as usize);
         let session = Session::new(adapter, cfg.replay_endpoint.is_some(), cfg.dp_rank);
         let limits = Limits {
             max_message_bytes: sh.settings.limits.max_engine_message_bytes,
@@ -276,6 +279,7 @@ impl Stream {
             if let Some(m) = self.reach.connected(&self.sh, self.slot) {
                 log(&self.cfg, &m);
             }
+            self.session.reconnected();
             let mut delivered = false;
             let err = loop {
                 if self.shutting_down() {
@@ -335,6 +339,10 @@ impl Stream {
         }
         self.drain_notes();
         self.mark_block_size(before);
+        if let Some(c) = self.sh.cells(self.slot) {
+            let v = self.session.dp_mismatch.map_or(0, |r| r.saturating_add(1));
+            c.engine_dp_rank_mismatch.store(v, Ordering::Relaxed);
+        }
         if !self.deliver() {
             return false;
         }
@@ -531,7 +539,7 @@ impl Stream {
     }
 }
 
-fn figures(s: &Session) -> [(&'static str, u64); 19] {
+fn figures(s: &Session) -> [(&'static str, u64); 22] {
     let c = &s.counters;
     let AdapterStats {
         stored_blocks,
@@ -542,6 +550,9 @@ fn figures(s: &Session) -> [(&'static str, u64); 19] {
         evicted,
         bad_block_size,
         block_size_mismatch,
+        unknown_medium,
+        lookahead_mismatch,
+        bad_group,
     } = s.adapter.stats;
     [
         ("batch", c.batches),
@@ -563,5 +574,8 @@ fn figures(s: &Session) -> [(&'static str, u64); 19] {
         ("missing_tokens", missing_tokens + bad_block_size),
         ("evicted", evicted),
         ("block_size_mismatch", block_size_mismatch),
+        ("unknown_medium", unknown_medium),
+        ("lookahead_mismatch", lookahead_mismatch),
+        ("bad_group", bad_group),
     ]
 }
