@@ -213,6 +213,9 @@ pub struct ServeArgs {
     pub http_idle_timeout_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_HTTP_BODY_TIMEOUT_MS")]
     pub http_body_timeout_ms: Option<u64>,
+    /// Bytes/s a request body must average (0 = no rate rule).
+    #[arg(long, env = "KVROUTE_HTTP_BODY_MIN_RATE")]
+    pub http_body_min_rate: Option<u64>,
     #[arg(long, env = "KVROUTE_MAX_PREAUTH_CONNECTIONS")]
     pub max_preauth_connections: Option<usize>,
     #[arg(long, env = "KVROUTE_MAX_HELLO_BYTES")]
@@ -418,6 +421,7 @@ impl ServeArgs {
             http_header_timeout_ms,
             http_idle_timeout_ms,
             http_body_timeout_ms,
+            http_body_min_rate,
         );
         overlay!(s.limits, self, max_preauth_connections, max_hello_bytes);
         if self.record.is_some() {

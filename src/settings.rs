@@ -21,6 +21,11 @@ pub const DEFAULT_ANSWER_SPIN_US: u64 = 200;
 /// Largest `answer_spin_us` accepted (1 s): the spin stays bounded whatever is set.
 pub const MAX_ANSWER_SPIN_US: u64 = 1_000_000;
 
+/// Default `http_body_min_rate` (bytes/s): far below any real client's upload (a
+/// 4 MiB body over a 1 Mbit/s link is 128 KiB/s), far above what a body trickled to
+/// hold a connection sends (a byte every few seconds).
+pub const DEFAULT_HTTP_BODY_MIN_RATE: u64 = 1024;
+
 /// How the block-hash index is laid out over the cores (`index_layout`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -107,6 +112,11 @@ pub struct Settings {
     /// this long closes the connection; slow but steady transfers are not cut.
     /// Default 30,000 ms.
     pub http_body_timeout_ms: u64,
+    /// A request body must arrive at this many bytes per second on average, counted
+    /// from its head with one second of slack; a slower one is cut (`http_clock`), and
+    /// any connection still reading a body can be displaced for a new one
+    /// (`slots`). 0 = no rate rule (the stall timeout alone). Default 1024.
+    pub http_body_min_rate: u64,
     /// Write the routed requests as a Mooncake-format trace to this file (truncated at
     /// start; `crate::record`). Default none.
     pub record: Option<String>,
@@ -240,6 +250,7 @@ impl Default for Settings {
             http_header_timeout_ms: 10_000,
             http_idle_timeout_ms: 60_000,
             http_body_timeout_ms: 30_000,
+            http_body_min_rate: DEFAULT_HTTP_BODY_MIN_RATE,
             record: None,
             record_max_bytes: 256 << 20,
             record_max_ids: 1 << 22,

@@ -177,7 +177,17 @@ fn idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
 
 #[test]
 fn slow_but_steady_body_is_not_cut_and_a_stalled_one_is() {
-    let s = Server::start(1, &["--http-body-timeout-ms", "1000"]);
+    // The stall rule alone: this body (~17 B/s) is far below the default body rate,
+    // whose own test is tests/slow_bodies.rs.
+    let s = Server::start(
+        1,
+        &[
+            "--http-body-timeout-ms",
+            "1000",
+            "--http-body-min-rate",
+            "0",
+        ],
+    );
     let body = serde_json::json!({"id": "slow", "capacity_blocks": 100}).to_string();
     let head = format!(
         "POST /v1/workers HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",

@@ -58,7 +58,7 @@ async fn body_bytes(core: &Core, req: Request<Incoming>) -> Result<Bytes, Resp> 
     let limit = core.shared.settings.limits.max_body_bytes;
     match Limited::new(req.into_body(), limit).collect().await {
         Ok(b) => Ok(b.to_bytes()),
-        Err(e) => {
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             core.shared.metrics.protocol_error("http_body");
             Err(error(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -66,6 +66,13 @@ async fn body_bytes(core: &Core, req: Request<Incoming>) -> Result<Bytes, Resp> 
                 format!("request body rejected (limit {limit} bytes): {e}"),
             ))
         }
+        // Cut while it arrived (too slow, stalled, displaced; counted where it was
+        // cut) or broken: the connection is closing, this answer is a courtesy.
+        Err(e) => Err(error(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_incomplete",
+            format!("request body not received in full: {e}"),
+        )),
     }
 }
 
