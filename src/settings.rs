@@ -117,6 +117,14 @@ pub struct Settings {
     /// any connection still reading a body can be displaced for a new one
     /// (`slots`). 0 = no rate rule (the stall timeout alone). Default 1024.
     pub http_body_min_rate: u64,
+    /// Host names (besides IP literals, `localhost` and `*.localhost`) the HTTP doors
+    /// answer to, against DNS rebinding (`service::doors`): exact names, `*.domain`
+    /// for a domain's subdomains, `*` for any. Default none.
+    pub http_allowed_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`, `null`, or `*`) whose browser pages may call
+    /// the HTTP doors besides the router's own, with CORS answers
+    /// (`service::doors`). Default none.
+    pub http_allowed_origins: Vec<String>,
     /// Write the routed requests as a Mooncake-format trace to this file (truncated at
     /// start; `crate::record`). Default none.
     pub record: Option<String>,
@@ -251,6 +259,8 @@ impl Default for Settings {
             http_idle_timeout_ms: 60_000,
             http_body_timeout_ms: 30_000,
             http_body_min_rate: DEFAULT_HTTP_BODY_MIN_RATE,
+            http_allowed_hosts: Vec::new(),
+            http_allowed_origins: Vec::new(),
             record: None,
             record_max_bytes: 256 << 20,
             record_max_ids: 1 << 22,
@@ -319,6 +329,7 @@ impl Settings {
                 return Err(format!("{name} must be >= 10"));
             }
         }
+        validate_doors(&self.http_allowed_hosts, &self.http_allowed_origins)?;
         if self.heartbeat_timeout_ms == 0 {
             return Err("heartbeat_timeout_ms must be > 0".into());
         }
@@ -435,6 +446,40 @@ impl Settings {
             }
         }
     }
+}
+
+/// `http_allowed_hosts` are bare names (no scheme, path or port; `*.domain` or `*`);
+/// `http_allowed_origins` are `scheme://host[:port]`, `null` or `*`.
+fn validate_doors(hosts: &[String], origins: &[String]) -> Result<(), String> {
+    let name_ok = |h: &str| {
+        let h = h.strip_prefix("*.").unwrap_or(h);
+        !h.is_empty()
+            && h.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+    };
+    for h in hosts {
+        if h != "*" && !name_ok(h) {
+            return Err(format!(
+                "http_allowed_hosts: {h:?} is not a host name (NAME, *.DOMAIN or *; no scheme or port)"
+            ));
+        }
+    }
+    for o in origins {
+        let ok = o == "*"
+            || o == "null"
+            || o.split_once("://").is_some_and(|(scheme, rest)| {
+                matches!(scheme, "http" | "https")
+                    && !rest.is_empty()
+                    && !rest.contains('/')
+                    && !rest.contains(char::is_whitespace)
+            });
+        if !ok {
+            return Err(format!(
+                "http_allowed_origins: {o:?} is not an origin (http[s]://HOST[:PORT], null or *)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ pub mod conn;
 pub mod conn_slot;
 pub mod control;
 pub mod core;
+pub mod doors;
 pub mod errors;
 pub mod http;
 pub mod http_clock;
