@@ -248,3 +248,26 @@ fn the_body_rate_cuts_trickles_and_keeps_slow_uploads() {
     );
     assert_eq!(taken, Some(201), "with no rate rule the trickle is taken");
 }
+
+/// The body rules end with the body: a proxied request whose worker takes seconds
+/// before its answer's head (a non-streamed completion of 5 slow tokens) waits for it,
+/// far past the body rate's deadline, and is answered.
+#[test]
+fn waiting_for_the_worker_is_not_reading_a_body() {
+    let s = Server::start(1, &[]);
+    let slow = "prefill_base_us=1000,prefill_us_per_token=1,prefill_attention_us=0,decode_step_base_us=600000,decode_us_per_seq=0";
+    let f = common::fleet::Fleet::start(&["--workers", "1", "--events", "none", "--timing", slow]);
+    proxy::register(&s, "slow", "sim-model", "aggregated", &f.workers[0].url);
+    let prompt = format!(
+        r#"{{"model":"sim-model","prompt":"{}","max_tokens":5}}"#,
+        common::fleet::words(0..400)
+    );
+    let t0 = Instant::now();
+    let a = proxy::post(&s, "/v1/completions", &prompt, &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(
+        t0.elapsed() >= Duration::from_secs(2),
+        "the worker answered in {:?}",
+        t0.elapsed()
+    );
+}

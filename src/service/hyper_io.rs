@@ -212,7 +212,12 @@ impl<T: AsyncRead + Unpin> hyper::rt::Read for HyperIo<T> {
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
                 // Waiting for more of a request body: the slot becomes displaceable
-                // (`slots`). Only then; other waits keep their activity.
+                // (`slots`). Only then; other waits keep their activity. This holds
+                // because both servers run hyper with `half_close(true)`: it reads
+                // nothing mid-request but the body. A server watching for the client's
+                // EOF mid-request must tell the clock when the body ended, or such
+                // reads are taken for a trickled body (tests/slow_bodies.rs,
+                // `waiting_for_the_worker_is_not_reading_a_body`).
                 if matches!(clock.phase, Phase::Busy { .. }) && !clock.read_waiting {
                     conn.update(|c, _| c.on_read_waiting());
                 }
