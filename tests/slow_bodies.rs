@@ -158,7 +158,8 @@ fn trickled_bodies_do_not_lock_either_http_port() {
     drop((api, px));
     assert!(
         failures.is_empty(),
-        "{answered} answered, failed: {failures:?}"
+        "{answered} answered, {} failed: {failures:?}",
+        failures.len()
     );
     assert!(answered >= 40, "{answered} calls answered");
     // The attack was cut again and again: displaced for new connections (and, when
