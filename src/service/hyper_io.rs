@@ -11,8 +11,9 @@
 //! a read or write that waits past its deadline gets a glommio timer that wakes the
 //! task, and then fails with `TimedOut`; a connection displaced from its slot fails its
 //! next read with `ConnectionAborted` (a read waiting for a request body too: the
-//! handler then sees its body end in an error and answers it). hyper then closes the connection through its
-//! own error path: nothing is dropped from outside with a handler half done.
+//! handler then sees its body end in an error and answers it). hyper then closes the
+//! connection through its own error path: nothing is dropped from outside with a
+//! handler half done.
 
 use super::conn_slot::Slot;
 use super::http_clock::{Clock, Phase, Timeouts};
