@@ -193,11 +193,13 @@ impl Tier {
                 args,
                 child: None,
             };
+            // One after the other, as a rollout would: the first creates the tier's
+            // stream and buckets. (Two replicas started at the same instant on a
+            // loaded machine once left one without its stream, never ready.)
             r.spawn(a.kvroute)?;
+            let ready = r.wait_ready(Duration::from_secs(120));
             t.replicas.push(r);
-        }
-        for r in &t.replicas {
-            r.wait_ready(Duration::from_secs(60))?;
+            ready?;
         }
         Ok(t)
     }
