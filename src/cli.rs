@@ -234,6 +234,17 @@ pub struct ServeArgs {
     pub http_idle_timeout_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_HTTP_BODY_TIMEOUT_MS")]
     pub http_body_timeout_ms: Option<u64>,
+    /// Bytes/s a request body must average (0 = no rate rule).
+    #[arg(long, env = "KVROUTE_HTTP_BODY_MIN_RATE")]
+    pub http_body_min_rate: Option<u64>,
+    /// Host names the HTTP doors answer to besides IP literals and localhost (comma
+    /// separated or repeated; `*.domain`, `*`); replaces the file's list when given.
+    #[arg(long, env = "KVROUTE_HTTP_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub http_allowed_hosts: Vec<String>,
+    /// Origins whose browser pages may call the HTTP doors (`http[s]://host[:port]`,
+    /// comma separated or repeated; `null`, `*`); replaces the file's list when given.
+    #[arg(long, env = "KVROUTE_HTTP_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub http_allowed_origins: Vec<String>,
     #[arg(long, env = "KVROUTE_MAX_PREAUTH_CONNECTIONS")]
     pub max_preauth_connections: Option<usize>,
     #[arg(long, env = "KVROUTE_MAX_HELLO_BYTES")]
@@ -452,7 +463,16 @@ impl ServeArgs {
             http_header_timeout_ms,
             http_idle_timeout_ms,
             http_body_timeout_ms,
+            http_body_min_rate,
         );
+        for (dst, src) in [
+            (&mut s.http_allowed_hosts, &self.http_allowed_hosts),
+            (&mut s.http_allowed_origins, &self.http_allowed_origins),
+        ] {
+            if !src.is_empty() {
+                dst.clone_from(src);
+            }
+        }
         overlay!(s.limits, self, max_preauth_connections, max_hello_bytes);
         if self.record.is_some() {
             s.record = self.record.clone();

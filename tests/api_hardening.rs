@@ -108,7 +108,7 @@ fn bodies_of_bodiless_calls_are_read_so_keep_alive_holds() {
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     for op in ["first_token", "finish", "prefill_failed"] {
         let head = format!(
-            "POST /v1/requests/nope/{op} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n"
+            "POST /v1/requests/nope/{op} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n"
         );
         c.write_all(head.as_bytes()).unwrap();
         c.flush().unwrap();
@@ -117,7 +117,7 @@ fn bodies_of_bodiless_calls_are_read_so_keep_alive_holds() {
         c.write_all(b"{}").unwrap();
         let r = read_response(&mut c).expect("an answer");
         assert!(r.starts_with("HTTP/1.1 404"), "{op}: {r}");
-        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
             .unwrap();
         let r = read_response(&mut c).unwrap_or_else(|| panic!("{op}: connection closed"));
         assert!(r.starts_with("HTTP/1.1 200"), "{op}: {r}");

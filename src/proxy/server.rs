@@ -5,13 +5,16 @@
 //! shape), `GET /health` (no auth; 503 `draining` once shutdown began, see
 //! `service::Running::drain`). When the service has a token or the proxy has
 //! client API keys, every other route needs `Authorization: Bearer <token or key>`
-//! (compared in constant time); otherwise 401 in OpenAI's error shape.
+//! (compared in constant time); otherwise 401 in OpenAI's error shape. Requests a
+//! browser sent first pass the door rules of `service::doors` (`Host`, `Origin`, JSON
+//! content type; CORS for listed origins).
 
 use super::body::ProxyBody;
 use super::forward::{self, error, Resp};
 use super::request::Endpoint;
 use crate::service::conn_slot::Slot;
 use crate::service::core::Core;
+use crate::service::doors::{self, Door, Pass};
 use crate::service::hyper_io;
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -72,7 +75,36 @@ fn models(core: &Core) -> Resp {
     )
 }
 
+/// Handles one request: the door rules for browsers ([`doors`]), then [`answer`].
 pub async fn handle(core: Rc<Core>, req: Request<Incoming>) -> Resp {
+    let pass = doors::check(
+        &core.shared.settings,
+        Door::Proxy,
+        req.method(),
+        req.headers(),
+    );
+    match pass {
+        Err(r) => {
+            let kind = super::state::KindLabel { kind: r.code() };
+            core.shared.proxy.metrics.refused.get_or_create(&kind).inc();
+            error(r.status(), "invalid_request_error", r.code(), r.message())
+        }
+        Ok(Pass::Preflight(origin)) => {
+            let mut resp = Response::new(ProxyBody::full(Bytes::new()));
+            *resp.status_mut() = StatusCode::NO_CONTENT;
+            doors::fill_preflight(resp.headers_mut(), origin, req.headers());
+            resp
+        }
+        Ok(Pass::Cors(origin)) => {
+            let mut resp = answer(core, req).await;
+            doors::allow_origin(resp.headers_mut(), origin);
+            resp
+        }
+        Ok(Pass::Plain) => answer(core, req).await,
+    }
+}
+
+async fn answer(core: Rc<Core>, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     if method == Method::GET && path == "/health" {
