@@ -150,10 +150,18 @@ pub fn run(a: DemoArgs) -> Result<(), String> {
     std::fs::write(&json, text).map_err(|e| format!("{}: {e}", json.display()))?;
     println!(
         "chart: {}\nreports and the commands that ran: {}",
-        svg.display(),
-        json.display()
+        shown(&svg),
+        shown(&json)
     );
     Ok(())
+}
+
+/// `p` relative to the working directory when it lies under it.
+fn shown(p: &Path) -> String {
+    std::env::current_dir()
+        .ok()
+        .and_then(|d| p.strip_prefix(d).ok().map(|r| r.display().to_string()))
+        .unwrap_or_else(|| p.display().to_string())
 }
 
 /// Runs one row on a fresh fleet and router; both are stopped before it returns.
