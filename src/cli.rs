@@ -30,7 +30,7 @@ pub enum Command {
 /// Flags of `kvroute serve`. Unset flags leave the file/default value in place.
 #[derive(Args, Debug, Default, Clone)]
 pub struct ServeArgs {
-    /// TOML settings file (all keys optional; see README "Settings").
+    /// TOML settings file (all keys optional; see docs/CONFIGURATION.md).
     #[arg(long, env = "KVROUTE_CONFIG")]
     pub config: Option<PathBuf>,
     #[arg(long, env = "KVROUTE_EVENTS_ADDR")]
