@@ -209,7 +209,13 @@ impl Job {
                 Some(a) => a,
                 None => return self.no_worker(last.as_ref()),
             };
-            let rid = request::router_id(&self.client_id, self.core.id, self.counter, attempt);
+            let rid = request::router_id(
+                &self.client_id,
+                &sh.proxy.nonce,
+                self.core.id,
+                self.counter,
+                attempt,
+            );
             let rr = self.route_request(&rid, allow);
             let mut d = match router::route_proxied(&self.core, &rr).await {
                 Ok(d) => d,

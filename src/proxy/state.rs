@@ -1,7 +1,7 @@
 //! What the proxy shares between cores: its metrics (registered into the service's
 //! `/metrics` registry), the count of proxied requests in flight (the
-//! `max_concurrent` admission), the accepted client API keys, and the `Authorization`
-//! sent to the workers.
+//! `max_concurrent` admission), the accepted client API keys, the `Authorization`
+//! sent to the workers, and the process's nonce in the ids of routed requests.
 
 use hyper::header::HeaderValue;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -161,6 +161,9 @@ pub struct ProxyShared {
     upstream_auth: OnceLock<HeaderValue>,
     /// Set at the first shutdown signal (`service::Running::drain`).
     draining: AtomicBool,
+    /// Drawn at start: part of every routed request's id (`request::router_id`), so
+    /// two replicas never mint the same one.
+    pub nonce: String,
 }
 
 impl ProxyShared {
@@ -171,6 +174,7 @@ impl ProxyShared {
             keys: OnceLock::new(),
             upstream_auth: OnceLock::new(),
             draining: AtomicBool::new(false),
+            nonce: super::request::new_nonce(),
         };
         m.with_registry(|r| p.metrics.register(r));
         p
