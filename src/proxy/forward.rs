@@ -4,6 +4,10 @@
 //! the first response byte (`retry`), with each worker's breaker (`breaker`) kept per
 //! core.
 //!
+//! A client body loses the members engines trust as engine-to-engine data (`strip`)
+//! before anything is forwarded; `kv_transfer_params` is then set only from the
+//! prefill worker's answer (`pd`).
+//!
 //! Every routing attempt is its own kvroute request (`request::router_id`, `.rN` for
 //! re-routes) whose load is released (`finish`) as soon as the attempt fails, so a
 //! failed worker never keeps load; the final response says how many re-routes it took
@@ -21,7 +25,7 @@ use super::health::{self, breaker_failure, breaker_success, spawn_probe};
 use super::pool::{self, Conn};
 use super::request::{self, ClientRequest, Endpoint};
 use super::retry::{self, Failure, Policy};
-use super::state::{KindLabel, ProxyShared, RequestLabels};
+use super::state::{FieldLabel, KindLabel, ProxyShared, RequestLabels};
 use super::track::Tracker;
 use super::url::UpstreamUrl;
 use crate::engine::RouteRequest;
@@ -132,7 +136,7 @@ pub async fn completions(core: Rc<Core>, endpoint: Endpoint, req: Request<Incomi
             );
         }
     };
-    let creq = match request::parse(&raw) {
+    let mut creq = match request::parse(&raw) {
         Ok(c) => c,
         Err(e) => {
             refused(&core, "bad_request");
@@ -143,6 +147,19 @@ pub async fn completions(core: Rc<Core>, endpoint: Endpoint, req: Request<Incomi
                 &e.0,
             );
         }
+    };
+    // Engine-to-engine members never come from a client (`strip`): the body then goes
+    // out re-serialised without them, on every leg.
+    let stripped = super::strip::strip(&mut creq.body);
+    let raw = if stripped.is_empty() {
+        raw
+    } else {
+        for field in stripped {
+            (sh.proxy.metrics.stripped)
+                .get_or_create(&FieldLabel { field })
+                .inc();
+        }
+        Bytes::from(serde_json::to_vec(&creq.body).unwrap_or_default())
     };
     let t0 = Instant::now();
     let (creq, tokens) = super::offload::tokenize(&core, endpoint, creq, raw.len()).await;

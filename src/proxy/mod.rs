@@ -8,6 +8,7 @@
 //! - `url`: the upstream URL of a worker (`http://host:port[/base]`);
 //! - `config`: the proxy's settings (`[proxy]` in TOML), `args` their flags;
 //! - `request`: the client body (limits, the fields routing needs, ids);
+//! - `strip`: the members engines trust as engine-to-engine data, removed from it;
 //! - `prompt`: token ids of a prompt (the one call site of tokenization);
 //! - `track`: lifecycle signals from an SSE or JSON response stream (`event`: the
 //!   fields they need from one response object, read without a JSON tree);
@@ -31,6 +32,7 @@ pub mod pd;
 pub mod prompt;
 pub mod request;
 pub mod retry;
+pub mod strip;
 pub mod track;
 pub mod url;
 

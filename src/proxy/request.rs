@@ -1,7 +1,7 @@
 //! The client's request body, reduced to what routing needs, and the ids.
 //!
-//! The body is forwarded as the client sent it (its bytes, not a re-serialisation);
-//! this module only reads `model`, `stream`, `max_tokens` / `max_completion_tokens`
+//! The body is forwarded as the client sent it (its bytes, not a re-serialisation),
+//! unless it carries members that `strip` removes; this module only reads `model`, `stream`, `max_tokens` / `max_completion_tokens`
 //! (the OSL hint) out of it. It must be a JSON object; `model` and `stream` must have
 //! their OpenAI types when present. Request ids: the client's `x-request-id` is
 //! propagated to the worker as given (generated when absent); kvroute's own id for the

@@ -28,6 +28,11 @@ pub struct KindLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FieldLabel {
+    pub field: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WorkerLabel {
     pub worker: String,
 }
@@ -51,6 +56,8 @@ pub struct ProxyMetrics {
     pub tokenize_lean_mismatches: Gauge,
     pub prefill_fallbacks: Counter,
     pub active: Gauge,
+    /// Client body members removed before forwarding (`proxy::strip`), by name.
+    pub stripped: Family<FieldLabel, Counter>,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
@@ -75,6 +82,7 @@ impl ProxyMetrics {
             tokenize_lean_mismatches: Gauge::default(),
             prefill_fallbacks: Counter::default(),
             active: Gauge::default(),
+            stripped: Family::default(),
         }
     }
 
@@ -148,6 +156,11 @@ impl ProxyMetrics {
             "proxy_active",
             "Proxied requests in flight",
             self.active.clone(),
+        );
+        r.register(
+            "proxy_stripped_fields",
+            "Members removed from client bodies because engines trust them as engine-to-engine data (kv_transfer_params, bootstrap_host, ...), by name",
+            self.stripped.clone(),
         );
     }
 }
