@@ -467,7 +467,7 @@ impl Job {
             upstream,
             conn: Some(a.conn),
             id: rid.to_string(),
-            tracker: Tracker::new(sse, 4 << 20),
+            tracker: Tracker::new(sse),
             sse,
             started: self.started,
             last_output: None,

@@ -11,7 +11,8 @@
 //! - `strip`: the members engines trust as engine-to-engine data, removed from it;
 //! - `prompt`: token ids of a prompt (the one call site of tokenization);
 //! - `track`: lifecycle signals from an SSE or JSON response stream (`event`: the
-//!   fields they need from one response object, read without a JSON tree);
+//!   fields they need from one response object, read without a JSON tree; `jscan`:
+//!   the same, pushed chunk by chunk in constant memory);
 //! - `breaker`: the per-worker circuit breaker state machine;
 //! - `retry`: which upstream failures are retried, and the backoff;
 //! - `pd`: the two legs of a disaggregated (NIXL) request;
@@ -28,6 +29,7 @@ pub mod breaker;
 pub mod config;
 pub mod errors;
 pub mod event;
+pub mod jscan;
 pub mod pd;
 pub mod prompt;
 pub mod request;
