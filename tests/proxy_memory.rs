@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::proxy::{register, FakeWorker};
+use common::proxy::{register, router_active, wait_until, FakeWorker};
 use common::Server;
 use serde_json::json;
 use std::io::{Read, Write};
@@ -99,4 +99,10 @@ fn json_answers_of_any_size_hold_no_memory_per_request() {
         grown >> 20
     );
     drop((clients, warm));
+    wait_until("the worker saw every client go", || {
+        w.stats()["aborted"] == 34
+    });
+    wait_until("load released", || {
+        router_active(&s) == 0.0 && s.metric("kvroute_proxy_active ") == 0.0
+    });
 }

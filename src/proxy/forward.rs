@@ -28,6 +28,7 @@ use super::retry::{self, Failure, Policy};
 use super::state::{FieldLabel, KindLabel, ProxyShared, RequestLabels};
 use super::track::Tracker;
 use super::url::UpstreamUrl;
+use super::watch::{unless_gone, ClientWatch, Gone};
 use crate::engine::RouteRequest;
 use crate::service::core::Core;
 use crate::service::msg::LifeOp;
@@ -88,8 +89,14 @@ fn next_counter() -> u64 {
     })
 }
 
-/// Handles `POST /v1/completions` / `POST /v1/chat/completions`.
-pub async fn completions(core: Rc<Core>, endpoint: Endpoint, req: Request<Incoming>) -> Resp {
+/// Handles `POST /v1/completions` / `POST /v1/chat/completions`; `watch`: the
+/// client's connection, whose closing aborts the request at once.
+pub async fn completions(
+    core: Rc<Core>,
+    endpoint: Endpoint,
+    req: Request<Incoming>,
+    watch: Rc<ClientWatch>,
+) -> Resp {
     let sh = core.shared.clone();
     let ps = &sh.settings.proxy;
     let started = Instant::now();
@@ -189,6 +196,7 @@ pub async fn completions(core: Rc<Core>, endpoint: Endpoint, req: Request<Incomi
         counter: next_counter(),
         tokens,
         started,
+        watch,
     };
     job.run(admitted).await
 }
@@ -202,6 +210,7 @@ struct Job {
     counter: u64,
     tokens: Option<Vec<u32>>,
     started: Instant,
+    watch: Rc<ClientWatch>,
 }
 
 /// The upstream answered with a head: its response and connection.
@@ -221,6 +230,8 @@ impl Job {
         let mut excluded: Vec<String> = Vec::new();
         let mut attempt = 0u32;
         let mut last: Option<(String, Failure)> = None;
+        // Every wait on a worker below ends as soon as the client goes away (`watch`).
+        let mut gone = self.watch.gone();
         loop {
             let allow = match self.allow_list(&excluded) {
                 Some(a) => a,
@@ -241,7 +252,10 @@ impl Job {
             let mut body = self.raw.clone();
             let mut fallback = false;
             if let Some(p) = d.prefill_worker.clone() {
-                match self.prefill_leg(&p).await {
+                let Some(leg) = unless_gone(&mut gone, self.prefill_leg(&p)).await else {
+                    return self.client_left(Some(&rid), &p);
+                };
+                match leg {
                     Ok(params) => {
                         breaker_success(&self.core, &p);
                         body = Bytes::from(super::pd::decode_body(&self.creq.body, params));
@@ -264,10 +278,14 @@ impl Job {
                 }
             }
             let w = d.decode_worker.clone();
-            match self.send(&w, body, self.creq.stream).await {
+            let sent = unless_gone(&mut gone, self.send(&w, body, self.creq.stream)).await;
+            let Some(sent) = sent else {
+                return self.client_left(Some(&rid), &w);
+            };
+            match sent {
                 Ok(a) => {
                     breaker_success(&self.core, &w);
-                    return self.respond(a, &rid, &w, attempt, fallback, admitted);
+                    return self.respond(a, &rid, &w, attempt, fallback, (admitted, gone));
                 }
                 Err(f) => {
                     self.upstream_failed(&w, f);
@@ -278,7 +296,10 @@ impl Job {
                     match policy.backoff(attempt) {
                         Some(wait) => {
                             sh.proxy.metrics.retries.inc();
-                            glommio::timer::sleep(wait).await;
+                            let slept = glommio::timer::sleep(wait);
+                            if unless_gone(&mut gone, slept).await.is_none() {
+                                return self.client_left(None, &excluded[excluded.len() - 1]);
+                            }
                         }
                         None => return self.gave_up(last.as_ref()),
                     }
@@ -439,6 +460,30 @@ impl Job {
         super::pd::answer_params(&read).ok_or(Failure::Status(0))
     }
 
+    /// The client went away while the request waited on `worker`: the wait was
+    /// dropped (closing the connection to the worker, so the engine aborts), and the
+    /// routed attempt `rid`, if one is open, finishes (its load released).
+    fn client_left(&self, rid: Option<&str>, worker: &str) -> Resp {
+        if let Some(rid) = rid {
+            body::life(&self.core, LifeOp::Finish, rid);
+        }
+        let m = &self.core.shared.proxy.metrics;
+        m.e2e.observe(self.started.elapsed().as_secs_f64());
+        let labels = RequestLabels {
+            model: worker_model(&self.core, worker),
+            worker: worker.to_string(),
+            outcome: "client_disconnect",
+        };
+        m.requests.get_or_create(&labels).inc();
+        // Nobody reads it: the client's connection is closed.
+        error(
+            StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            "invalid_request_error",
+            "client_closed_request",
+            "the client closed the connection",
+        )
+    }
+
     fn respond(
         &self,
         a: Answer,
@@ -446,7 +491,7 @@ impl Job {
         worker: &str,
         retries: u32,
         fallback: bool,
-        admitted: super::state::Admitted,
+        (admitted, gone): (super::state::Admitted, Gone),
     ) -> Resp {
         let sh = &self.core.shared;
         let ps = &sh.settings.proxy;
@@ -456,12 +501,7 @@ impl Job {
             .get(hyper::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
-        let model = sh
-            .registry
-            .load()
-            .by_id(worker)
-            .map(|e| e.spec.model.clone())
-            .unwrap_or_default();
+        let model = worker_model(&self.core, worker);
         let streamed = Streamed {
             core: self.core.clone(),
             upstream,
@@ -483,6 +523,7 @@ impl Job {
             done: false,
             pool_max_idle: ps.pool_max_idle,
             admitted: Some(admitted),
+            gone: Some(gone),
         };
         let mut resp = Response::new(ProxyBody::Stream(Box::new(streamed)));
         *resp.status_mut() = parts.status;
@@ -595,6 +636,13 @@ fn is_hop_by_hop(name: &str) -> bool {
             | "upgrade"
             | "proxy-connection"
     )
+}
+
+fn worker_model(core: &Core, worker: &str) -> String {
+    (core.shared.registry.load())
+        .by_id(worker)
+        .map(|e| e.spec.model.clone())
+        .unwrap_or_default()
 }
 
 fn worker_url(core: &Core, worker: &str) -> Option<UpstreamUrl> {

@@ -22,7 +22,8 @@
 //! client side), `pool` (per-core keep-alive connections per worker), `body` (the
 //! streamed response and its lifecycle), `forward` (route → legs → retries), `health` (breakers per core, probes), `server`
 //! (the listener's routes and auth), `state` (metrics and the shared admission count),
-//! `refuse` (a 429 for a connection the listener has no slot for).
+//! `refuse` (a 429 for a connection the listener has no slot for), `watch` (a client
+//! that went away, noticed while its request waits).
 
 pub mod args;
 pub mod breaker;
@@ -56,3 +57,5 @@ pub mod refuse;
 pub mod server;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod state;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod watch;
