@@ -51,6 +51,9 @@ pub struct ProxyMetrics {
     pub untokenized: Counter,
     /// Prompts tokenized on the core's blocking thread (`tokenize_inline_max_bytes`).
     pub tokenized_off_core: Counter,
+    /// Short bodies whose chat render outgrew the core's budget and was finished on
+    /// the blocking thread.
+    pub renders_off_core: Counter,
     /// Sampled prompts whose lean ids differed from HF's (`tokenize::lean`; set at
     /// scrape time).
     pub tokenize_lean_mismatches: Gauge,
@@ -79,6 +82,7 @@ impl ProxyMetrics {
             tokenize_seconds: Histogram::new((0..16).map(|i| 1e-6 * f64::from(1u32 << i))),
             untokenized: Counter::default(),
             tokenized_off_core: Counter::default(),
+            renders_off_core: Counter::default(),
             tokenize_lean_mismatches: Gauge::default(),
             prefill_fallbacks: Counter::default(),
             active: Gauge::default(),
@@ -141,6 +145,11 @@ impl ProxyMetrics {
             "proxy_tokenized_off_core",
             "Prompts tokenized on the core's blocking thread (bodies over tokenize_inline_max_bytes)",
             self.tokenized_off_core.clone(),
+        );
+        r.register(
+            "proxy_renders_off_core",
+            "Chat renders of short bodies that took more steps than the core's budget and were finished on its blocking thread (within chat_template_fuel)",
+            self.renders_off_core.clone(),
         );
         r.register(
             "proxy_tokenize_lean_mismatches",

@@ -1,0 +1,94 @@
+//! Chat template rendering through the real binary with `--cores 1`: a render is
+//! bounded in template steps (`chat_template_fuel`; past it 400), and one that turns
+//! out costly leaves the core after a few thousand steps for the core's blocking
+//! thread, so `/healthz` and other requests on that core stay served meanwhile.
+
+mod common;
+
+use common::proxy::{post, register, wait_until, FakeWorker};
+use common::tokenizer::TestTokenizer;
+use common::Server;
+use serde_json::json;
+use std::sync::Mutex;
+
+/// 10^8 loop steps and no output, for a 40-byte chat body.
+const COSTLY: &str =
+    "{% for a in range(10000) %}{% for b in range(10000) %}{% endfor %}{% endfor %}t1";
+
+fn costly_tokenizer() -> TestTokenizer {
+    let t = TestTokenizer::new(100);
+    std::fs::write(t.path().join("chat_template.jinja"), COSTLY).expect("template");
+    t
+}
+
+const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+
+/// Routers start one at a time: one test sets an environment variable for its own.
+static START: Mutex<()> = Mutex::new(());
+
+fn start(tok: &TestTokenizer, fuel_env: Option<&str>) -> Server {
+    let _one = START.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(f) = fuel_env {
+        std::env::set_var("KVROUTE_CHAT_TEMPLATE_FUEL", f);
+    }
+    let s = Server::start(1, &["--tokenizer", &tok.flag()]);
+    std::env::remove_var("KVROUTE_CHAT_TEMPLATE_FUEL");
+    s
+}
+
+#[test]
+fn a_costly_template_is_refused_past_its_fuel_off_the_core() {
+    if !common::python_has("json", "python3") {
+        return;
+    }
+    let tok = costly_tokenizer();
+    let s = start(&tok, None);
+    let w = FakeWorker::start("w1", &[]);
+    register(&s, "w1", "m", "aggregated", &w.url());
+    let a = post(&s, "/v1/chat/completions", CHAT, &[]);
+    assert_eq!(a.status, 400, "{a:?}");
+    assert!(a.body.contains("chat_template_fuel"), "{}", a.body);
+    assert_eq!(s.metric("kvroute_proxy_renders_off_core_total"), 1.0);
+    assert!(w.received().is_empty());
+    // A completion on the same core is unaffected.
+    let c = post(
+        &s,
+        "/v1/completions",
+        &json!({"model": "m", "prompt": "t1 t2", "max_tokens": 1}).to_string(),
+        &[],
+    );
+    assert_eq!(c.status, 200, "{c:?}");
+}
+
+#[test]
+fn healthz_stays_served_while_a_long_render_runs() {
+    if !common::python_has("json", "python3") {
+        return;
+    }
+    let tok = costly_tokenizer();
+    // Fuel for the whole 10^8 steps (seconds of work): the render must not hold the
+    // core. The env var: a router without the setting ignores it and renders inline.
+    let s = start(&tok, Some("1000000000"));
+    let w = FakeWorker::start("w1", &[]);
+    register(&s, "w1", "m", "aggregated", &w.url());
+    let proxy = s.proxy.clone();
+    let chat = std::thread::spawn(move || {
+        common::proxy::agent()
+            .post(&format!("http://{proxy}/v1/chat/completions"))
+            .set("content-type", "application/json")
+            .send_string(CHAT)
+            .map(|r| r.status())
+    });
+    wait_until("the render left the core", || {
+        s.metric("kvroute_proxy_renders_off_core_total") == 1.0
+    });
+    for _ in 0..5 {
+        assert_eq!(s.get("/healthz").0, 200);
+    }
+    assert!(
+        !chat.is_finished(),
+        "the render ended before /healthz was asked"
+    );
+    drop(s);
+    let _ = chat.join();
+}
