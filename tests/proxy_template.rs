@@ -92,3 +92,36 @@ fn healthz_stays_served_while_a_long_render_runs() {
     drop(s);
     let _ = chat.join();
 }
+
+#[test]
+fn chat_template_fuel_comes_from_default_toml_env_and_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("k.toml");
+    std::fs::write(&cfg, "[limits]\nchat_template_fuel = 5000\n").unwrap();
+    let print = |args: &[&str], env: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvroute"));
+        cmd.arg("print-config").args(args);
+        cmd.env_remove("KVROUTE_CHAT_TEMPLATE_FUEL");
+        if let Some(v) = env {
+            cmd.env("KVROUTE_CHAT_TEMPLATE_FUEL", v);
+        }
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let v: toml::Value = toml::from_str(&text).unwrap_or(toml::Value::Integer(-1));
+        let fuel = v.get("limits").and_then(|l| l.get("chat_template_fuel"));
+        (out.status.code(), fuel.cloned())
+    };
+    let cfg = cfg.to_str().unwrap();
+    let fuel = |n: i64| (Some(0), Some(toml::Value::Integer(n)));
+    assert_eq!(print(&[], None), fuel(2_000_000));
+    assert_eq!(print(&["--config", cfg], None), fuel(5000));
+    assert_eq!(print(&["--config", cfg], Some("6000")), fuel(6000));
+    assert_eq!(
+        print(
+            &["--config", cfg, "--chat-template-fuel", "7000"],
+            Some("6000")
+        ),
+        fuel(7000)
+    );
+    assert_eq!(print(&["--chat-template-fuel", "0"], None).0, Some(2));
+}
