@@ -18,17 +18,16 @@
 //! `retry-after` header (`overloaded`); a worker's 429 is re-routed like a 5xx but is
 //! not held against its breaker.
 
-use super::body::{self, ProxyBody, Streamed};
+use super::body::{self, ProxyBody};
 use super::breaker::Allow;
 use super::errors;
 use super::health::{self, breaker_failure, breaker_success, spawn_probe};
 use super::pool::{self, Conn};
 use super::request::{self, ClientRequest, Endpoint};
 use super::retry::{self, Failure, Policy};
-use super::state::{FieldLabel, KindLabel, ProxyShared, RequestLabels};
-use super::track::Tracker;
+use super::state::{FieldLabel, KindLabel, ProxyShared};
 use super::url::UpstreamUrl;
-use super::watch::{unless_gone, ClientWatch, Gone};
+use super::watch::{unless_gone, ClientWatch};
 use crate::engine::RouteRequest;
 use crate::service::core::Core;
 use crate::service::msg::LifeOp;
@@ -41,6 +40,8 @@ use hyper::{Request, Response, StatusCode};
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
+
+mod ends;
 
 pub type Resp = Response<ProxyBody>;
 
@@ -298,7 +299,8 @@ impl Job {
                             sh.proxy.metrics.retries.inc();
                             let slept = glommio::timer::sleep(wait);
                             if unless_gone(&mut gone, slept).await.is_none() {
-                                return self.client_left(None, &excluded[excluded.len() - 1]);
+                                let w = last.as_ref().map_or("", |(w, _)| w.as_str());
+                                return self.client_left(None, w);
                             }
                         }
                         None => return self.gave_up(last.as_ref()),
@@ -459,183 +461,6 @@ impl Job {
         pool::put(a.conn, ps.pool_max_idle);
         super::pd::answer_params(&read).ok_or(Failure::Status(0))
     }
-
-    /// The client went away while the request waited on `worker`: the wait was
-    /// dropped (closing the connection to the worker, so the engine aborts), and the
-    /// routed attempt `rid`, if one is open, finishes (its load released).
-    fn client_left(&self, rid: Option<&str>, worker: &str) -> Resp {
-        if let Some(rid) = rid {
-            body::life(&self.core, LifeOp::Finish, rid);
-        }
-        let m = &self.core.shared.proxy.metrics;
-        m.e2e.observe(self.started.elapsed().as_secs_f64());
-        let labels = RequestLabels {
-            model: worker_model(&self.core, worker),
-            worker: worker.to_string(),
-            outcome: "client_disconnect",
-        };
-        m.requests.get_or_create(&labels).inc();
-        // Nobody reads it: the client's connection is closed.
-        error(
-            StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-            "invalid_request_error",
-            "client_closed_request",
-            "the client closed the connection",
-        )
-    }
-
-    fn respond(
-        &self,
-        a: Answer,
-        rid: &str,
-        worker: &str,
-        retries: u32,
-        fallback: bool,
-        (admitted, gone): (super::state::Admitted, Gone),
-    ) -> Resp {
-        let sh = &self.core.shared;
-        let ps = &sh.settings.proxy;
-        let (parts, upstream) = a.resp.into_parts();
-        let sse = parts
-            .headers
-            .get(hyper::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        let model = worker_model(&self.core, worker);
-        let streamed = Streamed {
-            core: self.core.clone(),
-            upstream,
-            conn: Some(a.conn),
-            id: rid.to_string(),
-            tracker: Tracker::new(sse),
-            sse,
-            started: self.started,
-            last_output: None,
-            idle: Duration::from_millis(ps.request_timeout_ms),
-            last_frame: Instant::now(),
-            timer: None,
-            labels: RequestLabels {
-                model,
-                worker: worker.to_string(),
-                outcome: "ok",
-            },
-            tail: None,
-            done: false,
-            pool_max_idle: ps.pool_max_idle,
-            admitted: Some(admitted),
-            gone: Some(gone),
-        };
-        let mut resp = Response::new(ProxyBody::Stream(Box::new(streamed)));
-        *resp.status_mut() = parts.status;
-        let h = resp.headers_mut();
-        for (k, v) in parts.headers.iter() {
-            if is_hop_by_hop(k.as_str()) {
-                continue;
-            }
-            h.append(k.clone(), v.clone());
-        }
-        let mut set = |k: &'static str, v: &str| {
-            if let Ok(v) = hyper::header::HeaderValue::from_str(v) {
-                h.insert(k, v);
-            }
-        };
-        set("x-request-id", &self.client_id);
-        set("x-kvroute-worker", worker);
-        set("x-kvroute-request-id", rid);
-        if retries > 0 {
-            set("x-kvroute-retries", &retries.to_string());
-        }
-        if fallback {
-            set("x-kvroute-prefill-fallback", "1");
-        }
-        resp
-    }
-
-    fn count_failed(&self) {
-        let labels = RequestLabels {
-            model: String::new(),
-            worker: String::new(),
-            outcome: "failed",
-        };
-        self.core
-            .shared
-            .proxy
-            .metrics
-            .requests
-            .get_or_create(&labels)
-            .inc();
-    }
-
-    fn gave_up(&self, last: Option<&(String, Failure)>) -> Resp {
-        if let Some((w, Failure::Busy(secs))) = last {
-            refused(&self.core, "workers_busy");
-            return overloaded(
-                "workers_busy",
-                &format!("every worker tried is at its limit (last: {w}); retry later"),
-                *secs,
-            );
-        }
-        self.count_failed();
-        let msg = match last {
-            Some((w, f)) => format!(
-                "upstream failed ({}) on worker {w}; no retry left",
-                f.label()
-            ),
-            None => "upstream failed".into(),
-        };
-        error(
-            StatusCode::BAD_GATEWAY,
-            "upstream_error",
-            "upstream_failed",
-            &msg,
-        )
-    }
-
-    fn no_worker(&self, last: Option<&(String, Failure)>) -> Resp {
-        if last.is_some() {
-            return self.gave_up(last);
-        }
-        refused(&self.core, "no_worker");
-        error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "service_unavailable",
-            "no_upstream_worker",
-            "no worker with an upstream url is available (registered with `url`, circuit breaker closed)",
-        )
-    }
-
-    fn route_failed(&self, e: &router::ApiError, last: Option<&(String, Failure)>) -> Resp {
-        if last.is_some() {
-            return self.gave_up(last);
-        }
-        let (status, code) = crate::service::errors::classify(e);
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        refused(&self.core, "no_worker");
-        let kind = if status == StatusCode::TOO_MANY_REQUESTS {
-            "rate_limit_exceeded"
-        } else if status.is_client_error() {
-            "invalid_request_error"
-        } else {
-            "service_unavailable"
-        };
-        if status == StatusCode::TOO_MANY_REQUESTS {
-            return overloaded(code, &e.to_string(), 1);
-        }
-        error(status, kind, code, &e.to_string())
-    }
-}
-
-fn is_hop_by_hop(name: &str) -> bool {
-    matches!(
-        name,
-        "connection"
-            | "keep-alive"
-            | "transfer-encoding"
-            | "te"
-            | "trailer"
-            | "upgrade"
-            | "proxy-connection"
-    )
 }
 
 fn worker_model(core: &Core, worker: &str) -> String {

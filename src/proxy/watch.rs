@@ -62,13 +62,6 @@ impl ClientWatch {
         })
     }
 
-    /// A watch that never fires (no client socket to watch).
-    pub fn none() -> Rc<ClientWatch> {
-        let w = ClientWatch::new(-1);
-        let _ = w.dup.set(None);
-        w
-    }
-
     fn stream(&self) -> Option<Rc<glommio::net::TcpStream>> {
         self.dup
             .get_or_init(|| {
