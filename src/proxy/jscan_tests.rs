@@ -301,3 +301,16 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn plain_runs_stop_at_every_special_byte() {
+    for special in [b'"', b'\\', 0x00, 0x1f, 0x80, 0xff] {
+        for at in 0..20 {
+            let mut v = vec![b'a'; 20];
+            v[at] = special;
+            assert_eq!(skip_plain(&v, 0), at, "{special:#x} at {at}");
+        }
+    }
+    assert_eq!(skip_plain(&[b' '; 19], 3), 19);
+    assert_eq!(skip_plain(b"\x7f~ ", 0), 3);
+}
