@@ -77,7 +77,7 @@ fn healthz_stays_served_while_a_long_render_runs() {
             .post(&format!("http://{proxy}/v1/chat/completions"))
             .set("content-type", "application/json")
             .send_string(CHAT)
-            .map(|r| r.status())
+            .map_or_else(|e| e.to_string(), |r| r.status().to_string())
     });
     wait_until("the render left the core", || {
         s.metric("kvroute_proxy_renders_off_core_total") == 1.0

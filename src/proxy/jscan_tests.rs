@@ -125,9 +125,9 @@ fn nesting_stops_where_serde_json_stops() {
         let doc = format!("{}{}", "[".repeat(n), "]".repeat(n));
         same(doc.as_bytes());
         let doc = format!(
-            "{{\"choices\":[{}{}]}}",
+            "{{\"choices\":[{}1{}]}}",
             "{\"a\":".repeat(n),
-            format!("1{}", "}".repeat(n))
+            "}".repeat(n)
         );
         same(doc.as_bytes());
     }
