@@ -4,21 +4,23 @@
 //!
 //! hyper does not read a connection while its handler runs (`half_close`), so a client
 //! that closes is otherwise seen only at the next write to it, which for a
-//! non-streamed answer comes after the whole generation. A [`ClientWatch`] keeps a
-//! duplicate of the client socket's descriptor and waits on it with a peek (one
-//! io_uring `recv(MSG_PEEK)` per request, which completes only when the client sends
-//! or closes: nothing is consumed, nothing polled on a timer). End of stream or a
+//! non-streamed answer comes after the whole generation. For each request that waits,
+//! a [`ClientWatch`] makes a duplicate of the client socket's descriptor and waits on
+//! it with a peek (one io_uring `recv(MSG_PEEK)` per request, which completes only
+//! when the client sends or closes: nothing is consumed, nothing polled on a timer).
+//! End of stream or a
 //! reset means the client is gone, as uvicorn (vLLM's server) takes it; the caller
 //! then drops the upstream request, which closes the connection to the worker so the
 //! engine aborts the generation too. If the client has already sent more bytes (a
 //! pipelined request), the peek cannot wait for the close behind them: a hang-up is
 //! then looked for every [`PIPELINED_CHECK`].
 //!
-//! Guarantees: the watch never reads or writes the client's bytes; the duplicate is
-//! made at the first request that needs it and closed with the connection; a failed
-//! duplicate means no watch (the request runs as before, never refused).
+//! Guarantees: the watch never reads or writes the client's bytes; the duplicate
+//! exists only while a request waits (one descriptor more per proxied request in
+//! flight, as many as its upstream connections, none for an idle keep-alive
+//! connection) and is closed when the request ends; a failed duplicate (no descriptor
+//! left) means no watch: the request runs as before, never refused.
 
-use std::cell::OnceCell;
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::pin::Pin;
@@ -49,34 +51,27 @@ impl Future for Gone {
 /// The watch of one client connection.
 pub struct ClientWatch {
     fd: RawFd,
-    dup: OnceCell<Option<Rc<glommio::net::TcpStream>>>,
 }
 
 impl ClientWatch {
     /// A watch of the connection on `fd` (borrowed: it must outlive every [`Gone`] of
     /// this watch being polled, as the hyper connection owning both guarantees).
     pub fn new(fd: RawFd) -> Rc<ClientWatch> {
-        Rc::new(ClientWatch {
-            fd,
-            dup: OnceCell::new(),
-        })
+        Rc::new(ClientWatch { fd })
     }
 
-    fn stream(&self) -> Option<Rc<glommio::net::TcpStream>> {
-        self.dup
-            .get_or_init(|| {
-                // SAFETY: fcntl on a descriptor we were given; a failure returns -1.
-                let fd = unsafe { libc::fcntl(self.fd, libc::F_DUPFD_CLOEXEC, 0) };
-                // SAFETY: `fd` is a fresh duplicate of a TCP socket, owned from here on.
-                (fd >= 0).then(|| Rc::new(unsafe { glommio::net::TcpStream::from_raw_fd(fd) }))
-            })
-            .clone()
+    /// A duplicate of the client's socket, owned by the caller.
+    fn duplicate(&self) -> Option<glommio::net::TcpStream> {
+        // SAFETY: fcntl on the descriptor we were given (alive: see `new`); -1 on failure.
+        let fd = unsafe { libc::fcntl(self.fd, libc::F_DUPFD_CLOEXEC, 0) };
+        // SAFETY: `fd` is a fresh duplicate of a TCP socket, owned from here on.
+        (fd >= 0).then(|| unsafe { glommio::net::TcpStream::from_raw_fd(fd) })
     }
 
     /// A future that resolves when the client has closed its connection (or reset
     /// it); pending forever when there is nothing to watch.
-    pub fn gone(self: &Rc<Self>) -> Gone {
-        let stream = self.stream();
+    pub fn gone(&self) -> Gone {
+        let stream = self.duplicate();
         Gone(Some(Box::pin(async move {
             let Some(s) = stream else {
                 return std::future::pending().await;
