@@ -30,7 +30,7 @@ pub enum Command {
 /// Flags of `kvroute serve`. Unset flags leave the file/default value in place.
 #[derive(Args, Debug, Default, Clone)]
 pub struct ServeArgs {
-    /// TOML settings file (all keys optional; see README "Settings").
+    /// TOML settings file (all keys optional; see docs/CONFIGURATION.md).
     #[arg(long, env = "KVROUTE_CONFIG")]
     pub config: Option<PathBuf>,
     #[arg(long, env = "KVROUTE_EVENTS_ADDR")]
@@ -239,6 +239,17 @@ pub struct ServeArgs {
     pub http_idle_timeout_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_HTTP_BODY_TIMEOUT_MS")]
     pub http_body_timeout_ms: Option<u64>,
+    /// Bytes/s a request body must average (0 = no rate rule).
+    #[arg(long, env = "KVROUTE_HTTP_BODY_MIN_RATE")]
+    pub http_body_min_rate: Option<u64>,
+    /// Host names the HTTP doors answer to besides IP literals and localhost (comma
+    /// separated or repeated; `*.domain`, `*`); replaces the file's list when given.
+    #[arg(long, env = "KVROUTE_HTTP_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub http_allowed_hosts: Vec<String>,
+    /// Origins whose browser pages may call the HTTP doors (`http[s]://host[:port]`,
+    /// comma separated or repeated; `null`, `*`); replaces the file's list when given.
+    #[arg(long, env = "KVROUTE_HTTP_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub http_allowed_origins: Vec<String>,
     #[arg(long, env = "KVROUTE_MAX_PREAUTH_CONNECTIONS")]
     pub max_preauth_connections: Option<usize>,
     #[arg(long, env = "KVROUTE_MAX_HELLO_BYTES")]
@@ -259,6 +270,9 @@ pub struct ServeArgs {
     pub lora_adapters: Vec<(String, String)>,
     #[arg(long, env = "KVROUTE_MAX_PROMPT_TOKENS")]
     pub max_prompt_tokens: Option<usize>,
+    /// Template steps one chat render may take (past it: 400).
+    #[arg(long, env = "KVROUTE_CHAT_TEMPLATE_FUEL")]
+    pub chat_template_fuel: Option<u64>,
 }
 
 /// `KEY=VALUE` with both sides non-empty, split at the first `=` (model names have
@@ -459,7 +473,16 @@ impl ServeArgs {
             http_header_timeout_ms,
             http_idle_timeout_ms,
             http_body_timeout_ms,
+            http_body_min_rate,
         );
+        for (dst, src) in [
+            (&mut s.http_allowed_hosts, &self.http_allowed_hosts),
+            (&mut s.http_allowed_origins, &self.http_allowed_origins),
+        ] {
+            if !src.is_empty() {
+                dst.clone_from(src);
+            }
+        }
         overlay!(s.limits, self, max_preauth_connections, max_hello_bytes);
         if self.record.is_some() {
             s.record = self.record.clone();
@@ -471,7 +494,7 @@ impl ServeArgs {
         if !self.lora_adapters.is_empty() {
             s.lora_adapters = self.lora_adapters.iter().cloned().collect();
         }
-        overlay!(s.limits, self, max_prompt_tokens);
+        overlay!(s.limits, self, max_prompt_tokens, chat_template_fuel);
         self.apply_proxy(s);
     }
 

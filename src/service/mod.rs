@@ -29,6 +29,7 @@ pub mod conn_slot;
 pub mod control;
 pub mod core;
 pub mod core_start;
+pub mod doors;
 pub mod engines_file;
 pub mod errors;
 pub mod http;

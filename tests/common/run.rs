@@ -28,6 +28,8 @@ pub fn serve_args() -> Vec<&'static str> {
 pub fn serve(extra: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.args(serve_args()).args(extra);
+    // Replicas (`--cluster`) need a tier secret; ignored without `--cluster`.
+    c.env("KVROUTE_CLUSTER_SECRET", super::cluster::TEST_SECRET);
     c
 }
 
