@@ -55,7 +55,7 @@ kvroute_row() {
   for _ in $(seq 200); do curl -sf "127.0.0.1:$pp/health" >/dev/null 2>&1 && break; sleep 0.05; done
   start_fleet "$label" "${FLEET[@]}" --register "127.0.0.1:$hp"
   run_replay "$label" "http://127.0.0.1:$pp"
-  curl -s "127.0.0.1:$hp/metrics" | grep -E '^kvroute_(worker_approximate|approximate)' >"$OUT/$label.metrics" || true
+  curl -s "127.0.0.1:$hp/metrics" | grep -E '^kvroute_(worker_approximate|approximate|request_blocks|overlap_blocks)' >"$OUT/$label.metrics" || true
   stop_pid "$kv"; stop_pid "$FLEET_PID"
 }
 
