@@ -186,6 +186,11 @@ pub struct ServeArgs {
     pub speculative_ttl_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_SPECULATIVE_MAX_BLOCKS")]
     pub speculative_max_blocks: Option<usize>,
+    /// Approximate mode for workers registered with a url and no event source.
+    #[arg(long, env = "KVROUTE_APPROXIMATE")]
+    pub approximate: Option<bool>,
+    #[arg(long, env = "KVROUTE_APPROXIMATE_TTL_MS")]
+    pub approximate_ttl_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_ASSUME_DEVICE_REUSE")]
     pub assume_device_reuse: Option<bool>,
     #[arg(long, env = "KVROUTE_WEIGH_BY_THROUGHPUT")]
@@ -407,6 +412,8 @@ impl ServeArgs {
             predictor_min_samples,
             speculative_ttl_ms,
             speculative_max_blocks,
+            approximate,
+            approximate_ttl_ms,
             assume_device_reuse,
             weigh_by_throughput,
             balance_slack,

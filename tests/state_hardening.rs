@@ -97,6 +97,7 @@ fn worker(id: &str, capacity: u64) -> SavedWorker {
         spec,
         heartbeat: false,
         next_seq: 0,
+        approximate: false,
     }
 }
 

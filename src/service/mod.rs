@@ -341,6 +341,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         if let Some(c) = shared.cells(*slot) {
             c.gen.store(1, Ordering::Release);
             c.heartbeat.store(w.heartbeat, Ordering::Release);
+            c.approximate.store(w.approximate, Ordering::Release);
             c.next_seq.store(w.next_seq, Ordering::Release);
             // One heartbeat window to reconnect before leaving routing.
             c.last_seen_ms.store(0, Ordering::Release);
