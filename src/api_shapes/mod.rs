@@ -72,7 +72,8 @@ pub struct AgentRequest {
     /// Responses: `store` (default true): the answer's id is worth remembering.
     pub store: bool,
     /// The chat completions body the engine renders for this request (`messages`,
-    /// `tools`, `chat_template_kwargs`, `cache_salt`, and the generation-prompt flags).
+    /// `tools`, `chat_template_kwargs`, `cache_salt`, `kv_transfer_params`, and the
+    /// generation-prompt flags).
     pub chat: Value,
 }
 
@@ -226,6 +227,13 @@ fn carry(from: &Value, to: &mut serde_json::Map<String, Value>) -> Result<(), Ba
     }
     if let Some(s) = opt_str(from, "cache_salt")? {
         to.insert("cache_salt".into(), Value::String(s.to_string()));
+    }
+    match from.get("kv_transfer_params") {
+        None | Some(Value::Null) => {}
+        Some(v @ Value::Object(_)) => {
+            to.insert("kv_transfer_params".into(), v.clone());
+        }
+        Some(_) => return Err(BadRequest("kv_transfer_params must be an object".into())),
     }
     Ok(())
 }
