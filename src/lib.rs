@@ -45,5 +45,6 @@ pub mod sim;
 pub mod snapshot;
 pub mod sync;
 pub mod tokenize;
+pub mod trace;
 pub mod types;
 pub mod zmtp;
