@@ -15,12 +15,12 @@
 //!   `content` (Messages) or `output` (Responses) non-empty is output, `usage`
 //!   the token count, `type: error` / a non-null `error` an error.
 //!
-//! Lines are buffered up to `proxy::track::MAX_LINE` (a longer one is skipped); only
+//! Lines are buffered up to [`MAX_LINE`] (a longer one is skipped); only
 //! the `data:` lines are read (each carries its event's `type`). An event of an
 //! unexpected shape counts as nothing; nothing here panics on any input.
 
 use super::Api;
-use crate::proxy::track::{Seen, MAX_LINE};
+use crate::proxy::track::Seen;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::borrow::Cow;
@@ -52,6 +52,9 @@ macro_rules! other_as {
         }
     };
 }
+
+/// Longest SSE line buffered (1 MiB); a longer one is skipped.
+pub const MAX_LINE: usize = 1 << 20;
 
 #[derive(Debug)]
 pub struct StreamTracker {
