@@ -88,6 +88,11 @@ impl StreamTracker {
         }
     }
 
+    /// The API whose answer this reads.
+    pub fn api(&self) -> Api {
+        self.api
+    }
+
     /// Output tokens so far.
     pub fn tokens(&self) -> u32 {
         self.usage.unwrap_or(self.counted)

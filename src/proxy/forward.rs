@@ -127,6 +127,7 @@ pub async fn completions(
     if declared.is_some_and(|n| n > limit as u64) {
         return too_large(&core);
     }
+    let fwd_headers = super::agents::forwarded_headers(endpoint, req.headers());
     let client_id = request::client_request_id(
         req.headers().get("x-request-id").map(|v| v.as_bytes()),
         || format!("kvr-{:016x}", rand::random::<u64>()),
@@ -169,6 +170,11 @@ pub async fn completions(
         }
         Bytes::from(serde_json::to_vec(&creq.body).unwrap_or_default())
     };
+    // A Responses follow-up goes to the worker that stored what it continues.
+    let pinned = match super::agents::front::pin(&core, endpoint, &creq.body) {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
     let t0 = Instant::now();
     let (creq, tokens) = super::offload::tokenize(&core, endpoint, creq, raw.len()).await;
     let tokens = match tokens {
@@ -185,7 +191,7 @@ pub async fn completions(
     };
     let m = &sh.proxy.metrics;
     m.tokenize_seconds.observe(t0.elapsed().as_secs_f64());
-    if tokens.is_none() {
+    if tokens.is_none() && !super::agents::passthrough(endpoint) {
         m.untokenized.inc();
     }
     let job = Job {
@@ -198,6 +204,8 @@ pub async fn completions(
         tokens,
         started,
         watch,
+        pinned,
+        fwd_headers,
     };
     job.run(admitted).await
 }
@@ -212,6 +220,10 @@ struct Job {
     tokens: Option<Vec<u32>>,
     started: Instant,
     watch: Rc<ClientWatch>,
+    /// The only worker this request may go to (`agents::front::pin`).
+    pinned: Option<String>,
+    /// Client headers sent on to the worker (`agents::forwarded_headers`).
+    fwd_headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
 }
 
 /// The upstream answered with a head: its response and connection.
@@ -353,7 +365,9 @@ impl Job {
         let mut out = Vec::new();
         for e in reg.iter() {
             let Some(url) = &e.spec.url else { continue };
-            if excluded.contains(&e.spec.id) {
+            if excluded.contains(&e.spec.id)
+                || self.pinned.as_ref().is_some_and(|p| *p != e.spec.id)
+            {
                 continue;
             }
             let allow = health::allow(&e.spec.id, now);
@@ -392,10 +406,13 @@ impl Job {
         let timeout = Duration::from_millis(ps.request_timeout_ms);
         for _ in 0..2 {
             let (mut conn, pooled) = pool::get(&url, connect).await?;
-            let head = Request::post(url.path(self.endpoint.path()))
+            let mut head = Request::post(url.path(self.endpoint.path()))
                 .header(hyper::header::HOST, url.authority.as_str())
                 .header(hyper::header::CONTENT_TYPE, "application/json")
                 .header("x-request-id", self.client_id.as_str());
+            for (k, v) in &self.fwd_headers {
+                head = head.header(k, v);
+            }
             let req = (self.core.shared.proxy)
                 .authorize(head)
                 .body(Full::new(body.clone()))

@@ -8,6 +8,7 @@
 //! - `url`: the upstream URL of a worker (`http://host:port[/base]`);
 //! - `config`: the proxy's settings (`[proxy]` in TOML), `args` their flags;
 //! - `request`: the client body (limits, the fields routing needs, ids);
+//! - `agents`: Anthropic Messages, OpenAI Responses and the pass-through endpoints;
 //! - `strip`: the members engines trust as engine-to-engine data, removed from it;
 //! - `prompt`: token ids of a prompt (the one call site of tokenization);
 //! - `track`: lifecycle signals from an SSE or JSON response stream (`event`: the
@@ -25,6 +26,7 @@
 //! `refuse` (a 429 for a connection the listener has no slot for), `watch` (a client
 //! that went away, noticed while its request waits).
 
+pub mod agents;
 pub mod args;
 pub mod breaker;
 pub mod config;

@@ -186,6 +186,8 @@ pub struct ProxyShared {
     /// Drawn at start: part of every routed request's id (`request::router_id`), so
     /// two replicas never mint the same one.
     pub nonce: String,
+    /// Which worker stored each OpenAI Responses answer (`agents`).
+    pub responses: super::agents::Responses,
 }
 
 impl ProxyShared {
@@ -197,6 +199,7 @@ impl ProxyShared {
             upstream_auth: OnceLock::new(),
             draining: AtomicBool::new(false),
             nonce: super::request::new_nonce(),
+            responses: Default::default(),
         };
         m.with_registry(|r| p.metrics.register(r));
         p
