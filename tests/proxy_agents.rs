@@ -279,12 +279,17 @@ fn agent_apis_route_by_their_rendered_prompt_through_the_proxy() {
     assert_eq!(c, 200);
     let (c, _) = s.delete(&format!("/v1/workers/{w}"));
     assert_eq!(c, 200);
-    let (c, _, b) = call(
-        &format!("{base}/v1/responses"),
-        ("authorization", &auth),
-        &json!({"model": "sim-model", "previous_response_id": id, "input": "t1", "max_output_tokens": 1}),
-    );
-    assert_eq!(c, 404, "{b}");
+    // Said by the proxy (no worker got it), naming the worker that is gone.
+    let r = ureq::post(&format!("{base}/v1/responses"))
+        .set("authorization", &auth)
+        .send_json(json!({"model": "sim-model", "previous_response_id": id, "input": "t1", "max_output_tokens": 1}));
+    let Err(ureq::Error::Status(c, r)) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(c, 404);
+    assert_eq!(r.header("x-kvroute-stored-on"), Some(w.as_str()));
+    assert_eq!(r.header("x-kvroute-worker"), None);
+    let b = r.into_string().unwrap();
     let v: Value = serde_json::from_str(&b).unwrap();
     assert_eq!(
         v["error"]["message"],

@@ -6,7 +6,12 @@
 //! and over HTTP. Sampling follows the client's flag and the ratio; a collector that
 //! hangs makes spans drop and be counted, never makes a caller wait.
 //!
-//! The span API is driven here directly, as the proxy's pipeline drives it.
+//! The span API is driven here directly, as the proxy's pipeline drives it, and
+//! through the real `kvroute serve` proxy: a chat completion sent with a client's
+//! `traceparent` is one trace of four spans, and the worker receives a `traceparent`
+//! naming the proxy's `upstream` span.
+
+mod common;
 
 use kvroute::trace::config::{OtlpProtocol, TraceSettings};
 use kvroute::trace::{RouteAttrs, Tracing};
@@ -365,4 +370,68 @@ fn trace_settings_come_from_default_toml_env_and_flags() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("sample_ratio must be in [0, 1]"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_proxied_request_is_one_trace_and_its_worker_joins_it() {
+    use common::proxy::{post, register, FakeWorker};
+    let c = Collector::start("grpc");
+    let w = FakeWorker::start("w1", &[]);
+    let endpoint = format!("http://127.0.0.1:{}", c.port);
+    let s = common::Server::start(
+        1,
+        &[
+            "--otlp-endpoint",
+            &endpoint,
+            "--trace-service-name",
+            "kvroute-test",
+        ],
+    );
+    register(&s, "w1", "m", "aggregated", &w.url());
+    let tp = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
+    let body = r#"{"model":"m","prompt":[1,2,3,4,5,6,7,8],"max_tokens":2}"#;
+    let headers = [("traceparent", tp.as_str()), ("tracestate", "vendor=1")];
+    let a = post(&s, "/v1/completions", body, &headers);
+    assert_eq!(a.status, 200, "{a:?}");
+    let spans = c.take(4);
+    let by = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} span in {spans:?}"))
+    };
+    let root = by("POST /v1/completions");
+    assert!(
+        spans.iter().all(|s| s["trace_id"] == CLIENT_TRACE),
+        "{spans:?}"
+    );
+    assert_eq!(root["parent_span_id"], CLIENT_SPAN);
+    for child in ["tokenize", "route", "upstream"] {
+        assert_eq!(by(child)["parent_span_id"], root["span_id"], "{child}");
+    }
+    let r = &by("route")["attributes"];
+    assert_eq!(
+        (r["kvroute.worker"].as_str(), r["kvroute.mode"].as_str()),
+        (Some("w1"), Some("kv"))
+    );
+    assert_eq!(r["kvroute.prompt_blocks"].as_i64(), Some(0), "{r}");
+    let u = &by("upstream")["attributes"];
+    assert_eq!(
+        (u["kvroute.worker"].as_str(), u["kvroute.outcome"].as_str()),
+        (Some("w1"), Some("ok")),
+        "{u}"
+    );
+    assert_eq!(root["attributes"]["http.response.status_code"], 200);
+    assert_eq!(root["attributes"]["gen_ai.request.model"], "m");
+    let got = w.received();
+    let want = format!(
+        "00-{CLIENT_TRACE}-{}-01",
+        by("upstream")["span_id"].as_str().unwrap()
+    );
+    assert_eq!(
+        got[0]["traceparent"].as_str(),
+        Some(want.as_str()),
+        "{got:?}"
+    );
+    assert_eq!(got[0]["tracestate"], "vendor=1");
 }

@@ -86,6 +86,8 @@ pub struct Streamed {
     pub admitted: Option<Admitted>,
     /// Resolves when the client goes away (`watch`).
     pub gone: Option<Gone>,
+    /// The request's spans (`spans`), ended with the body.
+    pub trace: super::spans::ReqTrace,
 }
 
 impl Streamed {
@@ -94,6 +96,7 @@ impl Streamed {
         let now = Instant::now();
         if seen.first_output {
             m.ttft.observe(self.started.elapsed().as_secs_f64());
+            self.trace.first_token();
             life(&self.core, LifeOp::FirstToken, &self.id);
         }
         if seen.progressed {
@@ -122,6 +125,7 @@ impl Streamed {
         labels.outcome = outcome;
         m.requests.get_or_create(&labels).inc();
         life(&self.core, LifeOp::Finish, &self.id);
+        self.trace.finish(self.tracker.tokens(), outcome);
         if let (Some(id), "ok") = (self.tracker.response_id(), outcome) {
             let now = self.core.shared.now_ms();
             (self.core.shared.proxy.responses).remember(id, &self.labels.worker, now);

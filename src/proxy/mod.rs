@@ -22,7 +22,7 @@
 //! and the glommio/hyper driver (`service` feature): `io` (hyper over glommio streams,
 //! client side), `pool` (per-core keep-alive connections per worker), `body` (the
 //! streamed response and its lifecycle), `forward` (route → legs → retries), `health` (breakers per core, probes), `server`
-//! (the listener's routes and auth), `state` (metrics and the shared admission count),
+//! (the listener's routes and auth), `spans` (the request's OpenTelemetry spans), `state` (metrics and the shared admission count),
 //! `refuse` (a 429 for a connection the listener has no slot for), `watch` (a client
 //! that went away, noticed while its request waits).
 
@@ -37,6 +37,8 @@ pub mod pd;
 pub mod prompt;
 pub mod request;
 pub mod retry;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod spans;
 pub mod strip;
 pub mod track;
 pub mod url;

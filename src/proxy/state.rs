@@ -188,6 +188,8 @@ pub struct ProxyShared {
     pub nonce: String,
     /// Which worker stored each OpenAI Responses answer (`agents`).
     pub responses: super::agents::Responses,
+    /// The OpenTelemetry tracer (set once at start; off without `trace.otlp_endpoint`).
+    pub tracing: OnceLock<crate::trace::Tracing>,
 }
 
 impl ProxyShared {
@@ -200,6 +202,7 @@ impl ProxyShared {
             draining: AtomicBool::new(false),
             nonce: super::request::new_nonce(),
             responses: Default::default(),
+            tracing: OnceLock::new(),
         };
         m.with_registry(|r| p.metrics.register(r));
         p

@@ -80,6 +80,11 @@ impl Job {
             pool_max_idle: ps.pool_max_idle,
             admitted: Some(admitted),
             gone: Some(gone),
+            trace: {
+                let mut t = std::mem::take(&mut *self.trace.borrow_mut());
+                t.answered(parts.status.as_u16());
+                t
+            },
         };
         let mut resp = Response::new(ProxyBody::Stream(Box::new(streamed)));
         *resp.status_mut() = parts.status;
