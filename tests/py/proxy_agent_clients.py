@@ -5,7 +5,8 @@ follow-up, embeddings, and the proxy's own errors in each API's shape. Prints on
 object of what came back, with the worker that answered each call (tests/proxy_agents.rs).
 
 Usage: proxy_agent_clients.py PROXY_URL API_KEY MODEL PROMPT
-The anthropic client sends API_KEY as `x-api-key`, the openai client as a bearer token."""
+Both clients send API_KEY as a bearer token (the anthropic SDK 2.x does); tests/proxy_agents.rs
+sends `x-api-key` itself."""
 import json
 import sys
 
