@@ -297,3 +297,52 @@ fn agent_apis_route_by_their_rendered_prompt_through_the_proxy() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A worker that dies mid-stream: the Messages stream ends with Anthropic's `event:
+/// error` (the Responses one with OpenAI's), and the load is released either way.
+#[test]
+fn a_stream_cut_by_its_worker_ends_in_the_apis_error_shape_and_releases_load() {
+    let s = Server::start(1, &[]);
+    let f = Fleet::start(&[
+        "--workers",
+        "1",
+        "--events",
+        "none",
+        "--timing",
+        FAST,
+        "--die-after-chunks",
+        "2",
+        "--register",
+        &s.http,
+    ]);
+    s.wait_until("the worker", |s| s.workers().len() == 1);
+    let cases = [
+        (
+            "/v1/messages",
+            json!({"model": "sim-model", "max_tokens": 50, "stream": true,
+            "messages": [{"role": "user", "content": "t1 t2"}]}),
+            "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\"",
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "sim-model", "max_output_tokens": 50, "stream": true,
+            "input": "t1 t2"}),
+            "data: {\"error\":",
+        ),
+    ];
+    for (path, body, tail) in cases {
+        let (c, w, b) = call(
+            &format!("http://{}{path}", s.proxy),
+            ("x-other", "1"),
+            &body,
+        );
+        assert_eq!((c, w.as_str()), (200, f.workers[0].id.as_str()), "{b}");
+        assert!(b.matches("delta").count() >= 2, "{b}");
+        assert!(b.contains(tail), "{path}: {b}");
+        assert_eq!(s.metric("kvroute_active_requests "), 0.0, "{path}");
+    }
+    assert_eq!(
+        s.metric("kvroute_proxy_upstream_errors_total{kind=\"mid_stream\"}"),
+        2.0
+    );
+}
