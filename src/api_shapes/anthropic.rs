@@ -252,7 +252,7 @@ fn convert_message(m: &Value, merge: bool, out: &mut Vec<Value>) -> Result<(), B
             ))
         }
     }
-    if !(role == "user" && !msg.contains_key("content")) {
+    if role != "user" || msg.contains_key("content") {
         out.push(Value::Object(msg));
     }
     Ok(())

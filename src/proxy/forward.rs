@@ -195,7 +195,7 @@ async fn pipeline(
     // A Responses follow-up goes to the worker that stored what it continues.
     let pinned = match super::agents::front::pin(&core, endpoint, &creq.body) {
         Ok(p) => p,
-        Err(resp) => return resp,
+        Err(resp) => return *resp,
     };
     let t0 = Instant::now();
     let span = trace.borrow().tokenize();

@@ -23,7 +23,7 @@ use serde_json::Value;
 
 /// The worker a Responses request must go to (`Ok(None)`: route as usual), or the
 /// 404 to answer when that worker is gone.
-pub fn pin(core: &Core, endpoint: Endpoint, body: &Value) -> Result<Option<String>, Resp> {
+pub fn pin(core: &Core, endpoint: Endpoint, body: &Value) -> Result<Option<String>, Box<Resp>> {
     if endpoint != Endpoint::Responses {
         return Ok(None);
     }
@@ -52,7 +52,7 @@ pub fn pin(core: &Core, endpoint: Endpoint, body: &Value) -> Result<Option<Strin
     if let Ok(v) = hyper::header::HeaderValue::from_str(&w) {
         h.insert("x-kvroute-stored-on", v);
     }
-    Err(r)
+    Err(Box::new(r))
 }
 
 /// `resp` in Anthropic's error shape when the proxy made it (no worker answered it).

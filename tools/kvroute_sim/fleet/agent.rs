@@ -251,7 +251,7 @@ async fn embeddings(ctx: Arc<WorkerCtx>, v: &Value) -> Result<Response<SimBody>,
         let (slot, first_at) = match server::admit(&ctx, &ids, 0, Framing::OpenAi(Api::Completions))
         {
             Ok(x) => x,
-            Err(resp) => return Ok(resp),
+            Err(resp) => return Ok(*resp),
         };
         crate::clock::sleep_until(first_at).await;
         drop(slot);

@@ -285,14 +285,14 @@ pub fn admit(
     tokens: &[u32],
     transferred: usize,
     framing: Framing,
-) -> Result<(Slot, Instant), Response<SimBody>> {
+) -> Result<(Slot, Instant), Box<Response<SimBody>>> {
     let now_us = ctx.epoch.elapsed().as_micros() as u64;
     let Some(adm) = lock(&ctx.worker).admit(tokens, transferred, now_us) else {
-        return Err(error_for(
+        return Err(Box::new(error_for(
             framing,
             StatusCode::TOO_MANY_REQUESTS,
             "worker at its concurrency limit",
-        ));
+        )));
     };
     ctx.events.send(Job {
         events: adm.events.clone(),
@@ -309,6 +309,9 @@ pub fn admit(
     ))
 }
 
+/// Called with a completed answer's id and whole text.
+pub type OnDone = Box<dyn FnOnce(&str, &str) + Send>;
+
 /// What a generation answers with besides its tokens.
 pub struct Gen {
     pub framing: Framing,
@@ -316,7 +319,7 @@ pub struct Gen {
     pub previous: Option<String>,
     /// Called with the answer's id and whole text once it completed (the Responses
     /// store).
-    pub on_done: Option<Box<dyn FnOnce(&str, &str) + Send>>,
+    pub on_done: Option<OnDone>,
 }
 
 impl Gen {
@@ -359,7 +362,7 @@ pub async fn generate(
     let prefill_leg = r.kv.do_remote_decode;
     let (slot, first_at) = match admit(&ctx, &r.tokens, transferred, g.framing) {
         Ok(x) => x,
-        Err(resp) => return Ok(resp),
+        Err(resp) => return Ok(*resp),
     };
     let meta = meta(&ctx, g.framing, &r.model, n);
     let prev = g.previous.as_deref();
