@@ -99,6 +99,7 @@ fn repeated_is_a_hit(f: &Fleet, s: &Server, path: &str, body: &Value) -> String 
     let (blocks, hit) = (t1[i].0 - t0[i].0, t1[i].1 - t0[i].1);
     assert!(blocks >= 20, "{path}: {blocks} blocks");
     assert_eq!(hit, blocks, "{path}: the repeat was not a full hit on {w2}");
+    eprintln!("{path}: the repeat went to {w2}, {hit} of its {blocks} blocks cached there");
     b
 }
 
