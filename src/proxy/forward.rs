@@ -148,7 +148,7 @@ async fn pipeline(
     if declared.is_some_and(|n| n > limit as u64) {
         return too_large(&core);
     }
-    let fwd_headers = super::agents::forwarded_headers(endpoint, req.headers());
+    let fwd_headers = super::agents::front::forwarded_headers(endpoint, req.headers());
     let client_id = request::client_request_id(
         req.headers().get("x-request-id").map(|v| v.as_bytes()),
         || format!("kvr-{:016x}", rand::random::<u64>()),
@@ -250,7 +250,7 @@ struct Job {
     watch: Rc<ClientWatch>,
     /// The only worker this request may go to (`agents::front::pin`).
     pinned: Option<String>,
-    /// Client headers sent on to the worker (`agents::forwarded_headers`).
+    /// Client headers sent on to the worker (`agents::front::forwarded_headers`).
     fwd_headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
     /// The request's spans (`spans`); moved into the streamed answer (`respond`).
     trace: Rc<RefCell<ReqTrace>>,

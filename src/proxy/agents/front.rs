@@ -7,6 +7,8 @@
 //!   with `x-kvroute-stored-on` naming the worker that is gone, instead of sending
 //!   the request to a worker that cannot hold it. An id the proxy never saw (another
 //!   replica's, or forgotten after the TTL) is routed as usual: the worker answers.
+//! - [`forwarded_headers`]: `anthropic-version` / `anthropic-beta` go to the worker
+//!   with a Messages body.
 //! - [`anthropic_errors`]: on `/v1/messages` every answer the proxy makes itself (401,
 //!   400, 413, 429, 502, 503, ...) is rewritten from OpenAI's error shape into
 //!   Anthropic's (`{"type": "error", "error": {"type", "message"}}`), which the
@@ -71,4 +73,40 @@ pub fn anthropic_errors(resp: Resp) -> Resp {
     let out = errors::anthropic_body(parts.status.as_u16(), &message);
     parts.headers.remove(hyper::header::CONTENT_LENGTH);
     Response::from_parts(parts, ProxyBody::full(Bytes::from(out)))
+}
+
+/// Request headers sent on to the worker with the body: Anthropic's version and beta
+/// flags (the engine may read them; vLLM ignores them today).
+pub fn forwarded_headers(
+    endpoint: Endpoint,
+    h: &hyper::HeaderMap,
+) -> Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)> {
+    if endpoint != Endpoint::Messages {
+        return Vec::new();
+    }
+    ["anthropic-version", "anthropic-beta"]
+        .iter()
+        .filter_map(|k| {
+            Some((
+                hyper::header::HeaderName::from_static(k),
+                h.get(*k)?.clone(),
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anthropic_headers_go_with_messages_only() {
+        let mut h = hyper::HeaderMap::new();
+        h.insert("anthropic-version", "2023-06-01".parse().unwrap());
+        h.insert("x-other", "1".parse().unwrap());
+        let f = forwarded_headers(Endpoint::Messages, &h);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].0.as_str(), "anthropic-version");
+        assert!(forwarded_headers(Endpoint::Chat, &h).is_empty());
+    }
 }

@@ -18,7 +18,7 @@
 //!   (bounded, with a TTL), so a `previous_response_id` follow-up is sent to it
 //!   (`front`);
 //! - the headers an Anthropic client sends the engine (`anthropic-version`,
-//!   `anthropic-beta`) go with the body ([`forwarded_headers`]).
+//!   `anthropic-beta`) go with the body (`front::forwarded_headers`).
 //!
 //! `front` (the service's side): the pin to the stored response's worker, and the
 //! proxy's own errors in Anthropic's shape on `/v1/messages`.
@@ -103,26 +103,6 @@ pub fn prompt_tokens(
         t.prompt_tokens(chat, &req.model, &req.chat)
     };
     Some(r.map_err(|e| PromptError(e.0)))
-}
-
-/// Request headers sent on to the worker with the body: Anthropic's version and beta
-/// flags (the engine may read them; vLLM ignores them today).
-pub fn forwarded_headers(
-    endpoint: Endpoint,
-    h: &hyper::HeaderMap,
-) -> Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)> {
-    if endpoint != Endpoint::Messages {
-        return Vec::new();
-    }
-    ["anthropic-version", "anthropic-beta"]
-        .iter()
-        .filter_map(|k| {
-            Some((
-                hyper::header::HeaderName::from_static(k),
-                h.get(*k)?.clone(),
-            ))
-        })
-        .collect()
 }
 
 /// The lifecycle reader of one answer: `track` for completions, chat and the

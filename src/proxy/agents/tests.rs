@@ -73,14 +73,3 @@ fn stored_responses_are_remembered_per_worker() {
     assert_eq!(r.worker("resp_1", RESPONSES_TTL_MS), None);
     assert_eq!(r.worker("resp_2", 10), None);
 }
-
-#[test]
-fn anthropic_headers_go_with_messages_only() {
-    let mut h = hyper::HeaderMap::new();
-    h.insert("anthropic-version", "2023-06-01".parse().unwrap());
-    h.insert("x-other", "1".parse().unwrap());
-    let f = forwarded_headers(Endpoint::Messages, &h);
-    assert_eq!(f.len(), 1);
-    assert_eq!(f[0].0.as_str(), "anthropic-version");
-    assert!(forwarded_headers(Endpoint::Chat, &h).is_empty());
-}
