@@ -347,3 +347,53 @@ fn a_stream_cut_by_its_worker_ends_in_the_apis_error_shape_and_releases_load() {
         2.0
     );
 }
+
+/// A disaggregated fleet: a Messages or Responses request goes to a decode worker
+/// alone (no prefill leg: their answers carry no `kv_transfer_params`), so it neither
+/// falls back nor counts against the prefill worker.
+#[test]
+fn agent_apis_are_routed_decode_only_in_a_disaggregated_fleet() {
+    let s = Server::start(1, &[]);
+    let f = Fleet::start(&[
+        "--workers",
+        "2",
+        "--prefill-workers",
+        "1",
+        "--events",
+        "none",
+        "--timing",
+        FAST,
+        "--register",
+        &s.http,
+    ]);
+    s.wait_until("two workers", |s| s.workers().len() == 2);
+    let (prefill, decode) = (&f.workers[0], &f.workers[1]);
+    assert_eq!(
+        (prefill.role.as_str(), decode.role.as_str()),
+        ("prefill", "decode")
+    );
+    let cases = [
+        (
+            "/v1/messages",
+            json!({"model": "sim-model", "max_tokens": 3,
+            "messages": [{"role": "user", "content": "t1 t2"}]}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "sim-model", "max_output_tokens": 3, "input": "t1 t2"}),
+        ),
+    ];
+    for (path, body) in cases {
+        let r = ureq::post(&format!("http://{}{path}", s.proxy))
+            .send_json(body)
+            .unwrap();
+        assert_eq!(
+            r.header("x-kvroute-worker"),
+            Some(decode.id.as_str()),
+            "{path}"
+        );
+        assert_eq!(r.header("x-kvroute-prefill-fallback"), None, "{path}");
+    }
+    assert_eq!(f.stats(0)["requests"], 0, "the prefill worker was asked");
+    assert_eq!(s.metric("kvroute_proxy_prefill_fallbacks_total"), 0.0);
+}

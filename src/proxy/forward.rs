@@ -404,6 +404,7 @@ impl Job {
             let Some(url) = &e.spec.url else { continue };
             if excluded.contains(&e.spec.id)
                 || self.pinned.as_ref().is_some_and(|p| *p != e.spec.id)
+                || !super::agents::candidate(self.endpoint, e.spec.role)
             {
                 continue;
             }

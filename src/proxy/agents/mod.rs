@@ -17,6 +17,7 @@
 //! - the stored responses ([`Responses`]): which worker answered each Responses id
 //!   (bounded, with a TTL), so a `previous_response_id` follow-up is sent to it
 //!   (`front`);
+//! - in a disaggregated fleet they are routed decode-only ([`candidate`]);
 //! - the headers an Anthropic client sends the engine (`anthropic-version`,
 //!   `anthropic-beta`) go with the body (`front::forwarded_headers`).
 //!
@@ -64,6 +65,15 @@ pub fn handles(e: Endpoint) -> bool {
 /// A pass-through endpoint: no prompt to route by, routed by load within the model.
 pub fn passthrough(e: Endpoint) -> bool {
     handles(e) && api_of(e).is_none()
+}
+
+/// Whether a worker of `role` is a candidate for a request on `endpoint`: the
+/// endpoints here are routed decode-only in a disaggregated fleet. The proxy's prefill
+/// leg is the completions / chat NIXL flow (`pd`): it reads `kv_transfer_params` off
+/// the prefill worker's answer, which a Messages or Responses answer does not carry,
+/// and the pass-throughs generate nothing to hand over.
+pub fn candidate(endpoint: Endpoint, role: crate::types::Role) -> bool {
+    !handles(endpoint) || role != crate::types::Role::Prefill
 }
 
 /// The prompt token ids of a Messages / Responses body, rendered with the model's chat

@@ -66,6 +66,21 @@ fn answers_are_read_in_their_api_and_cut_streams_end_in_its_shape() {
 }
 
 #[test]
+fn prefill_workers_are_candidates_for_completions_and_chat_only() {
+    use crate::types::Role;
+    assert!(candidate(Endpoint::Chat, Role::Prefill));
+    assert!(candidate(Endpoint::Completions, Role::Prefill));
+    for e in [
+        Endpoint::Messages,
+        Endpoint::Responses,
+        Endpoint::Embeddings,
+    ] {
+        assert!(!candidate(e, Role::Prefill));
+        assert!(candidate(e, Role::Decode) && candidate(e, Role::Aggregated));
+    }
+}
+
+#[test]
 fn stored_responses_are_remembered_per_worker() {
     let r = Responses::default();
     r.remember("resp_1", "w1", 0);
