@@ -406,6 +406,12 @@ pub async fn generate(
             }
             sleep_until(t).await;
             if die > 0 && i >= die {
+                // A crash after the chunks went out: let the server take and flush
+                // them first, so a loaded machine does not cut them with the stream.
+                while tx.capacity() < tx.max_capacity() {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
                 lock(&_slot.ctx.worker).injected_failure();
                 let _ = tx
                     .send(Err("injected failure (--die-after-chunks)".into()))
