@@ -260,6 +260,8 @@ pub struct ServeArgs {
     pub proxy_addr: Option<String>,
     #[command(flatten)]
     pub proxy: crate::proxy::args::ProxyArgs,
+    #[command(flatten)]
+    pub trace: crate::trace::args::TraceArgs,
     /// HuggingFace tokenizer directory of a model, `MODEL=DIR`, repeatable (env: comma
     /// separated); replaces the file's `[tokenizers]` when given.
     #[arg(long = "tokenizer", env = "KVROUTE_TOKENIZERS", value_delimiter = ',', value_parser = parse_pair)]
@@ -508,6 +510,7 @@ impl ServeArgs {
         overlay!(s, self, tokenize_lean);
         overlay!(s, self, answer_spin_us);
         self.apply_cluster(&mut s.cluster);
+        self.trace.apply(&mut s.trace);
     }
 
     /// The `--cluster*` flags over `[cluster]`.

@@ -208,6 +208,13 @@ impl Running {
         if let Some(w) = self.engines_file.take() {
             w.stop();
         }
+        // The spans of the last requests, exported within the export timeout.
+        if let Some(t) = self.shared.proxy.tracing.get() {
+            let wait = Duration::from_millis(self.shared.settings.trace.export_timeout_ms);
+            if let Err(e) = t.shutdown(wait) {
+                eprintln!("kvroute: trace export at shutdown: {e}");
+            }
+        }
         result
     }
 }
@@ -325,6 +332,9 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         .set(i64::try_from(limit).unwrap_or(i64::MAX));
     let _ = shared.proxy.keys.set(proxy_keys);
     shared.proxy.set_upstream_key(upstream_key.as_deref());
+    let tracing = crate::trace::Tracing::start(&shared.settings.trace)?;
+    shared.metrics.with_registry(|r| tracing.register(r));
+    let _ = shared.proxy.tracing.set(tracing);
     let _ = shared.tokenizers.set(tokenizers);
     if let Some(path) = shared.settings.record.clone() {
         let cfg = recorder::RecordConfig {

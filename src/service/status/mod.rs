@@ -8,8 +8,8 @@
 //!   core builds a fresh document, on glommio's blocking-thread pool, the others serve
 //!   the previous one).
 //!
-//! Memory is bounded: a 600-point history, 7 window snapshots of at most `max_workers`
-//! counters, 50 recorded decisions of at most 16 candidates each, and one cached
+//! Memory is bounded: a 600-point history, 31 window snapshots (`model::Window`: the
+//! last minute, sliding) of at most `max_workers` counters, 50 recorded decisions of at most 16 candidates each, and one cached
 //! document (whose size is linear in the registered workers).
 
 pub mod counters;
