@@ -63,7 +63,12 @@ fn chat_body(prompt: &str) -> String {
 fn sse(texts: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = texts
         .iter()
-        .map(|t| format!("data: {}\n\n", json!({"choices": [{"delta": {"content": t}}]})))
+        .map(|t| {
+            format!(
+                "data: {}\n\n",
+                json!({"choices": [{"delta": {"content": t}}]})
+            )
+        })
         .collect();
     v.push("data: [DONE]\n\n".into());
     v
@@ -107,14 +112,25 @@ fn every_body_mode_routes_with_header_and_metadata_agreeing() {
     for (o, mode) in outs.iter().zip(["full_duplex", "buffered", "streamed"]) {
         assert!(o.get("grpc_error").is_none(), "{mode}: {o}");
         let h = o["destination_header"].as_str().expect("header");
-        assert_eq!(o["destination_metadata"], h, "{mode}: header and metadata differ");
+        assert_eq!(
+            o["destination_metadata"], h,
+            "{mode}: header and metadata differ"
+        );
         assert!(endpoints().contains(&h.to_string()), "{mode}: {h}");
         assert_eq!(o["clear_route_cache"], true);
-        assert_eq!(o["set_headers"]["x-kvroute-worker"].as_str().map(|w| w.len()), Some(2));
+        assert_eq!(
+            o["set_headers"]["x-kvroute-worker"]
+                .as_str()
+                .map(|w| w.len()),
+            Some(2)
+        );
     }
     // Full duplex hands the request and response bodies back whole.
     assert_eq!(outs[0]["request_body_back"], body);
-    assert_eq!(outs[0]["response_body_back"], sse(&["a", "b", "c"]).concat());
+    assert_eq!(
+        outs[0]["response_body_back"],
+        sse(&["a", "b", "c"]).concat()
+    );
     // Each request: admitted (with the served endpoint), first token, progress, finish.
     let reqs = picker.requests();
     assert_eq!(reqs.len(), 3);
@@ -150,7 +166,9 @@ fn the_same_prefix_lands_on_the_same_endpoint_and_the_subset_is_obeyed() {
     let picker = Arc::new(FakePicker::new(&EPS, 100));
     let (srv, metrics) = start(EppSettings::default(), picker.clone());
     let long = "the same long shared system prompt ".repeat(40);
-    let mut scripts: Vec<Value> = (0..2).map(|_| request("full_duplex", &chat_body(&long))).collect();
+    let mut scripts: Vec<Value> = (0..2)
+        .map(|_| request("full_duplex", &chat_body(&long)))
+        .collect();
     for (i, subset) in [
         json!(["127.0.0.1:18003"]),
         json!("127.0.0.1:18002, 10.9.9.9:1"),
@@ -171,7 +189,10 @@ fn the_same_prefix_lands_on_the_same_endpoint_and_the_subset_is_obeyed() {
     assert_eq!(outs[3]["destination_header"], "127.0.0.1:18002");
     for o in &outs[4..] {
         assert_eq!(o["immediate"]["status"], 503, "{o}");
-        assert_eq!(o["immediate"]["body"]["error"]["code"], "no_upstream_worker");
+        assert_eq!(
+            o["immediate"]["body"]["error"]["code"],
+            "no_upstream_worker"
+        );
         assert!(o.get("destination_header").is_none());
     }
     // 10.9.9.9:1 twice: ignored and counted.
@@ -194,8 +215,14 @@ fn load_is_released_when_the_stream_ends_or_is_cut() {
     trailers["trailers"] = json!(true);
     trailers["response"]["trailers"] = json!(true);
     let outs = client(&srv, json!([cut_pick, cut_resp, trailers]));
-    assert!(outs.iter().all(|o| o.get("grpc_error").is_none()), "{outs:?}");
-    assert_eq!(outs[2]["kinds"].as_array().unwrap().last().unwrap(), "response_trailers");
+    assert!(
+        outs.iter().all(|o| o.get("grpc_error").is_none()),
+        "{outs:?}"
+    );
+    assert_eq!(
+        outs[2]["kinds"].as_array().unwrap().last().unwrap(),
+        "response_trailers"
+    );
     // The server notices a cut asynchronously: wait (bounded) for the release.
     let t0 = std::time::Instant::now();
     while picker.total_load() > 0 && t0.elapsed() < std::time::Duration::from_secs(10) {
@@ -245,22 +272,41 @@ fn bad_input_gets_a_clear_error_and_the_server_keeps_serving() {
             {"op": "health", "service": "envoy.service.ext_proc.v3.ExternalProcessor"},
         ]),
     );
-    assert_eq!(outs[0]["grpc_error"]["code"], "INVALID_ARGUMENT", "{}", outs[0]);
+    assert_eq!(
+        outs[0]["grpc_error"]["code"], "INVALID_ARGUMENT",
+        "{}",
+        outs[0]
+    );
     let status = |o: &Value| o["immediate"]["status"].as_i64();
     let code = |o: &Value| o["immediate"]["body"]["error"]["code"].clone();
-    assert_eq!((status(&outs[1]), code(&outs[1])), (Some(413), json!("request_too_large")));
+    assert_eq!(
+        (status(&outs[1]), code(&outs[1])),
+        (Some(413), json!("request_too_large"))
+    );
     assert_eq!(status(&outs[2]), Some(413));
-    assert_eq!((status(&outs[3]), code(&outs[3])), (Some(415), json!("unsupported_media_type")));
+    assert_eq!(
+        (status(&outs[3]), code(&outs[3])),
+        (Some(415), json!("unsupported_media_type"))
+    );
     assert_eq!(status(&outs[4]), Some(400), "no body: {}", outs[4]);
     assert_eq!(status(&outs[5]), Some(400), "bad JSON: {}", outs[5]);
     assert_eq!(status(&outs[6]), Some(500), "body mode NONE: {}", outs[6]);
-    assert_eq!((status(&outs[7]), code(&outs[7])), (Some(400), json!("invalid_prompt")));
+    assert_eq!(
+        (status(&outs[7]), code(&outs[7])),
+        (Some(400), json!("invalid_prompt"))
+    );
     let ok = &outs[8];
     assert!(ok["destination_header"].is_string(), "{ok}");
     for h in &outs[9..] {
         assert_eq!(h["status"], "SERVING", "{h}");
     }
-    for kind in ["undecodable", "too_large", "bad_content_type", "missing_body", "bad_request"] {
+    for kind in [
+        "undecodable",
+        "too_large",
+        "bad_content_type",
+        "missing_body",
+        "bad_request",
+    ] {
         let n = metrics
             .errors
             .get_or_create(&kvroute::epp::metrics::KindLabel { kind })

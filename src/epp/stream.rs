@@ -356,3 +356,7 @@ mod response_phase;
 #[cfg(test)]
 #[path = "stream_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "stream_props.rs"]
+mod props;

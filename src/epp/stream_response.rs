@@ -46,8 +46,8 @@ impl Stream {
         let Phase::Routed(r) = &mut self.phase else {
             return;
         };
-        if r.tracker.is_some() {
-            let m = "response headers came twice";
+        if r.tracker.is_some() || r.finished {
+            let m = "response headers came twice, or after the response ended";
             return self.protocol_error(FailCode::InvalidArgument, m, out);
         }
         let all = h
@@ -108,11 +108,16 @@ impl Stream {
         if !self.routed_for_response("response trailers", out) {
             return;
         }
-        if let Phase::Routed(r) = &mut self.phase {
-            if let (Some(t), false) = (r.tracker.as_mut(), r.finished) {
-                let seen = t.finish();
-                signals(&r.pick.request_id, seen, t, out);
-            }
+        let Phase::Routed(r) = &mut self.phase else {
+            return;
+        };
+        let Some(t) = r.tracker.as_mut() else {
+            let m = "response trailers before the response headers";
+            return self.protocol_error(FailCode::FailedPrecondition, m, out);
+        };
+        if !r.finished {
+            let seen = t.finish();
+            signals(&r.pick.request_id, seen, t, out);
         }
         out.push(Out::Send(reply::trailers_continue(Side::Response)));
         self.finish(Outcome::Ok, out);

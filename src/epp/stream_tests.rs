@@ -625,6 +625,16 @@ fn protocol_errors_fail_the_stream_and_finish_a_routed_request() {
         s.on_message(resp_body(b"x", true)).is_empty(),
         "ignored after"
     );
+    // Trailers before the response headers; headers after the response ended: no
+    // signal comes after `Finish`.
+    let mut s = routed();
+    let outs = s.on_message(trailers(true));
+    assert!(fails(&outs));
+    assert_eq!(lifes(&outs), vec![Life::Finish(Outcome::Refused)]);
+    let mut s = routed();
+    s.on_message(resp_headers("200", "x", None, true));
+    let outs = s.on_message(resp_headers("200", "x", None, false));
+    assert!(fails(&outs) && lifes(&outs).is_empty());
     // A pick nobody asked for changes nothing.
     let mut s = Stream::new(LIMITS, 1);
     assert!(s.on_pick(Ok(pick())).is_empty() && s.pick().is_none());
