@@ -135,6 +135,8 @@ async fn run(
                     open = false;
                 }
             }
+            // Nobody reads the answer: not routed (`on_close` ends the stream).
+            Out::Route(_) if !open => {}
             Out::Route(route) => {
                 let resolved = route.resolve(&ctx.picker.endpoints());
                 ctx.metrics.subset_unknown.inc_by(resolved.unknown as u64);
