@@ -195,11 +195,61 @@ fn bench_cluster_seal(c: &mut Criterion) {
     g.finish();
 }
 
+/// The engine adapter (`engines::adapter`): a 32-block prompt of 128-token blocks
+/// stored in two KV cache groups (full attention + sliding window) and two tiers, then
+/// removed, per iteration: hashing, reference counts and the groups rule per block.
+fn bench_adapter(c: &mut Criterion) {
+    use kvroute::engines::adapter::Adapter;
+    use kvroute::engines::{EngineEvent, EngineHash, Stored};
+    const BLOCKS: u64 = 32;
+    let tokens: Vec<u32> = (0..BLOCKS as u32 * 128).map(|t| t * 7 % 50_000).collect();
+    let hashes: Vec<EngineHash> = (1..=BLOCKS).map(EngineHash::Int).collect();
+    let mut events = Vec::new();
+    for medium in ["GPU", "CPU"] {
+        for (g, kind) in [(0, "full_attention"), (1, "sliding_window")] {
+            events.push(EngineEvent::Stored(Stored {
+                block_hashes: hashes.clone(),
+                token_ids: tokens.clone(),
+                block_size: Some(128),
+                medium: Some(medium.into()),
+                group: Some(g),
+                spec_kind: Some(kind.into()),
+                ..Default::default()
+            }));
+        }
+    }
+    for medium in ["GPU", "CPU"] {
+        for g in [1, 0] {
+            events.push(EngineEvent::Removed {
+                block_hashes: hashes.clone(),
+                medium: Some(medium.into()),
+                group: Some(g),
+                locality: None,
+            });
+        }
+    }
+    let mut a = Adapter::new(128, 1 << 16, None);
+    let mut out = Vec::new();
+    let mut g = c.benchmark_group("engines");
+    g.throughput(Throughput::Elements(BLOCKS * 8));
+    g.bench_function("adapter_2_groups_2_tiers_store_remove/block_events", |b| {
+        b.iter(|| {
+            out.clear();
+            for ev in &events {
+                a.apply(black_box(ev), &mut out);
+            }
+            black_box(out.len())
+        })
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     bench_stored,
     bench_route,
     bench_vllm,
-    bench_cluster_seal
+    bench_cluster_seal,
+    bench_adapter
 );
 criterion_main!(benches);

@@ -105,7 +105,6 @@ const LIMITS: Limits = Limits {
     max_body_bytes: 8 << 20,
     max_header_count: 128,
     max_header_bytes: 64 << 10,
-    max_response_json: 1 << 20,
 };
 
 fn run(st: &mut Stream, msgs: &[ProcessingRequest]) -> usize {

@@ -30,7 +30,7 @@ pub enum Command {
 /// Flags of `kvroute serve`. Unset flags leave the file/default value in place.
 #[derive(Args, Debug, Default, Clone)]
 pub struct ServeArgs {
-    /// TOML settings file (all keys optional; see README "Settings").
+    /// TOML settings file (all keys optional; see docs/CONFIGURATION.md).
     #[arg(long, env = "KVROUTE_CONFIG")]
     pub config: Option<PathBuf>,
     #[arg(long, env = "KVROUTE_EVENTS_ADDR")]
@@ -141,7 +141,8 @@ pub struct ServeArgs {
     /// Most block hashes a shard applies between two looks at its routing queue.
     #[arg(long, env = "KVROUTE_INGEST_SLICE_HASHES")]
     pub ingest_slice_hashes: Option<usize>,
-    /// Pin executor N to CPU N (`false`: leave placement to the kernel).
+    /// Pin executor N to the Nth CPU of the affinity mask (`false`: leave placement to
+    /// the kernel).
     #[arg(long, env = "KVROUTE_PIN_CORES")]
     pub pin_cores: Option<bool>,
     /// Tokenize prompts by the lean walk of each tokenizer's pipeline where it is
@@ -207,12 +208,21 @@ pub struct ServeArgs {
     pub affinity_max_entries: Option<usize>,
     #[arg(long, env = "KVROUTE_AFFINITY_SLACK")]
     pub affinity_slack: Option<f64>,
+    #[arg(long, env = "KVROUTE_LOOKAHEAD_TOKENS")]
+    pub lookahead_tokens: Option<u32>,
+    /// host | disk: the tier credited for an engine medium neither vLLM nor SGLang
+    /// defines (never device).
+    #[arg(long, env = "KVROUTE_ENGINE_UNKNOWN_MEDIUM_TIER", value_parser = parse_tier)]
+    pub engine_unknown_medium_tier: Option<crate::types::Tier>,
     /// A vLLM / SGLang engine to subscribe to over ZMQ, repeatable; replaces the file's
     /// `[[engines]]` when given. Compact form:
     /// `worker_id=w1,endpoint=tcp://127.0.0.1:5557[,replay_endpoint=...,role=...,device=...,
     /// model=...,capacity_blocks=...,dp_rank=...,block_size=...,lora=...,topic=...]`
     #[arg(long = "engine", value_parser = parse_engine)]
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
+    /// A file of more `[[engines]]`, re-read every second and on SIGHUP.
+    #[arg(long, env = "KVROUTE_ENGINES_FILE")]
+    pub engines_file: Option<String>,
     // Connection hardening (handshake, idle and HTTP timeouts; pre-auth limits).
     #[arg(long, env = "KVROUTE_HELLO_TIMEOUT_MS")]
     pub hello_timeout_ms: Option<u64>,
@@ -224,6 +234,17 @@ pub struct ServeArgs {
     pub http_idle_timeout_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_HTTP_BODY_TIMEOUT_MS")]
     pub http_body_timeout_ms: Option<u64>,
+    /// Bytes/s a request body must average (0 = no rate rule).
+    #[arg(long, env = "KVROUTE_HTTP_BODY_MIN_RATE")]
+    pub http_body_min_rate: Option<u64>,
+    /// Host names the HTTP doors answer to besides IP literals and localhost (comma
+    /// separated or repeated; `*.domain`, `*`); replaces the file's list when given.
+    #[arg(long, env = "KVROUTE_HTTP_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub http_allowed_hosts: Vec<String>,
+    /// Origins whose browser pages may call the HTTP doors (`http[s]://host[:port]`,
+    /// comma separated or repeated; `null`, `*`); replaces the file's list when given.
+    #[arg(long, env = "KVROUTE_HTTP_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub http_allowed_origins: Vec<String>,
     #[arg(long, env = "KVROUTE_MAX_PREAUTH_CONNECTIONS")]
     pub max_preauth_connections: Option<usize>,
     #[arg(long, env = "KVROUTE_MAX_HELLO_BYTES")]
@@ -244,6 +265,9 @@ pub struct ServeArgs {
     pub lora_adapters: Vec<(String, String)>,
     #[arg(long, env = "KVROUTE_MAX_PROMPT_TOKENS")]
     pub max_prompt_tokens: Option<usize>,
+    /// Template steps one chat render may take (past it: 400).
+    #[arg(long, env = "KVROUTE_CHAT_TEMPLATE_FUEL")]
+    pub chat_template_fuel: Option<u64>,
 }
 
 /// `KEY=VALUE` with both sides non-empty, split at the first `=` (model names have
@@ -259,6 +283,13 @@ fn parse_pair(s: &str) -> Result<(String, String), String> {
 
 fn parse_engine(s: &str) -> Result<crate::engines::config::EngineEndpoint, String> {
     crate::engines::config::EngineEndpoint::parse_compact(s)
+}
+
+fn parse_tier(s: &str) -> Result<crate::types::Tier, String> {
+    crate::types::Tier::ALL
+        .into_iter()
+        .find(|t| t.name() == s)
+        .ok_or_else(|| format!("unknown tier {s:?} (device | host | disk)"))
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -382,6 +413,7 @@ impl ServeArgs {
             balance_routed_min_ties,
             affinity_max_entries,
             affinity_slack,
+            lookahead_tokens,
         );
         // Optional per-stage knobs: a given flag sets Some(value).
         for (dst, src) in [
@@ -422,6 +454,10 @@ impl ServeArgs {
         if !self.engines.is_empty() {
             s.engines = self.engines.clone();
         }
+        if self.engines_file.is_some() {
+            s.engines_file.clone_from(&self.engines_file);
+        }
+        overlay!(s, self, engine_unknown_medium_tier);
         overlay!(
             s,
             self,
@@ -430,7 +466,16 @@ impl ServeArgs {
             http_header_timeout_ms,
             http_idle_timeout_ms,
             http_body_timeout_ms,
+            http_body_min_rate,
         );
+        for (dst, src) in [
+            (&mut s.http_allowed_hosts, &self.http_allowed_hosts),
+            (&mut s.http_allowed_origins, &self.http_allowed_origins),
+        ] {
+            if !src.is_empty() {
+                dst.clone_from(src);
+            }
+        }
         overlay!(s.limits, self, max_preauth_connections, max_hello_bytes);
         if self.record.is_some() {
             s.record = self.record.clone();
@@ -442,7 +487,7 @@ impl ServeArgs {
         if !self.lora_adapters.is_empty() {
             s.lora_adapters = self.lora_adapters.iter().cloned().collect();
         }
-        overlay!(s.limits, self, max_prompt_tokens);
+        overlay!(s.limits, self, max_prompt_tokens, chat_template_fuel);
         self.apply_proxy(s);
     }
 

@@ -266,6 +266,7 @@ fn to_wire_route(corr: u64, r: &RouteRequest) -> Result<codec::Route, ClientErro
     w.dp = r.dp_rank.map(|d| d.bounds());
     w.tolerations = r.tolerations.clone().unwrap_or_default();
     w.lora_name = r.lora_name.clone();
+    w.cache_salt = r.cache_salt.clone();
     Ok(w)
 }
 

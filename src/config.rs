@@ -90,6 +90,9 @@ pub const MAX_SPECULATIVE_BLOCKS: usize = 1 << 24;
 /// Largest `affinity_max_entries` (8 bytes per entry: 128 MiB).
 pub const MAX_AFFINITY_ENTRIES: usize = 1 << 24;
 
+/// Largest `lookahead_tokens`.
+pub const MAX_LOOKAHEAD_TOKENS: u32 = 1024;
+
 /// Largest `affinity_slack`: the affinity worker wins up to 11 times the lowest cost.
 pub const MAX_AFFINITY_SLACK: f64 = 10.0;
 
@@ -206,6 +209,13 @@ pub struct RouterConfig {
     /// (relative to small costs) moved turns away and the hit rate fell below SGLang
     /// Model Gateway's on the issue-18 setup.
     pub affinity_slack: f64,
+    /// Tokens after each block that the engines' block hashes also cover (vLLM's
+    /// `lookahead_token_ids`, e.g. with EAGLE drafters): a request's block is hashed
+    /// with its own next tokens, so a cached block counts only when the request
+    /// continues as the cached prompt did, and a block is hashed only when that many
+    /// tokens follow it. Engine events with another lookahead are refused. 0..=1024.
+    /// Default 0.
+    pub lookahead_tokens: u32,
 }
 
 impl Default for RouterConfig {
@@ -244,6 +254,7 @@ impl Default for RouterConfig {
             balance_routed_min_ties: 6,
             affinity_max_entries: 1 << 20,
             affinity_slack: 2.0,
+            lookahead_tokens: 0,
         }
     }
 }
@@ -290,6 +301,11 @@ impl RouterConfig {
         if !(0.0..=MAX_AFFINITY_SLACK).contains(&self.affinity_slack) {
             return Err(format!(
                 "affinity_slack must be in [0, {MAX_AFFINITY_SLACK}]"
+            ));
+        }
+        if self.lookahead_tokens > MAX_LOOKAHEAD_TOKENS {
+            return Err(format!(
+                "lookahead_tokens must be at most {MAX_LOOKAHEAD_TOKENS}"
             ));
         }
         if self.affinity_max_entries > MAX_AFFINITY_ENTRIES {

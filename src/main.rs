@@ -3,7 +3,8 @@
 //!
 //! Exit codes: 0 stopped cleanly; 1 stopped, but the shutdown snapshot (`state_dir`)
 //! failed; 2 could not start (bad settings, unusable state dir, snapshot that cannot be
-//! restored, port taken, ...).
+//! restored, port taken, io_uring refused or locked memory too low (`service::preflight`),
+//! a core that did not start, ...).
 
 #[cfg(all(target_os = "linux", feature = "service"))]
 #[global_allocator]
@@ -40,8 +41,8 @@ fn fail(msg: &str) -> ExitCode {
 
 #[cfg(all(target_os = "linux", feature = "service"))]
 fn serve(settings: kvroute::settings::Settings) -> ExitCode {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
         Ok(s) => s,
         Err(e) => return fail(&format!("cannot install signal handlers: {e}")),
     };
@@ -60,8 +61,16 @@ fn serve(settings: kvroute::settings::Settings) -> ExitCode {
     if !kvroute::proxy::config::is_off(&s.proxy_addr) {
         println!("kvroute proxy listening: {} (OpenAI)", s.proxy_addr);
     }
-    if let Some(sig) = signals.forever().next() {
-        eprintln!("kvroute: signal {sig}, shutting down");
+    // SIGHUP re-reads the engines file; SIGINT / SIGTERM stop.
+    for sig in signals.forever() {
+        if sig != SIGHUP {
+            eprintln!("kvroute: signal {sig}, shutting down");
+            break;
+        }
+        match running.reload_engines() {
+            Ok(()) => eprintln!("kvroute: SIGHUP: reading the engines file"),
+            Err(why) => eprintln!("kvroute: SIGHUP ignored: {why}"),
+        }
     }
     let t0 = std::time::Instant::now();
     let (active, drain_ms) = (running.shared.proxy.inflight(), s.proxy.drain_ms);
@@ -70,7 +79,8 @@ fn serve(settings: kvroute::settings::Settings) -> ExitCode {
             "kvroute: draining {active} proxied request(s), up to {drain_ms} ms (signal again to stop now)"
         );
     }
-    let left = running.drain(|| signals.pending().next().is_some());
+    // A second SIGINT / SIGTERM stops the drain (a SIGHUP does not).
+    let left = running.drain(|| signals.pending().any(|s| s != SIGHUP));
     if left > 0 {
         eprintln!("kvroute: stopping with {left} proxied request(s) still running");
     } else if active > 0 {

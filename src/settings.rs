@@ -28,6 +28,10 @@ pub const DEFAULT_REQUEST_TTL_MS: u64 = 600_000;
 
 /// Largest `request_ttl_ms` accepted (7 days).
 pub const MAX_REQUEST_TTL_MS: u64 = 7 * 86_400_000;
+/// Default `http_body_min_rate` (bytes/s): far below any real client's upload (a
+/// 4 MiB body over a 1 Mbit/s link is 128 KiB/s), far above what a body trickled to
+/// hold a connection sends (a byte every few seconds).
+pub const DEFAULT_HTTP_BODY_MIN_RATE: u64 = 1024;
 
 /// How the block-hash index is laid out over the cores (`index_layout`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +109,16 @@ pub struct Settings {
     /// worker (README "Pointing kvroute at a vLLM fleet").
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
+    /// A file of more `[[engines]]`, followed while kvroute runs: re-read every second
+    /// and on SIGHUP, its changes applied without a restart (`service::engines_file`).
+    /// With `[cluster]` it is read once at start, its entries added to `engines` (each
+    /// replica ingests an engine only under the engine's lease, which covers the list
+    /// it started with). Default none.
+    pub engines_file: Option<String>,
+    /// The tier credited for blocks of an engine medium neither vLLM nor SGLang
+    /// defines (docs/ENGINES.md "Media and tiers"): host or disk, never device.
+    /// Default disk, the least optimistic.
+    pub engine_unknown_medium_tier: crate::types::Tier,
     /// Time a new binary connection (event port, request API) has to deliver its
     /// `Hello`; then it is closed. Default 5,000 ms.
     pub hello_timeout_ms: u64,
@@ -121,6 +135,19 @@ pub struct Settings {
     /// this long closes the connection; slow but steady transfers are not cut.
     /// Default 30,000 ms.
     pub http_body_timeout_ms: u64,
+    /// A request body must arrive at this many bytes per second on average, counted
+    /// from its head with one second of slack; a slower one is cut (`http_clock`), and
+    /// any connection still reading a body can be displaced for a new one
+    /// (`slots`). 0 = no rate rule (the stall timeout alone). Default 1024.
+    pub http_body_min_rate: u64,
+    /// Host names (besides IP literals, `localhost` and `*.localhost`) the HTTP doors
+    /// answer to, against DNS rebinding (`service::doors`): exact names, `*.domain`
+    /// for a domain's subdomains, `*` for any. Default none.
+    pub http_allowed_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`, `null`, or `*`) whose browser pages may call
+    /// the HTTP doors besides the router's own, with CORS answers
+    /// (`service::doors`). Default none.
+    pub http_allowed_origins: Vec<String>,
     /// Write the routed requests as a Mooncake-format trace to this file (truncated at
     /// start; `crate::record`). Default none.
     pub record: Option<String>,
@@ -153,7 +180,8 @@ pub struct Settings {
     pub ingest_slice_hashes: usize,
     /// Router replicas on NATS JetStream (`[cluster]`, `crate::cluster`). Default off.
     pub cluster: crate::cluster::config::ClusterSettings,
-    /// Pin executor N to CPU N (`Placement::Fixed`). `false` leaves the cores' threads
+    /// Pin executor N to the Nth CPU of the process's affinity mask (a cgroup cpuset,
+    /// `taskset`), wrapping around it (`service::pinning`). `false` leaves the cores' threads
     /// to the kernel's scheduler (`Placement::Unbound`): on a machine whose CPUs the
     /// router shares (with its workers, clients, other services) a pinned core must
     /// wait for its one CPU while another process runs there, even with the other CPU
@@ -208,6 +236,9 @@ pub struct Limits {
     /// Largest prompt tokenized for routing (tokens); text longer than 16 bytes per
     /// allowed token is refused before tokenizing. Default 262,144.
     pub max_prompt_tokens: usize,
+    /// Template steps (minijinja fuel) one chat render may take; past it the request
+    /// is refused with 400. Default 2,000,000 (about 40 ms).
+    pub chat_template_fuel: u64,
 }
 
 impl Default for Limits {
@@ -226,6 +257,7 @@ impl Default for Limits {
             max_engine_message_bytes: 8 << 20,
             max_index_entries: 1 << 26,
             max_prompt_tokens: crate::tokenize::DEFAULT_MAX_PROMPT_TOKENS,
+            chat_template_fuel: crate::tokenize::chat::DEFAULT_FUEL,
         }
     }
 }
@@ -250,11 +282,16 @@ impl Default for Settings {
             limits: Limits::default(),
             router: RouterConfig::default(),
             engines: Vec::new(),
+            engines_file: None,
+            engine_unknown_medium_tier: crate::types::Tier::Disk,
             hello_timeout_ms: 5_000,
             api_idle_timeout_ms: 300_000,
             http_header_timeout_ms: 10_000,
             http_idle_timeout_ms: 60_000,
             http_body_timeout_ms: 30_000,
+            http_body_min_rate: DEFAULT_HTTP_BODY_MIN_RATE,
+            http_allowed_hosts: Vec::new(),
+            http_allowed_origins: Vec::new(),
             record: None,
             record_max_bytes: 256 << 20,
             record_max_ids: 1 << 22,
@@ -323,6 +360,7 @@ impl Settings {
                 return Err(format!("{name} must be >= 10"));
             }
         }
+        validate_doors(&self.http_allowed_hosts, &self.http_allowed_origins)?;
         if self.heartbeat_timeout_ms == 0 {
             return Err("heartbeat_timeout_ms must be > 0".into());
         }
@@ -361,7 +399,17 @@ impl Settings {
                     .into(),
             );
         }
+        if self.engine_unknown_medium_tier == crate::types::Tier::Device {
+            return Err(
+                "engine_unknown_medium_tier must be host or disk: a medium neither engine \
+                 defines is never credited as device"
+                    .into(),
+            );
+        }
         crate::engines::config::validate_all(&self.engines)?;
+        if self.engines_file.as_deref() == Some("") {
+            return Err("engines_file must name a file".into());
+        }
         self.proxy.validate()?;
         if !crate::proxy::config::is_off(&self.proxy_addr) {
             let a = self
@@ -408,6 +456,9 @@ impl Settings {
         if l.max_prompt_tokens == 0 {
             return Err("max_prompt_tokens must be > 0".into());
         }
+        if l.chat_template_fuel == 0 {
+            return Err("chat_template_fuel must be > 0".into());
+        }
         for (model, dir) in &self.tokenizers {
             if model.is_empty() || dir.is_empty() {
                 return Err(format!(
@@ -444,6 +495,40 @@ impl Settings {
             }
         }
     }
+}
+
+/// `http_allowed_hosts` are bare names (no scheme, path or port; `*.domain` or `*`);
+/// `http_allowed_origins` are `scheme://host[:port]`, `null` or `*`.
+fn validate_doors(hosts: &[String], origins: &[String]) -> Result<(), String> {
+    let name_ok = |h: &str| {
+        let h = h.strip_prefix("*.").unwrap_or(h);
+        !h.is_empty()
+            && h.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+    };
+    for h in hosts {
+        if h != "*" && !name_ok(h) {
+            return Err(format!(
+                "http_allowed_hosts: {h:?} is not a host name (NAME, *.DOMAIN or *; no scheme or port)"
+            ));
+        }
+    }
+    for o in origins {
+        let ok = o == "*"
+            || o == "null"
+            || o.split_once("://").is_some_and(|(scheme, rest)| {
+                matches!(scheme, "http" | "https")
+                    && !rest.is_empty()
+                    && !rest.contains('/')
+                    && !rest.contains(char::is_whitespace)
+            });
+        if !ok {
+            return Err(format!(
+                "http_allowed_origins: {o:?} is not an origin (http[s]://HOST[:PORT], null or *)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

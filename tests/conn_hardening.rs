@@ -1,4 +1,4 @@
-//! Connection hardening (issue 13 items 3 and 5) against the real binary: slow, idle
+//! Connection hardening (slots and deadlines) against the real binary: slow, idle
 //! and silent peers cannot take every slot of a listener, pre-handshake connections are
 //! bounded in number and size, and HTTP / API sessions have deadlines.
 //!
@@ -157,7 +157,7 @@ fn http_head_must_arrive_within_the_header_timeout() {
 fn idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     let s = Server::start(1, &["--http-idle-timeout-ms", "1500"]);
     let mut c = TcpStream::connect(&s.http).unwrap();
-    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .unwrap();
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut buf = [0u8; 1024];
@@ -165,7 +165,7 @@ fn idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
     // Still open well before the timeout: a second request on it is answered.
     std::thread::sleep(Duration::from_millis(400));
-    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .unwrap();
     let n = c.read(&mut buf).unwrap();
     assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
@@ -177,10 +177,20 @@ fn idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
 
 #[test]
 fn slow_but_steady_body_is_not_cut_and_a_stalled_one_is() {
-    let s = Server::start(1, &["--http-body-timeout-ms", "1000"]);
+    // The stall rule alone: this body (~17 B/s) is far below the default body rate,
+    // whose own test is tests/slow_bodies.rs.
+    let s = Server::start(
+        1,
+        &[
+            "--http-body-timeout-ms",
+            "1000",
+            "--http-body-min-rate",
+            "0",
+        ],
+    );
     let body = serde_json::json!({"id": "slow", "capacity_blocks": 100}).to_string();
     let head = format!(
-        "POST /v1/workers HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "POST /v1/workers HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     // 2.4 s in total, a chunk every 300 ms: longer than the timeout, never stalled.
@@ -393,7 +403,7 @@ fn pipelined_metrics(
     every: Duration,
 ) -> usize {
     let mut c = TcpStream::connect(&s.http).unwrap();
-    let reqs = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(n);
+    let reqs = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".repeat(n);
     c.write_all(&reqs).unwrap();
     std::thread::sleep(stall);
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

@@ -65,6 +65,10 @@ pub struct Route {
     /// hash space, as the engine adapter hashes its events (`engines::lora_salt`).
     /// On the wire: bit 1 of `prompt_kind` (docs/PROTOCOL.md §4.1 `Route`).
     pub lora_name: Option<String>,
+    /// The request's `cache_salt`: token prompts are hashed in that salt's hash space
+    /// (`engines::chain_start`). On the wire: bit 2 of `prompt_kind`, the string after
+    /// `lora_name` (docs/PROTOCOL.md §4.1 `Route`).
+    pub cache_salt: Option<String>,
     pub prompt: Prompt,
 }
 
@@ -84,6 +88,7 @@ impl Route {
             dp: None,
             tolerations: Vec::new(),
             lora_name: None,
+            cache_salt: None,
             prompt,
         }
     }
@@ -235,10 +240,12 @@ impl RequestMsg {
 }
 
 /// Prompt kind byte: bit 0 = hashes (else token ids), bit 1 = a `lora_name` string
-/// precedes the prompt array. Values above 3 are malformed.
+/// precedes the prompt array, bit 2 = a `cache_salt` string follows it (then the
+/// prompt). Values above 7 are malformed.
 const PROMPT_TOKENS: u8 = 0;
 const PROMPT_HASHES: u8 = 1;
 const PROMPT_LORA: u8 = 2;
+const PROMPT_SALT: u8 = 4;
 
 fn read_route(r: &mut Reader<'_>) -> Result<Route, CodecError> {
     let mut route = Route {
@@ -256,13 +263,17 @@ fn read_route(r: &mut Reader<'_>) -> Result<Route, CodecError> {
         dp: r.opt("dp", |r| Ok((r.u32("dp.lo")?, r.u32("dp.hi")?)))?,
         tolerations: r.string_list("tolerations")?,
         lora_name: None,
+        cache_salt: None,
         prompt: Prompt::Tokens(TokenList::default()),
     };
     let prompt_kind = r.enum_u8("prompt_kind", |k| {
-        (k <= (PROMPT_HASHES | PROMPT_LORA)).then_some(k)
+        (k <= (PROMPT_HASHES | PROMPT_LORA | PROMPT_SALT)).then_some(k)
     })?;
     if prompt_kind & PROMPT_LORA != 0 {
         route.lora_name = Some(r.string("lora_name")?);
+    }
+    if prompt_kind & PROMPT_SALT != 0 {
+        route.cache_salt = Some(r.string("cache_salt")?);
     }
     route.prompt = if prompt_kind & PROMPT_HASHES == 0 {
         let b = r.tail_array("prompt", TokenList::ITEM_SIZE)?;
@@ -308,9 +319,17 @@ fn write_route(w: &mut Writer<'_>, route: &Route) -> Result<(), CodecError> {
         Prompt::Tokens(_) => PROMPT_TOKENS,
         Prompt::Hashes(_) => PROMPT_HASHES,
     };
-    w.u8(kind | lora);
+    let salt = if route.cache_salt.is_some() {
+        PROMPT_SALT
+    } else {
+        0
+    };
+    w.u8(kind | lora | salt);
     if let Some(name) = &route.lora_name {
         w.string("lora_name", name)?;
+    }
+    if let Some(salt) = &route.cache_salt {
+        w.string("cache_salt", salt)?;
     }
     match &route.prompt {
         Prompt::Tokens(t) => w.raw_array("prompt", TokenList::ITEM_SIZE, t.as_le_bytes()),

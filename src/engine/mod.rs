@@ -272,7 +272,11 @@ impl Engine {
 
     /// Routes a request and starts tracking it.
     pub fn route(&mut self, req: &RouteRequest, now_us: u64) -> Result<RouteDecision, EngineError> {
-        let prepared = req.prepare(self.cfg.block_size, self.limits.max_hashes_per_request)?;
+        let prepared = req.prepare_with(
+            self.cfg.block_size,
+            self.cfg.lookahead_tokens,
+            self.limits.max_hashes_per_request,
+        )?;
         if self.tracker.get(&req.request_id).is_some() {
             return Err(EngineError::Duplicate(req.request_id.clone()));
         }

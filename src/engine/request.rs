@@ -64,6 +64,13 @@ pub struct RouteRequest {
     /// with `tokens`: `block_hashes` are used as given.
     #[serde(default)]
     pub lora_name: Option<String>,
+    /// The request's `cache_salt` (vLLM and SGLang's tenant isolation field). Token
+    /// prompts are then hashed in that salt's hash space, as the engine adapter hashes
+    /// the engines' salted events (`engines::chain_start`), so salted blocks are only
+    /// credited to requests with the same salt. An empty salt is no salt. Only with
+    /// `tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_salt: Option<String>,
 }
 
 mod mode_opt {
@@ -147,10 +154,20 @@ pub fn check_request_id(id: &str) -> Result<(), BadRequest> {
 impl RouteRequest {
     /// Validates the request and computes its sequence hashes and shape.
     pub fn prepare(&self, block_size: u32, max_hashes: usize) -> Result<Prepared, BadRequest> {
+        self.prepare_with(block_size, 0, max_hashes)
+    }
+
+    /// [`RouteRequest::prepare`] for engines whose block hashes cover the `lookahead`
+    /// tokens after each block (`lookahead_tokens`).
+    pub fn prepare_with(
+        &self,
+        block_size: u32,
+        lookahead: u32,
+        max_hashes: usize,
+    ) -> Result<Prepared, BadRequest> {
         check_request_id(&self.request_id)?;
         let bs = block_size.max(1) as usize;
-        let salt = match &self.lora_name {
-            None => None,
+        match &self.lora_name {
             Some(n) if n.is_empty() || n.len() > MAX_LORA_NAME => {
                 return Err(BadRequest(format!(
                     "lora_name must be 1..={MAX_LORA_NAME} bytes"
@@ -161,8 +178,23 @@ impl RouteRequest {
                     "lora_name applies to tokens; block_hashes are used as given".into(),
                 ))
             }
-            Some(n) => Some(crate::engines::lora_salt(n)),
-        };
+            _ => {}
+        }
+        match &self.cache_salt {
+            Some(n) if n.len() > MAX_LORA_NAME => {
+                return Err(BadRequest(format!(
+                    "cache_salt must be at most {MAX_LORA_NAME} bytes"
+                )))
+            }
+            Some(n) if !n.is_empty() && self.block_hashes.is_some() => {
+                return Err(BadRequest(
+                    "cache_salt applies to tokens; block_hashes are used as given".into(),
+                ))
+            }
+            _ => {}
+        }
+        let salt =
+            crate::engines::chain_start(self.lora_name.as_deref(), self.cache_salt.as_deref());
         let (hashes, default_isl) = match (&self.tokens, &self.block_hashes) {
             (Some(_), Some(_)) => {
                 return Err(BadRequest(
@@ -180,7 +212,7 @@ impl RouteRequest {
                 let len =
                     u32::try_from(t.len()).map_err(|_| BadRequest("prompt too long".into()))?;
                 let mut hashes = Vec::with_capacity(t.len() / bs);
-                crate::hash::sequence_hashes_after(salt, t, bs, &mut hashes);
+                crate::engines::prompt_hashes(t, bs, salt, lookahead as usize, &mut hashes);
                 (hashes, len)
             }
             (None, Some(h)) => {

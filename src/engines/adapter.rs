@@ -1,27 +1,37 @@
 //! Engine events → kvroute index changes for one worker.
 //!
 //! The adapter recomputes kvroute's sequence hashes (DESIGN §1, salted as described in
-//! the `engines` module docs) from each `BlockStored`'s `token_ids`, continuing the
-//! chain from the kvroute hash of `parent_block_hash`, and keeps the engine-hash →
-//! kvroute-hash map that lets `BlockRemoved` resolve.
+//! the `engines` module docs, [`super::hashing`]) from each `BlockStored`'s
+//! `token_ids`, continuing the chain from the kvroute hash of `parent_block_hash`, and
+//! keeps one entry per engine hash with the copies the engine announced: a reference
+//! count per (KV cache group, tier). Stores add one, removes take one away, as vLLM's
+//! offloading connector asks consumers to do (it re-announces shared hashes once per
+//! chunk). A block is in the index for a tier while it is *present* there
+//! ([`super::groups`]): held by the full-attention groups, and by the windowed groups
+//! or continued by a present block. So a removal in one group never removes a block
+//! another group still makes reusable.
 //!
 //! Guarantees:
 //! - the map never holds more than `capacity` entries; when full, the least recently
 //!   stored entry is evicted and a `Removed` for it is emitted first, so every block the
 //!   index holds for this worker stays removable (index ⊆ map);
-//! - a block is removed from the index per tier, and leaves the map once no tier holds it;
 //! - an event whose parent is unknown (joined mid-stream, or evicted) stores nothing;
 //!   blocks without complete tokens are not stored; all such cases are counted;
 //! - a `BlockStored` whose block size (its own, else the endpoint's fallback) differs
 //!   from the router's is refused and counted (`block_size_mismatch`): its blocks
 //!   would be hashed over other token spans than routing requests are, so they could
-//!   never match (overlap 0 for every request) and adapting is impossible.
+//!   never match; likewise one whose lookahead differs from `lookahead_tokens`;
+//! - a medium neither engine defines is counted (`unknown_medium`) and credited to the
+//!   configured tier (default disk; settings never allow device).
 
-use super::{lora_salt, medium_tier, salt_local, EngineEvent, EngineHash, Stored};
-use crate::hash::{chain, local_block_hash, MAX_BLOCK_SIZE};
+use super::groups::{Groups, MAX_GROUPS};
+use super::hashing::{stored_hashes, Refused};
+use super::{medium_tier, EngineEvent, EngineHash, Stored};
+use crate::hash::MAX_BLOCK_SIZE;
 use crate::types::Tier;
 use ahash::RandomState;
 use hashbrown::HashMap;
+use smallvec::SmallVec;
 use std::collections::VecDeque;
 
 /// A change to this worker's part of the index.
@@ -39,7 +49,7 @@ pub struct AdapterStats {
     pub removed_blocks: u64,
     /// Stored events whose parent hash was not in the map.
     pub unknown_parent: u64,
-    /// Removed hashes not in the map (never seen, or already evicted).
+    /// Removed hashes not held in that group and tier (never seen, or evicted).
     pub unknown_removed: u64,
     /// Blocks of stored events without complete tokens.
     pub missing_tokens: u64,
@@ -49,14 +59,44 @@ pub struct AdapterStats {
     pub bad_block_size: u64,
     /// Stored events refused: their block size differs from the router's.
     pub block_size_mismatch: u64,
+    /// Events whose medium neither engine defines (credited to the configured tier).
+    pub unknown_medium: u64,
+    /// Stored events refused: their lookahead differs from the router's.
+    pub lookahead_mismatch: u64,
+    /// Events of a KV cache group index kvroute does not track (>= `MAX_GROUPS`).
+    pub bad_group: u64,
 }
 
+/// Copies of a block one group announced in one tier.
 #[derive(Clone, Copy, Debug)]
+struct Hold {
+    group: u8,
+    tier: u8,
+    count: u32,
+}
+
+#[derive(Clone, Debug)]
 struct Entry {
     seq: u64,
-    /// Bit per tier (1 << tier).
-    tiers: u8,
+    /// The engine hash this block continues (for the windowed-group rule).
+    parent: Option<EngineHash>,
+    holds: SmallVec<[Hold; 2]>,
+    /// Bit per tier: present in the index.
+    present: u8,
     stamp: u64,
+}
+
+impl Entry {
+    fn held(&self, tier: usize) -> u32 {
+        self.holds
+            .iter()
+            .filter(|h| usize::from(h.tier) == tier && h.count > 0)
+            .fold(0, |m, h| m | (1 << h.group))
+    }
+
+    fn idle(&self) -> bool {
+        self.holds.is_empty()
+    }
 }
 
 /// Per-worker adapter state.
@@ -66,12 +106,26 @@ pub struct Adapter {
     router_block_size: u32,
     /// The block size of the last mismatched event (for the operator's log line).
     pub last_mismatch: u32,
+    /// The router's `lookahead_tokens`; the engine's of the last refused event.
+    lookahead: usize,
+    pub last_lookahead: usize,
     capacity: usize,
     default_lora: Option<String>,
+    unknown_tier: Tier,
+    /// The first unknown medium seen (for the one warning per worker).
+    pub unknown_medium: Option<String>,
+    groups: Groups,
     map: HashMap<EngineHash, Entry, RandomState>,
+    /// Per engine hash and tier: blocks continuing it that are present in the index.
+    /// Kept apart from the entries, so a block evicted and stored again finds the
+    /// continuations it has (never more entries than present blocks).
+    kids: HashMap<EngineHash, [u32; 3], RandomState>,
     /// Keys in store order with the stamp they had; stale pairs are skipped lazily.
     order: VecDeque<(EngineHash, u64)>,
     next_stamp: u64,
+    /// Length of `out` when the current event began: changes merge only within one
+    /// event (the index sees each event's changes as one operation per kind and tier).
+    mark: usize,
     pub stats: AdapterStats,
 }
 
@@ -83,11 +137,18 @@ impl Adapter {
             block_size,
             router_block_size: block_size,
             last_mismatch: 0,
+            lookahead: 0,
+            last_lookahead: 0,
             capacity: capacity.max(1),
             default_lora,
+            unknown_tier: Tier::Disk,
+            unknown_medium: None,
+            groups: Groups::default(),
             map: HashMap::with_hasher(RandomState::new()),
+            kids: HashMap::with_hasher(RandomState::new()),
             order: VecDeque::new(),
             next_stamp: 0,
+            mark: 0,
             stats: AdapterStats::default(),
         }
     }
@@ -99,9 +160,31 @@ impl Adapter {
         self
     }
 
+    /// The tier credited for a medium neither engine defines (default disk).
+    pub fn with_unknown_medium_tier(mut self, t: Tier) -> Adapter {
+        self.unknown_tier = t;
+        self
+    }
+
+    /// The router's `lookahead_tokens` (default 0).
+    pub fn with_lookahead(mut self, l: usize) -> Adapter {
+        self.lookahead = l;
+        self
+    }
+
     /// The block size stored events must have.
     pub fn router_block_size(&self) -> u32 {
         self.router_block_size
+    }
+
+    /// The tier credited for an unknown medium.
+    pub fn unknown_tier(&self) -> Tier {
+        self.unknown_tier
+    }
+
+    /// The lookahead stored events must have.
+    pub fn lookahead(&self) -> usize {
+        self.lookahead
     }
 
     /// Engine hashes currently mapped.
@@ -118,41 +201,46 @@ impl Adapter {
         self.map.get(h).map(|e| e.seq)
     }
 
-    /// Forgets everything (the caller clears the index).
+    /// Forgets everything (the caller clears the index). Learned groups stay.
     pub fn clear(&mut self) {
         self.map.clear();
+        self.kids.clear();
         self.order.clear();
+    }
+
+    fn tier(&mut self, medium: Option<&str>, locality: Option<&str>) -> Tier {
+        match medium_tier(medium, locality) {
+            Some(t) => t,
+            None => {
+                self.stats.unknown_medium += 1;
+                if self.unknown_medium.is_none() {
+                    self.unknown_medium =
+                        Some(medium.unwrap_or_default().chars().take(64).collect());
+                }
+                self.unknown_tier
+            }
+        }
     }
 
     /// Applies one event, appending the index changes to `out` in order.
     pub fn apply(&mut self, ev: &EngineEvent, out: &mut Vec<Change>) {
+        self.mark = out.len();
         match ev {
             EngineEvent::Stored(s) => self.stored(s, out),
             EngineEvent::Removed {
                 block_hashes,
                 medium,
+                group,
+                locality,
             } => {
-                let tier = medium_tier(medium.as_deref());
-                let bit = 1u8 << tier.as_u8();
-                let mut removed = Vec::new();
+                let tier = self.tier(medium.as_deref(), locality.as_deref());
+                let Some(g) = self.group(*group) else {
+                    return;
+                };
                 for h in block_hashes {
-                    match self.map.get_mut(h) {
-                        Some(e) if e.tiers & bit != 0 => {
-                            e.tiers &= !bit;
-                            removed.push(e.seq);
-                            if e.tiers == 0 {
-                                self.map.remove(h);
-                            }
-                        }
-                        _ => self.stats.unknown_removed += 1,
+                    if !self.release(h, g, tier, out) {
+                        self.stats.unknown_removed += 1;
                     }
-                }
-                if !removed.is_empty() {
-                    self.stats.removed_blocks += removed.len() as u64;
-                    out.push(Change::Removed {
-                        tier,
-                        hashes: removed,
-                    });
                 }
                 self.maybe_compact();
             }
@@ -162,16 +250,31 @@ impl Adapter {
                     out.push(Change::Cleared { tier: None });
                 }
                 Some(m) => {
-                    let tier = medium_tier(Some(m));
-                    let bit = 1u8 << tier.as_u8();
+                    let tier = self.tier(Some(m), None);
+                    let (t, bit) = (tier as usize, 1u8 << tier.as_u8());
                     self.map.retain(|_, e| {
-                        e.tiers &= !bit;
-                        e.tiers != 0
+                        e.holds.retain(|h| usize::from(h.tier) != t);
+                        e.present &= !bit;
+                        !e.idle()
+                    });
+                    self.kids.retain(|_, k| {
+                        k[t] = 0;
+                        *k != [0; 3]
                     });
                     out.push(Change::Cleared { tier: Some(tier) });
                     self.maybe_compact();
                 }
             },
+        }
+    }
+
+    fn group(&mut self, g: Option<u32>) -> Option<u8> {
+        match g.unwrap_or(0) {
+            g if (g as usize) < MAX_GROUPS => Some(g as u8),
+            _ => {
+                self.stats.bad_group += 1;
+                None
+            }
         }
     }
 
@@ -186,8 +289,10 @@ impl Adapter {
             self.last_mismatch = bs;
             return;
         }
-        let bs = bs as usize;
-        let mut prev = match &s.parent {
+        let Some(g) = self.group(s.group) else {
+            return;
+        };
+        let parent_seq = match &s.parent {
             Some(p) => match self.lookup(p) {
                 Some(seq) => Some(seq),
                 None => {
@@ -195,127 +300,203 @@ impl Adapter {
                     return;
                 }
             },
-            None => {
-                let lora_id = s.lora_id.map(|i| i.to_string());
-                let name = s.lora_name.as_deref().or(match s.lora_id {
-                    Some(_) => self.default_lora.as_deref().or(lora_id.as_deref()),
-                    None => None,
-                });
-                name.map(lora_salt)
-            }
+            None => None,
         };
+        let bs = bs as usize;
         let n = s.block_hashes.len();
         let complete = (s.token_ids.len() / bs).min(n);
-        self.stats.missing_tokens += (n - complete) as u64;
-        let mut per_block = s
-            .extra_keys
-            .as_deref()
-            .and_then(|raw| super::vllm::per_block_keys(raw, n));
-        let whole = if per_block.is_none() {
-            s.extra_keys.as_deref()
-        } else {
-            None
-        };
-        let tier = s.medium.as_deref();
-        let tier = medium_tier(tier);
-        let mut stored = Vec::with_capacity(complete);
-        for i in 0..complete {
-            let mut local = local_block_hash(&s.token_ids[i * bs..(i + 1) * bs]);
-            let key = per_block.as_mut().and_then(|k| k.next());
-            match (key, whole) {
-                (Some(k), _) if k != [0xc0] => local = salt_local(local, k),
-                (_, Some(w)) if i == 0 => local = salt_local(local, w),
-                _ => {}
+        let seqs = match stored_hashes(
+            s,
+            bs,
+            complete,
+            parent_seq,
+            self.default_lora.as_deref(),
+            self.lookahead,
+        ) {
+            Ok(v) => v,
+            Err(Refused::Lookahead { engine }) => {
+                self.stats.lookahead_mismatch += 1;
+                self.last_lookahead = engine;
+                return;
             }
-            let seq = match prev {
-                None => local,
-                Some(p) => chain(p, local),
-            };
-            prev = Some(seq);
-            self.insert(s.block_hashes[i].clone(), seq, tier, &mut stored, out);
-            stored.push(seq);
+        };
+        self.stats.missing_tokens += (n - complete) as u64;
+        let tier = self.tier(s.medium.as_deref(), s.locality.as_deref());
+        if self.groups.learn(g as usize, s.spec_kind.as_deref()) {
+            self.reevaluate_all(out);
         }
-        flush_stored(tier, &mut stored, &mut self.stats, out);
+        let mut parent = s.parent.clone();
+        for (i, seq) in seqs.into_iter().enumerate() {
+            let key = s.block_hashes[i].clone();
+            self.hold(key.clone(), parent.take(), seq, g, tier, out);
+            parent = Some(key);
+        }
     }
 
-    /// Maps `key` → `seq` in `tier`. `pending`: this event's stored hashes not yet in
-    /// `out`; they are flushed before any eviction so removals never precede the store
-    /// of the same block.
-    fn insert(
+    /// One more copy of `key` (kvroute hash `seq`, continuing `parent`) in group `g`,
+    /// tier `tier`.
+    fn hold(
         &mut self,
         key: EngineHash,
+        parent: Option<EngineHash>,
         seq: u64,
+        g: u8,
         tier: Tier,
-        pending: &mut Vec<u64>,
         out: &mut Vec<Change>,
     ) {
         let stamp = self.next_stamp;
         self.next_stamp += 1;
-        let bit = 1u8 << tier.as_u8();
-        if let Some(e) = self.map.get_mut(&key) {
-            if e.seq != seq {
-                // Same engine hash, different content (e.g. other salt): the old kvroute
-                // hash is gone from every tier it was in.
-                flush_stored(tier, pending, &mut self.stats, out);
-                for t in Tier::ALL {
-                    if e.tiers & (1 << t.as_u8()) != 0 {
-                        out.push(Change::Removed {
-                            tier: t,
-                            hashes: vec![e.seq],
-                        });
-                    }
-                }
-                e.tiers = 0;
-                e.seq = seq;
+        match self.map.get(&key).map(|e| e.seq) {
+            Some(old) if old != seq => {
+                // Same engine hash, different content (e.g. another salt): the old
+                // block is gone from every tier it was in.
+                self.drop_entry(&key, out);
+                self.insert_new(key.clone(), parent, seq, stamp, out);
             }
-            e.tiers |= bit;
-            e.stamp = stamp;
-        } else {
-            if self.map.len() >= self.capacity {
-                flush_stored(tier, pending, &mut self.stats, out);
-            }
-            while self.map.len() >= self.capacity {
-                self.evict_oldest(out);
-            }
-            self.map.insert(
-                key.clone(),
-                Entry {
-                    seq,
-                    tiers: bit,
-                    stamp,
-                },
-            );
+            Some(_) => {}
+            None => self.insert_new(key.clone(), parent, seq, stamp, out),
         }
-        self.order.push_back((key, stamp));
+        let Some(e) = self.map.get_mut(&key) else {
+            return;
+        };
+        e.stamp = stamp;
+        let t = tier.as_u8();
+        match e.holds.iter_mut().find(|h| h.group == g && h.tier == t) {
+            Some(h) => h.count = h.count.saturating_add(1),
+            None => e.holds.push(Hold {
+                group: g,
+                tier: t,
+                count: 1,
+            }),
+        }
+        self.order.push_back((key.clone(), stamp));
+        self.update(&key, tier, out);
         self.maybe_compact();
     }
 
-    fn evict_oldest(&mut self, out: &mut Vec<Change>) {
-        while let Some((k, stamp)) = self.order.pop_front() {
-            let live = self.map.get(&k).is_some_and(|e| e.stamp == stamp);
-            if !live {
-                continue;
+    fn insert_new(
+        &mut self,
+        key: EngineHash,
+        parent: Option<EngineHash>,
+        seq: u64,
+        stamp: u64,
+        out: &mut Vec<Change>,
+    ) {
+        while self.map.len() >= self.capacity {
+            if !self.evict_oldest(out) {
+                break;
             }
-            if let Some(e) = self.map.remove(&k) {
-                self.stats.evicted += 1;
-                for t in Tier::ALL {
-                    if e.tiers & (1 << t.as_u8()) != 0 {
-                        out.push(Change::Removed {
-                            tier: t,
-                            hashes: vec![e.seq],
-                        });
-                    }
+        }
+        self.map.insert(
+            key,
+            Entry {
+                seq,
+                parent,
+                holds: SmallVec::new(),
+                present: 0,
+                stamp,
+            },
+        );
+    }
+
+    /// One copy fewer of `key` in group `g`, tier `tier`. False if none was held.
+    fn release(&mut self, key: &EngineHash, g: u8, tier: Tier, out: &mut Vec<Change>) -> bool {
+        let t = tier.as_u8();
+        let Some(e) = self.map.get_mut(key) else {
+            return false;
+        };
+        let Some(i) = e.holds.iter().position(|h| h.group == g && h.tier == t) else {
+            return false;
+        };
+        e.holds[i].count -= 1;
+        if e.holds[i].count == 0 {
+            e.holds.swap_remove(i);
+        }
+        self.update(key, tier, out);
+        if self.map.get(key).is_some_and(Entry::idle) {
+            self.map.remove(key);
+        }
+        true
+    }
+
+    /// Recomputes whether `key` is present in `tier`; a change is pushed to `out` and
+    /// propagated to its parent's child count (and on up while presence changes).
+    fn update(&mut self, key: &EngineHash, tier: Tier, out: &mut Vec<Change>) {
+        let (t, bit) = (tier as usize, 1u8 << tier.as_u8());
+        let mut at = key.clone();
+        loop {
+            let child = self.kids.get(&at).is_some_and(|k| k[t] > 0);
+            let Some(e) = self.map.get_mut(&at) else {
+                return;
+            };
+            let now = self.groups.present(e.held(t), child);
+            let was = e.present & bit != 0;
+            if now == was {
+                return;
+            }
+            e.present ^= bit;
+            push(out, self.mark, now, tier, e.seq);
+            if now {
+                self.stats.stored_blocks += 1;
+            } else {
+                self.stats.removed_blocks += 1;
+            }
+            let Some(p) = e.parent.clone() else {
+                return;
+            };
+            let k = self.kids.entry(p.clone()).or_insert([0; 3]);
+            if now {
+                k[t] += 1;
+            } else {
+                k[t] = k[t].saturating_sub(1);
+                if *k == [0; 3] {
+                    self.kids.remove(&p);
                 }
             }
-            return;
+            at = p;
+        }
+    }
+
+    /// Re-evaluates every block after the learned groups changed.
+    fn reevaluate_all(&mut self, out: &mut Vec<Change>) {
+        let keys: Vec<EngineHash> = self.map.keys().cloned().collect();
+        for k in keys {
+            for t in Tier::ALL {
+                self.update(&k, t, out);
+            }
+        }
+    }
+
+    /// Removes `key` from the map, its present tiers from the index, and its presence
+    /// from its parent's child counts.
+    fn drop_entry(&mut self, key: &EngineHash, out: &mut Vec<Change>) {
+        if let Some(e) = self.map.get_mut(key) {
+            e.holds.clear();
+        }
+        for t in Tier::ALL {
+            self.update(key, t, out);
+        }
+        self.map.remove(key);
+    }
+
+    /// Evicts the least recently stored entry. False if none was found.
+    fn evict_oldest(&mut self, out: &mut Vec<Change>) -> bool {
+        while let Some((k, stamp)) = self.order.pop_front() {
+            if self.map.get(&k).is_some_and(|e| e.stamp == stamp) {
+                self.stats.evicted += 1;
+                self.drop_entry(&k, out);
+                return true;
+            }
         }
         // Order lost track (cannot happen while every live entry has its pair): drop
-        // an arbitrary entry so the bound still holds.
-        let any = self.map.iter().next().map(|(k, _)| k.clone());
-        if let Some(k) = any {
-            self.order
-                .push_back((k.clone(), self.map.get(&k).map_or(0, |e| e.stamp)));
-            self.evict_oldest(out);
+        // any entry so the bound still holds.
+        match self.map.keys().next().cloned() {
+            Some(k) => {
+                self.stats.evicted += 1;
+                self.drop_entry(&k, out);
+                true
+            }
+            None => false,
         }
     }
 
@@ -330,7 +511,25 @@ impl Adapter {
         self.order = v.into();
     }
 
-    /// Internal consistency (tests): every live entry has exactly one live order pair.
+    /// The (kvroute hash, tier) pairs the index should hold for this worker (tests).
+    #[doc(hidden)]
+    pub fn present(&self) -> Vec<(u64, Tier)> {
+        let mut v: Vec<(u64, Tier)> = self
+            .map
+            .values()
+            .flat_map(|e| {
+                Tier::ALL
+                    .into_iter()
+                    .filter(|t| e.present & (1 << t.as_u8()) != 0)
+                    .map(|t| (e.seq, t))
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Internal consistency (tests): the bound, live order pairs, presence and child
+    /// counts as the groups rule says.
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
         if self.map.len() > self.capacity {
@@ -340,36 +539,56 @@ impl Adapter {
                 self.capacity
             ));
         }
-        let live = self
-            .order
-            .iter()
-            .filter(|(k, s)| self.map.get(k).is_some_and(|e| e.stamp == *s))
-            .count();
-        if live != self.map.len() {
-            return Err(format!(
-                "{live} live order pairs for {} entries",
-                self.map.len()
-            ));
+        let mut kids: HashMap<&EngineHash, [u32; 3]> = HashMap::default();
+        for e in self.map.values() {
+            if let Some(p) = &e.parent {
+                for t in 0..3 {
+                    if e.present & (1 << t) != 0 {
+                        kids.entry(p).or_default()[t] += 1;
+                    }
+                }
+            }
         }
-        if self.map.values().any(|e| e.tiers == 0) {
-            return Err("entry without a tier".into());
+        if kids.len() != self.kids.len() || self.kids.iter().any(|(k, c)| kids.get(k) != Some(c)) {
+            return Err("continuation counts out of date".into());
+        }
+        for (k, e) in &self.map {
+            if e.idle() {
+                return Err("idle entry kept".into());
+            }
+            for t in 0..3 {
+                let child = self.kids.get(k).is_some_and(|c| c[t] > 0);
+                let p = self.groups.present(e.held(t), child);
+                if p != (e.present & (1 << t) != 0) {
+                    return Err(format!("presence of tier {t} out of date"));
+                }
+            }
         }
         Ok(())
     }
 }
 
-fn flush_stored(
-    tier: Tier,
-    pending: &mut Vec<u64>,
-    stats: &mut AdapterStats,
-    out: &mut Vec<Change>,
-) {
-    if pending.is_empty() {
-        return;
+/// Appends `seq` to the last change if it is of this event (at or after `mark`) and of
+/// the same kind and tier, else a new one.
+fn push(out: &mut Vec<Change>, mark: usize, stored: bool, tier: Tier, seq: u64) {
+    let last = if out.len() > mark {
+        out.last_mut()
+    } else {
+        None
+    };
+    match last {
+        Some(Change::Stored { tier: t, hashes }) if stored && *t == tier => hashes.push(seq),
+        Some(Change::Removed { tier: t, hashes }) if !stored && *t == tier => hashes.push(seq),
+        _ => out.push(if stored {
+            Change::Stored {
+                tier,
+                hashes: vec![seq],
+            }
+        } else {
+            Change::Removed {
+                tier,
+                hashes: vec![seq],
+            }
+        }),
     }
-    stats.stored_blocks += pending.len() as u64;
-    out.push(Change::Stored {
-        tier,
-        hashes: std::mem::take(pending),
-    });
 }

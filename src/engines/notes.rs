@@ -40,6 +40,12 @@ pub enum Note {
     BadPayload { seq: u64, why: String },
     /// `BlockStored` events carrying a block size other than the router's were refused.
     BlockSizeMismatch { engine: u32, router: u32 },
+    /// `BlockStored` events whose lookahead differs from the router's were refused.
+    LookaheadMismatch { engine: usize, router: usize },
+    /// An event named a medium neither engine defines (said once per worker).
+    UnknownMedium { medium: String, tier: &'static str },
+    /// A batch of another data-parallel rank than the entry's was refused.
+    DpRankMismatch { entry: u32, batch: u32 },
 }
 
 impl Note {
@@ -51,6 +57,9 @@ impl Note {
             Note::Restart { .. } => "restart",
             Note::BadPayload { .. } => "bad_payload",
             Note::BlockSizeMismatch { .. } => "block_size_mismatch",
+            Note::LookaheadMismatch { .. } => "lookahead_mismatch",
+            Note::UnknownMedium { .. } => "unknown_medium",
+            Note::DpRankMismatch { .. } => "dp_rank_mismatch",
         }
     }
 
@@ -79,6 +88,19 @@ impl Note {
             Note::BlockSizeMismatch { engine, router } => format!(
                 "BlockStored with block_size {engine} but the router hashes blocks of {router} tokens; \
                  refused (set the router's block_size to the engine's)"
+            ),
+            Note::LookaheadMismatch { engine, router } => format!(
+                "BlockStored with {engine} lookahead tokens per block but the router hashes \
+                 {router} (lookahead_tokens); refused (set lookahead_tokens to the engine's)"
+            ),
+            Note::UnknownMedium { medium, tier } => format!(
+                "medium {medium:?} is neither vLLM's nor SGLang's; its blocks are credited \
+                 as {tier} (engine_unknown_medium_tier); counted as unknown_medium"
+            ),
+            Note::DpRankMismatch { entry, batch } => format!(
+                "batch of data-parallel rank {batch} on the endpoint of rank {entry}; refused \
+                 (each rank publishes on the base port + its rank: point this entry at the \
+                 rank-{entry} port, or set its dp_rank to {batch})"
             ),
         }
     }

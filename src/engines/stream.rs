@@ -13,6 +13,14 @@
 //!   and the stream continues from this message;
 //! - seq 0, or a jump back of more than [`RESTART_BACKJUMP`]: the engine restarted →
 //!   clear the worker and continue from this message;
+//! - the first message of a fresh connection ([`Session::reconnected`]) with seq below
+//!   the expected one: the engine restarted while kvroute was away (it may have
+//!   published seq 0 before kvroute reconnected) → clear the worker, then sync from
+//!   the replay endpoint from seq 0 (its buffer still holds the new history), or, with
+//!   none, continue from this message;
+//! - a batch tagged with another data-parallel rank than the entry's `dp_rank` is
+//!   refused (counted, noted once per worker: each rank publishes on the base port +
+//!   its rank) and the driver shows the worker's engine warning ([`Session::dp_mismatch`]);
 //! - a replay that fails (timeout, hole in the engine's buffer, no end marker) clears
 //!   the worker unless nothing had been applied yet.
 //!
@@ -22,7 +30,7 @@
 
 use super::adapter::{Adapter, Change};
 use super::notes::{Note, Notes};
-use super::vllm::for_each_event;
+use super::vllm::for_each_event_if;
 
 /// Sequence number of the replay end marker (-1 as 8 bytes big-endian).
 pub const END_SEQ: u64 = u64::MAX;
@@ -79,10 +87,20 @@ pub struct Session {
     replay_error: Option<&'static str>,
     /// Block-size mismatches already reported as notes.
     mismatch_noted: u64,
+    /// Lookahead mismatches already reported as notes.
+    lookahead_noted: u64,
+    /// The unknown medium was reported (once per worker).
+    medium_noted: bool,
+    /// The next live message is the first of a new connection.
+    fresh: bool,
+    /// The rank of the last batch refused for its dp rank (None: the last was accepted
+    /// or none was refused); the worker's engine warning.
+    pub dp_mismatch: Option<u32>,
+    dp_noted: bool,
 }
 
 impl Session {
-    /// `dp_rank`: if set, batches announcing another rank are still applied but counted.
+    /// `dp_rank`: if set, batches announcing another rank are refused and counted.
     pub fn new(adapter: Adapter, replay_available: bool, dp_rank: Option<u32>) -> Session {
         Session {
             next: None,
@@ -95,7 +113,18 @@ impl Session {
             notes: Notes::default(),
             replay_error: None,
             mismatch_noted: 0,
+            lookahead_noted: 0,
+            medium_noted: false,
+            fresh: false,
+            dp_mismatch: None,
+            dp_noted: false,
         }
+    }
+
+    /// The driver opened a new connection to the engine: a first message whose sequence
+    /// number is below the expected one then means the engine restarted (module docs).
+    pub fn reconnected(&mut self) {
+        self.fresh = true;
     }
 
     /// The driver's reason for a replay failure (connect failed, timed out, ...), used
@@ -123,7 +152,23 @@ impl Session {
             self.counters.bad_payloads += 1;
             return Step::Done;
         }
+        let fresh = std::mem::take(&mut self.fresh);
         match self.next {
+            Some(n) if fresh && seq < n => {
+                self.counters.restarts += 1;
+                self.notes.push(Note::Restart {
+                    expected: n,
+                    got: seq,
+                });
+                self.clear(out);
+                self.next = None;
+                self.applied_any = false;
+                if self.replay_available {
+                    return self.start_replay(0, true);
+                }
+                self.apply(seq, payload, out);
+                self.next = Some(seq + 1);
+            }
             None => {
                 if seq > 0 && self.replay_available {
                     return self.start_replay(0, true);
@@ -254,14 +299,26 @@ impl Session {
     fn apply(&mut self, seq: u64, payload: &[u8], out: &mut Vec<Change>) {
         self.counters.batches += 1;
         let adapter = &mut self.adapter;
+        let want = self.dp_rank;
+        let accept = |got: Option<u32>| match (want, got) {
+            (Some(w), Some(g)) => w == g,
+            _ => true,
+        };
         // Each event is applied as it is decoded: memory is one event, not the batch.
-        match for_each_event(payload, |ev| adapter.apply(&ev, out)) {
-            Ok(b) => {
-                if let (Some(want), Some(got)) = (self.dp_rank, b.dp_rank) {
-                    if want != got {
-                        self.counters.dp_rank_mismatch += 1;
-                    }
+        match for_each_event_if(payload, accept, |ev| adapter.apply(&ev, out)) {
+            Ok(b) if b.refused => {
+                self.counters.dp_rank_mismatch += 1;
+                let got = b.dp_rank.unwrap_or_default();
+                self.dp_mismatch = Some(got);
+                if !std::mem::replace(&mut self.dp_noted, true) {
+                    self.notes.push(Note::DpRankMismatch {
+                        entry: want.unwrap_or_default(),
+                        batch: got,
+                    });
                 }
+            }
+            Ok(b) => {
+                self.dp_mismatch = None;
                 self.counters.skipped_events += b.skipped as u64;
                 self.counters.events += b.events as u64;
                 self.applied_any = true;
@@ -272,6 +329,23 @@ impl Session {
                         engine: self.adapter.last_mismatch,
                         router: self.adapter.router_block_size(),
                     });
+                }
+                let m = self.adapter.stats.lookahead_mismatch;
+                if m > self.lookahead_noted {
+                    self.lookahead_noted = m;
+                    self.notes.push(Note::LookaheadMismatch {
+                        engine: self.adapter.last_lookahead,
+                        router: self.adapter.lookahead(),
+                    });
+                }
+                if !self.medium_noted {
+                    if let Some(m) = self.adapter.unknown_medium.clone() {
+                        self.medium_noted = true;
+                        self.notes.push(Note::UnknownMedium {
+                            medium: m,
+                            tier: self.adapter.unknown_tier().name(),
+                        });
+                    }
                 }
             }
             Err(e) => {

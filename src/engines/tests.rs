@@ -93,7 +93,9 @@ fn positional_batch_decodes_with_big_int_hashes() {
         b.events[1],
         EngineEvent::Removed {
             block_hashes: vec![EngineHash::Int(7)],
-            medium: Some("cpu".into())
+            medium: Some("cpu".into()),
+            group: None,
+            locality: None,
         }
     );
     assert_eq!(b.events[2], EngineEvent::AllCleared { medium: None });
@@ -148,7 +150,9 @@ fn negative_int_hashes_are_twos_complement_and_bad_events_are_skipped() {
         b.events,
         vec![EngineEvent::Removed {
             block_hashes: vec![EngineHash::Int(u64::MAX - 1)],
-            medium: None
+            medium: None,
+            group: None,
+            locality: None,
         }]
     );
 }
@@ -204,6 +208,8 @@ fn removed_ev(hashes: &[u64], medium: Option<&str>) -> EngineEvent {
     EngineEvent::Removed {
         block_hashes: hashes.iter().map(|&h| EngineHash::Int(h)).collect(),
         medium: medium.map(str::to_owned),
+        group: None,
+        locality: None,
     }
 }
 
@@ -284,14 +290,15 @@ fn adapter_tiers_unknown_parent_and_short_tokens() {
         ]
     );
     assert_eq!(a.lookup(&EngineHash::Int(1)), None);
+    a.check_invariants().unwrap();
     out.clear();
     a.apply(&stored_ev(&[5], Some(424242), t[..4].to_vec(), 4), &mut out);
     assert!(out.is_empty());
     assert_eq!(a.stats.unknown_parent, 1);
     a.apply(&stored_ev(&[6, 7, 8], None, t.clone(), 4), &mut out);
     assert_eq!(a.stats.missing_tokens, 1, "third block has no tokens");
-    assert_eq!(medium_tier(Some("DISK")), Tier::Disk);
-    assert_eq!(medium_tier(Some("npu-hbm")), Tier::Device);
+    assert_eq!(medium_tier(Some("DISK"), None), Some(Tier::Disk));
+    assert_eq!(medium_tier(Some("npu-hbm"), None), None);
     a.check_invariants().unwrap();
 }
 

@@ -3,14 +3,19 @@
 //! Accepted shapes (vLLM `vllm/distributed/kv_events.py`; SGLang follows it):
 //! - envelope: `[ts, events, data_parallel_rank?]` or a map with `ts`, `events`,
 //!   `data_parallel_rank` (unknown keys ignored);
-//! - positional events (msgspec `array_like=True, tag=True, omit_defaults=True`):
-//!   `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
-//!   medium, lora_name, extra_keys, group_idx, ...]`, `["BlockRemoved", block_hashes,
-//!   medium, group_idx?]`, `["AllBlocksCleared", medium?]`; trailing fields may be
+//! - envelope: `[ts, events, data_parallel_rank?]` (vLLM) or `[ts, events,
+//!   attn_dp_rank]` (SGLang), or a map with `ts`, `events` and either rank key;
+//! - positional events (msgspec `array_like=True, tag=True, omit_defaults=True`, vLLM
+//!   before 2026): `["BlockStored", block_hashes, parent_block_hash, token_ids,
+//!   block_size, lora_id, medium, lora_name, extra_keys, group_idx,
+//!   kv_cache_spec_kind, kv_cache_spec_sliding_window, locality, ownership, session_id,
+//!   lookahead_token_ids]`, `["BlockRemoved", block_hashes, medium, group_idx,
+//!   locality, ownership]`, `["AllBlocksCleared", medium?]`; trailing fields may be
 //!   omitted and extra trailing fields are ignored;
-//! - map events: `{"type": "BlockStored", "block_hashes": ..., ...}` with named fields,
-//!   defaults omitted, unknown fields (e.g. `locality`) ignored; the first occurrence of
-//!   a repeated key wins.
+//! - map events (vLLM 0.33 and SGLang 0.5.23: `tag=True` structs without
+//!   `array_like`): `{"type": "BlockStored", "block_hashes": ..., ...}` with named
+//!   fields, defaults omitted, unknown fields ignored (SGLang's `cache_salt` is read
+//!   here); the first occurrence of a repeated key wins.
 //!
 //! Decoding goes straight from the bytes into typed values ([`super::msgpack`]), one
 //! event at a time ([`for_each_event`]), so memory is bounded by the largest single
@@ -76,11 +81,20 @@ pub struct Summary {
     pub events: usize,
     /// Events skipped: unknown type (newer engines) or malformed.
     pub skipped: usize,
+    /// The batch was refused for its dp rank (nothing applied).
+    pub refused: bool,
 }
 
 /// Decodes one payload, handing each decoded event to `f` in order.
-pub fn for_each_event(
+pub fn for_each_event(payload: &[u8], f: impl FnMut(EngineEvent)) -> Result<Summary, DecodeError> {
+    for_each_event_if(payload, |_| true, f)
+}
+
+/// [`for_each_event`], handing out the events only if `accept(batch's dp rank)`: a
+/// refused batch (`Summary::refused`) applies nothing.
+pub fn for_each_event_if(
     payload: &[u8],
+    accept: impl FnOnce(Option<u32>) -> bool,
     mut f: impl FnMut(EngineEvent),
 ) -> Result<Summary, DecodeError> {
     let mut rd = Rd::new(payload);
@@ -120,7 +134,7 @@ pub fn for_each_event(
                 let slot = match k.as_str() {
                     Some("ts") => &mut ts,
                     Some("events") => &mut events,
-                    Some("data_parallel_rank") => &mut rank,
+                    Some("data_parallel_rank" | "attn_dp_rank") => &mut rank,
                     _ => continue,
                 };
                 slot.get_or_insert(v);
@@ -158,7 +172,12 @@ pub fn for_each_event(
         dp_rank,
         events: 0,
         skipped: 0,
+        refused: false,
     };
+    if !accept(dp_rank) {
+        s.refused = true;
+        return Ok(s);
+    }
     for _ in 0..n {
         // The payload is known to be well-formed, so the event is decoded from the
         // batch's cursor (no separate pass to find its end); a skipped event is
@@ -206,15 +225,29 @@ const STORED: &[&str] = &[
     "lora_name",
     "extra_keys",
     "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
+    "session_id",
+    "lookahead_token_ids",
+    // SGLang's, after its own fields: named only (its events are maps).
+    "cache_salt",
 ];
-const REMOVED: &[&str] = &["block_hashes", "medium", "group_idx"];
+const REMOVED: &[&str] = &[
+    "block_hashes",
+    "medium",
+    "group_idx",
+    "locality",
+    "ownership",
+];
 const CLEARED: &[&str] = &["medium"];
 
 /// The fields of one event as they are found (first occurrence wins).
 #[derive(Default)]
 struct Fields<'a> {
-    seen: u16,
-    vals: [Option<&'a [u8]>; 9],
+    seen: u32,
+    vals: [Option<&'a [u8]>; 16],
 }
 
 impl<'a> Fields<'a> {
@@ -294,10 +327,21 @@ fn decode_event(rd: &mut Rd<'_>) -> Result<EngineEvent, EventError> {
         return Ok(EngineEvent::AllCleared { medium });
     }
     let block_hashes = hashes(f.raw(names, "block_hashes"))?;
+    let group = match f.get(names, "group_idx") {
+        None => None,
+        Some(g) => Some(
+            g.as_u64()
+                .and_then(|g| u32::try_from(g).ok())
+                .ok_or(EventError::Malformed("bad group_idx"))?,
+        ),
+    };
+    let locality = string(&f, names, "locality")?;
     if std::ptr::eq(names, REMOVED) {
         return Ok(EngineEvent::Removed {
             block_hashes,
             medium,
+            group,
+            locality,
         });
     }
     let parent = match f.raw(names, "parent_block_hash") {
@@ -317,13 +361,17 @@ fn decode_event(rd: &mut Rd<'_>) -> Result<EngineEvent, EventError> {
         None => None,
         Some(l) => Some(l.as_i64().ok_or(EventError::Malformed("bad lora_id"))?),
     };
-    let lora_name = match f.get(names, "lora_name") {
+    let sliding_window = match f.get(names, "kv_cache_spec_sliding_window") {
         None => None,
-        Some(n) => Some(
-            n.as_str()
-                .ok_or(EventError::Malformed("lora_name is not a string"))?
-                .to_owned(),
+        Some(w) => Some(
+            w.as_u64()
+                .and_then(|w| u32::try_from(w).ok())
+                .ok_or(EventError::Malformed("bad kv_cache_spec_sliding_window"))?,
         ),
+    };
+    let lookahead = match f.raw(names, "lookahead_token_ids") {
+        None => None,
+        Some(v) => Some(lookahead(v, block_hashes.len())?),
     };
     Ok(EngineEvent::Stored(Stored {
         block_hashes,
@@ -332,9 +380,65 @@ fn decode_event(rd: &mut Rd<'_>) -> Result<EngineEvent, EventError> {
         block_size,
         lora_id,
         medium,
-        lora_name,
+        lora_name: string(&f, names, "lora_name")?,
         extra_keys: f.raw(names, "extra_keys").map(Box::from),
+        group,
+        spec_kind: string(&f, names, "kv_cache_spec_kind")?,
+        sliding_window,
+        locality,
+        cache_salt: string(&f, names, "cache_salt")?,
+        lookahead,
     }))
+}
+
+/// A string field (absent or nil: `None`).
+fn string(
+    f: &Fields<'_>,
+    names: &[&str],
+    name: &'static str,
+) -> Result<Option<String>, EventError> {
+    match f.get(names, name) {
+        None => Ok(None),
+        Some(v) => v
+            .as_str()
+            .map(|s| Some(s.to_owned()))
+            .ok_or(EventError::Malformed("a string field is not a string")),
+    }
+}
+
+/// `lookahead_token_ids`: one token list per block (`blocks` of them), at most
+/// [`MAX_TOKENS`] tokens in all.
+fn lookahead(v: &[u8], blocks: usize) -> Result<Vec<Vec<u32>>, EventError> {
+    let mut rd = Rd::new(v);
+    match rd.head()? {
+        Head::Array(n) if n == blocks => {}
+        _ => {
+            return Err(EventError::Malformed(
+                "lookahead_token_ids is not one list per block",
+            ))
+        }
+    }
+    let mut out = Vec::with_capacity(blocks);
+    let mut total = 0usize;
+    for _ in 0..blocks {
+        let n = match rd.head()? {
+            Head::Array(n) => n,
+            _ => return Err(EventError::Malformed("lookahead entry is not a list")),
+        };
+        total += n;
+        if total > MAX_TOKENS {
+            return Err(EventError::Malformed("too many lookahead token ids"));
+        }
+        let mut toks = Vec::with_capacity(n);
+        for _ in 0..n {
+            toks.push(
+                rd.u32()
+                    .ok_or(EventError::Malformed("bad lookahead token id"))?,
+            );
+        }
+        out.push(toks);
+    }
+    Ok(out)
 }
 
 fn names_of(tag: &[u8]) -> Result<&'static [&'static str], EventError> {

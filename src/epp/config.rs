@@ -37,9 +37,6 @@ impl Default for EppSettings {
     }
 }
 
-/// A JSON (non-SSE) answer is kept up to this many bytes to read its `usage`.
-pub const MAX_RESPONSE_JSON: usize = 1 << 20;
-
 impl EppSettings {
     /// Whether the endpoint picker is on.
     pub fn enabled(&self) -> bool {
@@ -74,7 +71,6 @@ impl EppSettings {
             max_body_bytes: self.max_body_bytes,
             max_header_count: self.max_header_count,
             max_header_bytes: self.max_header_bytes,
-            max_response_json: MAX_RESPONSE_JSON,
         }
     }
 }

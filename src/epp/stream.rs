@@ -47,8 +47,6 @@ pub struct Limits {
     pub max_body_bytes: usize,
     pub max_header_count: usize,
     pub max_header_bytes: usize,
-    /// A JSON (non-SSE) response is kept up to this many bytes to read its usage.
-    pub max_response_json: usize,
 }
 
 /// How the gateway sends a body (`ProcessingMode.BodySendMode`).

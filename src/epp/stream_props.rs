@@ -169,7 +169,6 @@ proptest! {
             max_body_bytes: LIMIT,
             max_header_count: 8,
             max_header_bytes: 512,
-            max_response_json: 64,
         };
         let mut st = Stream::new(limits, 7);
         let mut check = Check { finished: false, done: false };

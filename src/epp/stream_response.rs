@@ -66,7 +66,7 @@ impl Stream {
             .and_then(|s| s.parse::<u16>().ok())
             .unwrap_or(0);
         let sse = find("content-type").is_some_and(|c| c.starts_with("text/event-stream"));
-        r.tracker = Some(Tracker::new(sse, self.limits.max_response_json));
+        r.tracker = Some(Tracker::new(sse));
         let id = r.pick.request_id.clone();
         let served = served_endpoint(md);
         out.push(Out::Life(id, Life::Admitted { status, served }));

@@ -17,7 +17,6 @@ const LIMITS: Limits = Limits {
     max_body_bytes: 1 << 20,
     max_header_count: 16,
     max_header_bytes: 4096,
-    max_response_json: 4096,
 };
 
 fn headers(pairs: &[(&str, &str)], eos: bool) -> ProcessingRequest {

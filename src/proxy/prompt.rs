@@ -44,6 +44,39 @@ pub fn prompt_tokens(
     }
 }
 
+/// The request's `cache_salt` (vLLM and SGLang's tenant isolation field), routed in
+/// that salt's hash space (`engines::chain_start`); the body is forwarded unchanged, so
+/// the engine sees the same salt. Anything but a non-empty string of at most 64 KiB is
+/// no salt here (the engine answers for a malformed one).
+pub fn cache_salt(body: &Value) -> Option<String> {
+    match body.get("cache_salt") {
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= u16::MAX as usize => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// [`prompt_tokens`] with a quick chat render (`Tokenizers::prompt_tokens_quick`):
+/// `None` when the render needs more steps than a core should spend (finish it with
+/// [`prompt_tokens`] off the core).
+pub fn prompt_tokens_quick(
+    tok: Option<&crate::tokenize::Tokenizers>,
+    endpoint: Endpoint,
+    model: &str,
+    body: &Value,
+) -> Option<Result<Option<Vec<u32>>, PromptError>> {
+    match tok {
+        Some(t) => {
+            let e = match endpoint {
+                Endpoint::Completions => crate::tokenize::Endpoint::Completions,
+                Endpoint::Chat => crate::tokenize::Endpoint::Chat,
+            };
+            t.prompt_tokens_quick(e, model, body)
+                .map(|r| r.map_err(|e| PromptError(e.0)))
+        }
+        None => Some(token_ids(endpoint, model, body)),
+    }
+}
+
 /// Token-id prompts of completions only (no tokenizer needed).
 pub fn token_ids(
     endpoint: Endpoint,
@@ -111,5 +144,16 @@ mod tests {
         assert!(prompt_tokens(c, "m", &json!({"prompt": [1, -2]})).is_err());
         assert!(prompt_tokens(c, "m", &json!({"prompt": []})).is_err());
         assert!(prompt_tokens(c, "m", &json!({"prompt": [1.5]})).is_err());
+    }
+
+    #[test]
+    fn cache_salt_is_a_non_empty_string_or_nothing() {
+        assert_eq!(
+            cache_salt(&json!({"cache_salt": "t1"})).as_deref(),
+            Some("t1")
+        );
+        assert_eq!(cache_salt(&json!({"cache_salt": ""})), None);
+        assert_eq!(cache_salt(&json!({"cache_salt": 7})), None);
+        assert_eq!(cache_salt(&json!({"prompt": [1]})), None);
     }
 }

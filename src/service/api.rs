@@ -55,6 +55,7 @@ pub fn to_route_request(r: codec::Route) -> RouteRequest {
         mode: r.mode,
         explain: r.explain,
         lora_name: r.lora_name,
+        cache_salt: r.cache_salt,
     }
 }
 

@@ -200,6 +200,21 @@ pub async fn deregister(core: &Core, id: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// [`deregister`] for plain OS threads (an entry gone from the engines file), the
+/// messages sent with [`send_blocking`]. Errors if the worker is unknown or shutdown
+/// started first.
+pub fn deregister_blocking(sh: &Shared, id: &str) -> Result<(), ApiError> {
+    let slot = unregister(sh, id)?;
+    super::cluster_bridge::publish_removal(sh, id);
+    for to in 0..sh.cores {
+        if !send_blocking(sh, to, Msg::Forget { slot }) {
+            return Err(EngineError::BadRequest("shutting down".into()).into());
+        }
+    }
+    sh.metrics.workers.set(sh.registry.load().len() as i64);
+    Ok(())
+}
+
 /// Takes `id` out of the registry and retires its slot's cells (a new generation, no
 /// heartbeat, no connection, not suspect); the caller then tells the cores to forget
 /// the slot. Shared by local and replicated removals.
@@ -217,6 +232,7 @@ fn unregister(sh: &Shared, id: &str) -> Result<WorkerSlot, EngineError> {
         c.heartbeat.store(false, Ordering::Release);
         c.connected.store(0, Ordering::Release);
         c.suspect.store(false, Ordering::Release);
+        c.engine_unreachable.store(false, Ordering::Release);
     }
     sh.registry.store(Arc::new(reg));
     Ok(slot)
@@ -361,10 +377,29 @@ pub fn worker_status(sh: &Shared, e: &crate::registry::WorkerEntry, now_us: u64)
     let mismatch = sh
         .cells(e.slot)
         .map_or(0, |c| c.engine_block_size_mismatch.load(Ordering::Relaxed));
-    if mismatch != 0 {
+    if sh
+        .cells(e.slot)
+        .is_some_and(|c| c.engine_unreachable.load(Ordering::Relaxed))
+    {
+        w.engine_issue = Some(format!(
+            "unreachable: the engine's event endpoint has not answered for {} ms or more",
+            sh.settings.heartbeat_timeout_ms
+        ));
+    } else if mismatch != 0 {
         w.engine_issue = Some(format!(
             "block_size_mismatch: engine {mismatch}, router {}",
             cfg.block_size
+        ));
+    }
+    let rank = sh
+        .cells(e.slot)
+        .map_or(0, |c| c.engine_dp_rank_mismatch.load(Ordering::Relaxed));
+    if rank != 0 {
+        w.engine_issue = Some(format!(
+            "dp_rank_mismatch: engine batches are of rank {}, the entry serves rank {} \
+             (each rank publishes on the base port + its rank)",
+            rank - 1,
+            e.spec.dp_ranks.lo
         ));
     }
     w

@@ -7,10 +7,13 @@
 //! `GET /metrics`, `GET /healthz`, and the status page: `GET /ui` (HTML) and
 //! `GET /v1/status` (its JSON, `status`).
 //! Every failure is a 4xx/5xx with a JSON body `{"error": "...", "code": "..."}`; bodies
-//! are size-limited and parsed strictly (unknown fields rejected). Which token may call
-//! which route is decided by `check_auth` with the rules of `credentials`.
+//! are size-limited and parsed strictly (unknown fields rejected). Before anything
+//! else a request passes the door rules of [`doors`] (`Host`, `Origin`, JSON content
+//! type; CORS for listed origins); then which token may call which route is decided by
+//! `check_auth` with the rules of `credentials`.
 
 use super::core::Core;
+use super::doors::{self, Door, Pass};
 use super::msg::LifeOp;
 use super::router::{self, ApiError};
 use super::{control, errors};
@@ -58,7 +61,7 @@ async fn body_bytes(core: &Core, req: Request<Incoming>) -> Result<Bytes, Resp> 
     let limit = core.shared.settings.limits.max_body_bytes;
     match Limited::new(req.into_body(), limit).collect().await {
         Ok(b) => Ok(b.to_bytes()),
-        Err(e) => {
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             core.shared.metrics.protocol_error("http_body");
             Err(error(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -66,6 +69,13 @@ async fn body_bytes(core: &Core, req: Request<Incoming>) -> Result<Bytes, Resp> 
                 format!("request body rejected (limit {limit} bytes): {e}"),
             ))
         }
+        // Cut while it arrived (too slow, stalled, displaced; counted where it was
+        // cut) or broken: the connection is closing, this answer is a courtesy.
+        Err(e) => Err(error(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_incomplete",
+            format!("request body not received in full: {e}"),
+        )),
     }
 }
 
@@ -115,11 +125,39 @@ struct Progress {
     output_tokens: u32,
 }
 
-/// Handles one HTTP request.
+/// Handles one HTTP request: the door rules ([`doors`]), then [`answer`].
 pub async fn handle(
     core: Rc<Core>,
     req: Request<Incoming>,
 ) -> Result<Resp, std::convert::Infallible> {
+    let pass = doors::check(
+        &core.shared.settings,
+        Door::Api,
+        req.method(),
+        req.headers(),
+    );
+    Ok(match pass {
+        Err(r) => {
+            core.shared.metrics.protocol_error(r.code());
+            error(r.status(), r.code(), r.message())
+        }
+        Ok(Pass::Preflight(origin)) => {
+            let mut resp = Response::new(Full::new(Bytes::new()));
+            *resp.status_mut() = StatusCode::NO_CONTENT;
+            doors::fill_preflight(resp.headers_mut(), origin, req.headers());
+            resp
+        }
+        Ok(Pass::Cors(origin)) => {
+            let mut resp = answer(core, req).await;
+            doors::allow_origin(resp.headers_mut(), origin);
+            resp
+        }
+        Ok(Pass::Plain) => answer(core, req).await,
+    })
+}
+
+/// Answers a request that passed the doors: authentication, then the route.
+async fn answer(core: Rc<Core>, req: Request<Incoming>) -> Resp {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
@@ -136,9 +174,9 @@ pub async fn handle(
     }
     if let Some(refused) = check_auth(&core, &method, &parts, &presented) {
         if ui && method == Method::GET {
-            return Ok(html(StatusCode::UNAUTHORIZED, super::status::LOGIN_HTML));
+            return html(StatusCode::UNAUTHORIZED, super::status::LOGIN_HTML);
         }
-        return Ok(refused);
+        return refused;
     }
     core.shared
         .inflight
@@ -147,7 +185,7 @@ pub async fn handle(
     core.shared
         .inflight
         .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    Ok(resp)
+    resp
 }
 
 /// Who may call what (`credentials`): `/healthz` anyone; a worker's own routes

@@ -10,8 +10,10 @@
 //! Every read and write passes here, so this is where the connection's clock is kept:
 //! a read or write that waits past its deadline gets a glommio timer that wakes the
 //! task, and then fails with `TimedOut`; a connection displaced from its slot fails its
-//! next read with `ConnectionAborted`. hyper then closes the connection through its
-//! own error path: nothing is dropped from outside with a handler half done.
+//! next read with `ConnectionAborted` (a read waiting for a request body too: the
+//! handler then sees its body end in an error and answers it). hyper then closes the
+//! connection through its own error path: nothing is dropped from outside with a
+//! handler half done.
 
 use super::conn_slot::Slot;
 use super::http_clock::{Clock, Phase, Timeouts};
@@ -46,6 +48,7 @@ impl HttpConn {
             header_ms: s.http_header_timeout_ms,
             idle_ms: s.http_idle_timeout_ms,
             body_ms: s.http_body_timeout_ms,
+            body_min_rate: s.http_body_min_rate,
         };
         let now = shared.now_ms();
         Rc::new(HttpConn {
@@ -77,12 +80,13 @@ impl HttpConn {
                 since_ms: self.opened_ms,
             }
         } else {
-            match c.idle_since() {
-                Some(since_ms) => Activity::Idle {
+            match (c.idle_since(), c.waiting_for_body(&self.timeouts)) {
+                (Some(since_ms), _) => Activity::Idle {
                     since_ms,
                     min_idle_ms: self.min_idle_ms.get(),
                 },
-                None => Activity::Busy,
+                (None, Some(due_ms)) => Activity::Body { due_ms },
+                (None, None) => Activity::Busy,
             }
         });
     }
@@ -90,6 +94,11 @@ impl HttpConn {
     /// hyper handed a request to the service.
     pub fn request_started(&self) {
         self.update(|c, now| c.on_request(now));
+    }
+
+    /// The handler produced its response (its request body, if any, was read).
+    pub fn responding(&self) {
+        self.update(|c, _| c.on_responding());
     }
 
     /// The response body was taken in full (or dropped).
@@ -187,24 +196,32 @@ impl<T: AsyncRead + Unpin> hyper::rt::Read for HyperIo<T> {
             return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
         }
         let clock = conn.clock.get();
-        let deadline = clock.read_deadline(&conn.timeouts);
-        let label = match clock.phase {
-            Phase::Waiting { first: false, .. } => "http_idle_timeout",
-            Phase::Waiting { .. } | Phase::Head { .. } => "http_header_timeout",
-            Phase::Busy { .. } => "http_body_timeout",
-        };
+        let (deadline, why) = clock.read_expiry(&conn.timeouts);
+        let label = why.label();
         if conn.now_ms() >= deadline {
             return Poll::Ready(Err(conn.timed_out(label)));
         }
         match read_via_scratch(&mut this.io, cx, &mut buf, 8192) {
             Poll::Ready(Ok(n)) => {
                 if n > 0 {
-                    conn.update(|c, now| c.on_read(now));
+                    conn.update(|c, now| c.on_read(now, n));
+                } else if clock.read_waiting {
+                    conn.update(|c, _| c.read_waiting = false);
                 }
                 Poll::Ready(Ok(()))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
+                // Waiting for more of a request body: the slot becomes displaceable
+                // (`slots`). Only then; other waits keep their activity. This holds
+                // because both servers run hyper with `half_close(true)`: it reads
+                // nothing mid-request but the body. A server watching for the client's
+                // EOF mid-request must tell the clock when the body ended, or such
+                // reads are taken for a trickled body (tests/slow_bodies.rs,
+                // `waiting_for_the_worker_is_not_reading_a_body`).
+                if matches!(clock.phase, Phase::Busy { .. }) && !clock.read_waiting {
+                    conn.update(|c, _| c.on_read_waiting());
+                }
                 conn.slot.register(cx.waker());
                 if arm(&mut this.read_timer, cx, conn.now_ms(), deadline) {
                     return Poll::Ready(Err(conn.timed_out(label)));
@@ -268,7 +285,10 @@ pub struct TrackedBody<B> {
 }
 
 impl<B> TrackedBody<B> {
+    /// The handler's response, `inner`: from here on the request body is no longer
+    /// being read ([`HttpConn::responding`]).
     pub fn new(inner: B, conn: Rc<HttpConn>) -> TrackedBody<B> {
+        conn.responding();
         TrackedBody {
             inner,
             conn: Some(conn),

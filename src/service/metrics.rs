@@ -96,6 +96,8 @@ pub struct Metrics {
     pub index_refused: Family<KindLabel, Counter>,
     /// Entries counted against `max_index_entries` (live, plus batches being applied).
     pub index_budget_used: Gauge,
+    /// `max_index_entries` (each copy's bound when replicated), for dashboards.
+    pub index_budget_limit: Gauge,
     /// Sums over kinds of `events` and `protocol_errors`, for the status page.
     pub events_total: AtomicU64,
     pub protocol_errors_total: AtomicU64,
@@ -118,6 +120,9 @@ pub struct Metrics {
     /// `request_ttl_ms`), `restart` (restored from a snapshot, but routed by the dead
     /// process's own proxy).
     pub requests_expired: Family<ReasonLabel, Counter>,
+    /// Reads of the engines file that changed the engines or found them unchanged
+    /// (`applied`), or were refused and changed nothing (`rejected`).
+    pub engines_file_reloads: Family<KindLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -172,6 +177,7 @@ impl Metrics {
             snapshot_bytes: Gauge::default(),
             index_refused: Family::default(),
             index_budget_used: Gauge::default(),
+            index_budget_limit: Gauge::default(),
             events_total: AtomicU64::new(0),
             protocol_errors_total: AtomicU64::new(0),
             speculative_blocks: Counter::default(),
@@ -181,6 +187,7 @@ impl Metrics {
             cluster: Default::default(),
             answer_waits: Family::default(),
             requests_expired: Family::default(),
+            engines_file_reloads: Family::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -346,6 +353,11 @@ impl Metrics {
                 m.requests_expired.clone(),
             );
             r.register(
+                "index_budget_limit",
+                "max_index_entries: the index entries the budget allows (each copy's, with index_layout replicated)",
+                m.index_budget_limit.clone(),
+            );
+            r.register(
                 "speculative_blocks",
                 "Blocks of routed requests credited as pending (speculative) on the chosen worker",
                 m.speculative_blocks.clone(),
@@ -370,6 +382,11 @@ impl Metrics {
                 "answer_waits",
                 "Run-loop parks (parked, parked_long) and ended spins (spin_expired) while an answer from another core was outstanding; queries announced by other cores (expected) and announced queries that did not come in time (expect_expired)",
                 m.answer_waits.clone(),
+            );
+            r.register(
+                "engines_file_reloads",
+                "Reads of the engines file applied (changes made, or none needed) or rejected (unusable file, nothing changed)",
+                m.engines_file_reloads.clone(),
             );
         }
         m

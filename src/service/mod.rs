@@ -28,6 +28,9 @@ pub mod conn;
 pub mod conn_slot;
 pub mod control;
 pub mod core;
+pub mod core_start;
+pub mod doors;
+pub mod engines_file;
 pub mod errors;
 pub mod http;
 pub mod http_clock;
@@ -39,6 +42,8 @@ pub mod listeners;
 pub mod metrics;
 pub mod msg;
 pub mod persist;
+pub mod pinning;
+pub mod preflight;
 pub mod recorder;
 pub mod router;
 pub mod run_loop;
@@ -48,6 +53,7 @@ pub mod slots;
 pub mod state_dir;
 pub mod status;
 pub mod zmq_ingest;
+pub mod zmq_reach;
 
 use self::core::Core;
 use crate::settings::Settings;
@@ -100,6 +106,8 @@ pub struct Running {
     listeners: listeners::Bound,
     /// The proxy's listening socket (`proxy_addr`), stopped with the others.
     proxy_listener: Option<listeners::Extra>,
+    /// `engines_file`: the thread following it (and the engine threads it started).
+    engines_file: Option<engines_file::Watcher>,
 }
 
 impl Running {
@@ -109,6 +117,20 @@ impl Running {
     /// must say so (`kvroute serve` exits 1).
     pub fn shutdown(self) -> Result<(), String> {
         self.stop(true)
+    }
+
+    /// Re-reads the engines file now (SIGHUP); `Err` says why it is not followed.
+    pub fn reload_engines(&self) -> Result<(), &'static str> {
+        match &self.engines_file {
+            Some(w) => {
+                w.reload();
+                Ok(())
+            }
+            None if self.shared.settings.engines_file.is_some() => Err(
+                "with [cluster] the engines file is read only at start: restart the replicas to apply it",
+            ),
+            None => Err("no engines_file is configured"),
+        }
     }
 
     /// The proxy's drain, before [`Running::shutdown`] (`[proxy] drain_ms`): new proxy
@@ -183,6 +205,9 @@ impl Running {
         for h in self.engines {
             let _ = h.join();
         }
+        if let Some(w) = self.engines_file.take() {
+            w.stop();
+        }
         result
     }
 }
@@ -190,6 +215,9 @@ impl Running {
 /// Starts the service and returns once every core listens.
 pub fn start(mut settings: Settings) -> Result<Running, String> {
     settings.validate()?;
+    // Before anything else: what the executors need from the kernel and the limits
+    // (a refusal is one line naming the fix, not a panic inside glommio).
+    preflight::check()?;
     // Before anything is bound: a missing or broken tokenizer directory stops the start.
     let tokenizers = Arc::new(crate::tokenize::Tokenizers::from_settings(&settings)?);
     for m in tokenizers.models() {
@@ -210,6 +238,25 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
              a non-streamed proxied request waiting that long for its answer expires first",
             settings.request_ttl_ms, settings.proxy.request_timeout_ms
         );
+    }
+    // An unusable engines file stops the start, like any setting. With `[cluster]` its
+    // entries join the static list (the engine leases cover that list only).
+    let mut first_engines = match &settings.engines_file {
+        Some(path) => Some(engines_file::load(
+            path,
+            &settings.engines,
+            settings.limits.max_workers,
+        )?),
+        None => None,
+    };
+    if settings.cluster.url.is_some() {
+        if let (Some(first), Some(path)) = (first_engines.take(), &settings.engines_file) {
+            let n = first.engines().len();
+            settings.engines.extend(first.into_engines());
+            eprintln!(
+                "kvroute: engines file {path}: {n} engines, read once at start ([cluster]: restart the replicas to apply a change)"
+            );
+        }
     }
     let token = settings.resolve_token()?;
     let worker_tokens = match &settings.worker_tokens_file {
@@ -238,7 +285,6 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         settings.proxy_addr = l.addr()?.to_string();
         Some(l)
     };
-    raise_memlock();
     let cores = effective_cores(settings.cores);
     let (shard_bits, replicated) = Shared::layout(&settings, cores);
     let limits = settings.limits.clone();
@@ -272,6 +318,11 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     for (c, s) in shards.iter_mut().enumerate() {
         s.attach_budget(shared.budget_of(c).clone());
     }
+    let limit = shared.settings.limits.max_index_entries;
+    shared
+        .metrics
+        .index_budget_limit
+        .set(i64::try_from(limit).unwrap_or(i64::MAX));
     let _ = shared.proxy.keys.set(proxy_keys);
     shared.proxy.set_upstream_key(upstream_key.as_deref());
     let _ = shared.tokenizers.set(tokenizers);
@@ -297,36 +348,36 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     }
     let (requests, orphans) = persist::drop_orphans(&shared, requests);
     let requests = Arc::new(requests);
+    let allowed = pinning::allowed_cpus();
+    let cpus = pinning::plan(cores, shared.settings.pin_cores, &allowed);
+    eprintln!("kvroute: {}", pinning::describe(&cpus, &allowed));
+    let mut placements = pinning::placements(&cpus)?.into_iter();
     // Before the cores accept anything, so every accepted event is published.
     let cluster_threads = cluster_bridge::start(&shared, restored_state, orphans)?;
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let reports = core_start::Reports::default();
     let mut handles = Vec::new();
     let mut first_err = None;
     for ((id, bell), shard) in doorbells.into_iter().enumerate().zip(shards) {
         let sh = shared.clone();
-        let ready = ready_tx.clone();
+        let ready = reports.guard(id);
         let requests = requests.clone();
         let spin = sh.settings.spin_before_park_us;
         let mine = match bound.for_core() {
             Ok(l) => l,
             Err(e) => {
-                first_err = Some(e);
+                first_err = Some(format!("core {id} did not start: {e}"));
                 break;
             }
         };
         let proxy_mine = match proxy_l.as_ref().map(|l| l.for_core()).transpose() {
             Ok(l) => l,
             Err(e) => {
-                first_err = Some(e);
+                first_err = Some(format!("core {id} did not start: {e}"));
                 break;
             }
         };
         // `pin_cores = false`: the kernel may run a core wherever a CPU is free.
-        let placement = if sh.settings.pin_cores {
-            Placement::Fixed(id % num_cpus())
-        } else {
-            Placement::Unbound
-        };
+        let placement = placements.next().unwrap_or(Placement::Unbound);
         // The core's blocking thread (long prompts' tokenization, the status page's
         // snapshot) is left to the scheduler: pinned next to its core (glommio's
         // default for a fixed placement) it would only take turns with it.
@@ -342,7 +393,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             persist::restore_requests(&core, &requests);
             drop(requests);
             let (ev, api_l, http_l) = mine.into_glommio();
-            let _ = ready.send(Ok(()));
+            ready.started();
             glommio::spawn_local(accept_loop(core.clone(), ev, "events", ingest::serve)).detach();
             glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::serve)).detach();
             glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http)).detach();
@@ -365,24 +416,15 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         match spawned {
             Ok(h) => handles.push(h),
             Err(e) => {
-                first_err = Some(format!(
-                    "cannot start executor {id}: {e} (kvroute needs io_uring: Linux >= 5.8 with io_uring enabled, and RLIMIT_MEMLOCK >= 512 KiB)"
-                ));
+                first_err = Some(format!("core {id} did not start: {e}"));
                 break;
             }
         }
     }
-    drop(ready_tx);
-    for _ in 0..handles.len() {
-        match ready_rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                first_err.get_or_insert(e);
-            }
-            Err(_) => {
-                first_err.get_or_insert("a core did not start".into());
-            }
-        }
+    // The cores that were spawned report (a failed one with its error) even when a
+    // later one could not be spawned, so every started core is stopped below.
+    if let Err(e) = reports.wait(&mut handles, core_start::TIMEOUT) {
+        first_err.get_or_insert(e);
     }
     let mut running = Running {
         shared,
@@ -392,6 +434,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         _state_lock: state.lock,
         listeners: bound,
         proxy_listener: proxy_l,
+        engines_file: None,
     };
     if let Some(e) = first_err {
         let _ = running.stop(false);
@@ -406,13 +449,17 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         ));
     }
     running.engines.extend(zmq_ingest::start(&running.shared));
+    if let (Some(path), Some(first)) = (running.shared.settings.engines_file.clone(), first_engines)
+    {
+        match engines_file::Watcher::start(&running.shared, path, first) {
+            Ok(w) => running.engines_file = Some(w),
+            Err(e) => {
+                let _ = running.stop(false);
+                return Err(e);
+            }
+        }
+    }
     Ok(running)
-}
-
-fn num_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
 }
 
 /// Accepts connections until shutdown. Each listener on each core has a slot table

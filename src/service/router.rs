@@ -169,8 +169,9 @@ async fn route_any(core: &Core, req: &RouteRequest) -> Result<RouteDecision, Api
     let sh = &core.shared;
     refuse_when_stopping(core)?;
     let prepared = req
-        .prepare(
+        .prepare_with(
             sh.settings.router.block_size,
+            sh.settings.router.lookahead_tokens,
             sh.settings.limits.max_hashes_per_request,
         )
         .map_err(EngineError::from)?;

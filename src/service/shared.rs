@@ -45,6 +45,12 @@ pub struct WorkerCells {
     /// ZMQ engine workers: the block size of the engine's last refused `BlockStored`
     /// (it differs from the router's), 0 when its stored events are accepted.
     pub engine_block_size_mismatch: AtomicU32,
+    /// ZMQ engine workers: the engine's event endpoint has not answered for
+    /// `heartbeat_timeout_ms` (`zmq_reach`); the worker is down until it does.
+    pub engine_unreachable: AtomicBool,
+    /// ZMQ engine workers: 1 + the data-parallel rank of the engine's last batch,
+    /// refused because the entry serves another rank; 0 when its batches are accepted.
+    pub engine_dp_rank_mismatch: AtomicU32,
 }
 
 pub struct Shared {
@@ -193,9 +199,11 @@ impl Shared {
         self.workers.get(slot as usize)
     }
 
-    /// Eligible for routing: not subject to heartbeats, or heard from recently.
+    /// Eligible for routing: not subject to heartbeats, or heard from recently; and,
+    /// for a ZMQ engine, its event endpoint reachable.
     pub fn is_live(&self, slot: WorkerSlot, now_ms: u64) -> bool {
         match self.cells(slot) {
+            Some(c) if c.engine_unreachable.load(Ordering::Relaxed) => false,
             Some(c) => {
                 !c.heartbeat.load(Ordering::Relaxed)
                     || now_ms.saturating_sub(c.last_seen_ms.load(Ordering::Relaxed))

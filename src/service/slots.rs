@@ -5,8 +5,9 @@
 //!
 //! Guarantees:
 //! - Slow or idle peers cannot monopolise a listener: at `max_connections`, a new
-//!   connection displaces one that is still pre-handshake or idle, and is refused only
-//!   when every slot is busy (a request being read, answered or written).
+//!   connection displaces one that is still pre-handshake, idle, or waiting for the
+//!   rest of a request body, and is refused only when every slot is busy (a request
+//!   being answered or written, or its body being read as fast as it arrives).
 //! - Connections that have not completed their handshake never hold more than
 //!   `max_preauth` slots: over that cap the oldest of them is dropped, whatever the
 //!   total, so a flood of silent sockets cannot lock authenticated peers out.
@@ -25,6 +26,11 @@ pub enum Activity {
     /// heartbeat timeout for event connections, whose healthy peers are never silent
     /// that long).
     Idle { since_ms: u64, min_idle_ms: u64 },
+    /// HTTP: reading a request body and waiting for the peer; the read fails at
+    /// `due_ms` (the body's stall or rate deadline, `http_clock`) unless bytes come.
+    /// Displaceable, after pre-handshake and idle connections: a body the peer keeps
+    /// unfinished holds a slot as a slow head would.
+    Body { due_ms: u64 },
     /// A request is in progress: never displaced.
     Busy,
 }
@@ -64,6 +70,9 @@ pub enum Reason {
     PreAuth,
     /// Idle after its handshake, at `max_connections` (the longest idle goes).
     Idle,
+    /// Waiting for more of a request body, at `max_connections` (the one nearest its
+    /// deadline goes: the slowest relative to the body rate).
+    Body,
 }
 
 impl Reason {
@@ -71,13 +80,16 @@ impl Reason {
         match self {
             Reason::PreAuth => "preauth_displaced",
             Reason::Idle => "idle_displaced",
+            Reason::Body => "body_displaced",
         }
     }
 }
 
 /// Rank of a displacement candidate: lower goes first. Pre-handshake connections go
 /// before idle sessions (a silent socket is likelier an attacker than an established
-/// client), each oldest / longest-idle first.
+/// client), each oldest / longest-idle first; then connections waiting for a request
+/// body, the nearest to its deadline first (a body arriving at a real client's pace
+/// has earned a far deadline; one trickled to hold the slot has not).
 fn rank(a: Activity, now_ms: u64) -> Option<(u8, u64)> {
     match a {
         Activity::PreAuth { since_ms } => Some((0, since_ms)),
@@ -85,6 +97,7 @@ fn rank(a: Activity, now_ms: u64) -> Option<(u8, u64)> {
             since_ms,
             min_idle_ms,
         } if now_ms.saturating_sub(since_ms) >= min_idle_ms => Some((1, since_ms)),
+        Activity::Body { due_ms } => Some((2, due_ms)),
         _ => None,
     }
 }
@@ -123,10 +136,10 @@ pub fn admit(occupants: &[Occupant], caps: Caps, now_ms: u64) -> Admission {
     {
         Some(((class, _), key)) => Admission::Displace {
             key,
-            why: if class == 0 {
-                Reason::PreAuth
-            } else {
-                Reason::Idle
+            why: match class {
+                0 => Reason::PreAuth,
+                1 => Reason::Idle,
+                _ => Reason::Body,
             },
         },
         None => Admission::Refuse,
@@ -259,6 +272,27 @@ mod tests {
     }
 
     #[test]
+    fn a_body_reader_goes_after_idle_ones_nearest_deadline_first() {
+        let body = |due_ms| Activity::Body { due_ms };
+        let o = [occ(1, body(900)), occ(2, body(400)), occ(3, idle(5))];
+        assert_eq!(
+            admit(&o, CAPS, 10),
+            Admission::Displace {
+                key: 3,
+                why: Reason::Idle
+            }
+        );
+        let o = [occ(1, body(900)), occ(2, body(400)), occ(3, Activity::Busy)];
+        assert_eq!(
+            admit(&o, CAPS, 10),
+            Admission::Displace {
+                key: 2,
+                why: Reason::Body
+            }
+        );
+    }
+
+    #[test]
     fn ties_break_by_key_deterministically() {
         let o = [occ(5, idle(1)), occ(4, idle(1)), occ(6, Activity::Busy)];
         assert_eq!(
@@ -281,6 +315,7 @@ mod tests {
                     since_ms,
                     min_idle_ms
                 }),
+                (0u64..300).prop_map(|due_ms| Activity::Body { due_ms }),
                 Just(Activity::Busy),
             ]
         }
@@ -318,6 +353,11 @@ mod tests {
                             (Activity::PreAuth { .. }, Reason::PreAuth) => {}
                             (Activity::Idle { since_ms, min_idle_ms }, Reason::Idle) => {
                                 prop_assert!(now_ms.saturating_sub(since_ms) >= min_idle_ms);
+                            }
+                            (Activity::Body { .. }, Reason::Body) => {
+                                // Only when nothing pre-handshake or idle could go.
+                                prop_assert!(!occ.iter().any(|o| !o.closing
+                                    && matches!(rank(o.activity, now_ms), Some((0 | 1, _)))));
                             }
                             other => prop_assert!(false, "displaced {:?}", other),
                         }

@@ -19,20 +19,24 @@
 //! replays, restarts, malformed payloads, block-size mismatches) is logged with the
 //! worker, the reason and the action, at most one line per reason per 10 s with the
 //! count of suppressed ones; no buffer is kept at the size of a past large message,
-//! and after a message of 1 MiB or more the freed pages go back to the OS at once.
+//! and after a message of 1 MiB or more the freed pages go back to the OS at once. An
+//! endpoint (its DNS name resolved afresh on each connect) without a subscription for
+//! `heartbeat_timeout_ms` takes its worker out of routing until it answers again
+//! (`zmq_reach`); a thread the engines file started also stops when its entry goes.
 
 use super::control;
 use super::index_batch::Batch;
 use super::metrics::EngineStreamLabels;
 use super::msg::{IndexOp, Msg};
 use super::shared::Shared;
+use super::zmq_reach::Reach;
 use crate::engines::adapter::{Adapter, AdapterStats, Change};
 use crate::engines::config::EngineEndpoint;
 use crate::engines::notes::LogLimiter;
 use crate::engines::stream::{parse_multipart, replay_request, Session, Step, END_SEQ};
 use crate::types::WorkerSlot;
 use crate::zmtp::{codec, Conn, ConnError, Limits, ZmtpError};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,17 +77,25 @@ fn log(cfg: &EngineEndpoint, msg: &str) {
 pub fn start(sh: &Arc<Shared>) -> Vec<std::thread::JoinHandle<()>> {
     let mut out = Vec::new();
     for cfg in sh.settings.engines.iter().cloned() {
-        let sh = sh.clone();
-        let name = format!("kvroute-zmq-{}", cfg.worker_id);
-        match std::thread::Builder::new()
-            .name(name)
-            .spawn(move || Stream::new(sh, cfg).run())
-        {
+        match spawn(sh, cfg, Arc::new(AtomicBool::new(false))) {
             Ok(h) => out.push(h),
             Err(e) => eprintln!("kvroute: zmq: cannot start a thread: {e}"),
         }
     }
     out
+}
+
+/// Starts the thread of one engine; it stops at shutdown, or once `stop` is set
+/// (`engines_file`), within about 200 ms (a replay in progress: within 2 s).
+pub fn spawn(
+    sh: &Arc<Shared>,
+    cfg: EngineEndpoint,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let sh = sh.clone();
+    std::thread::Builder::new()
+        .name(format!("kvroute-zmq-{}", cfg.worker_id))
+        .spawn(move || Stream::new(sh, cfg, stop).run())
 }
 
 struct Stream {
@@ -96,10 +108,13 @@ struct Stream {
     reported: Vec<u64>,
     out: Vec<Change>,
     limiter: LogLimiter,
+    reach: Reach,
+    /// Set when the engines file no longer lists this engine.
+    stop: Arc<AtomicBool>,
 }
 
 impl Stream {
-    fn new(sh: Arc<Shared>, cfg: EngineEndpoint) -> Stream {
+    fn new(sh: Arc<Shared>, cfg: EngineEndpoint, stop: Arc<AtomicBool>) -> Stream {
         let router_bs = sh.settings.router.block_size;
         let bs = cfg.block_size.unwrap_or(router_bs);
         if bs != router_bs {
@@ -115,12 +130,16 @@ impl Stream {
             .capacity_blocks
             .min(sh.settings.limits.max_blocks_per_worker)
             .min(usize::MAX as u64) as usize;
-        let adapter = Adapter::new(bs, cap, cfg.lora.clone()).with_router_block_size(router_bs);
+        let adapter = Adapter::new(bs, cap, cfg.lora.clone())
+            .with_router_block_size(router_bs)
+            .with_unknown_medium_tier(sh.settings.engine_unknown_medium_tier)
+            .with_lookahead(sh.settings.router.lookahead_tokens as usize);
         let session = Session::new(adapter, cfg.replay_endpoint.is_some(), cfg.dp_rank);
         let limits = Limits {
             max_message_bytes: sh.settings.limits.max_engine_message_bytes,
             max_frames: MAX_FRAMES,
         };
+        let reach = Reach::new(Duration::from_millis(sh.settings.heartbeat_timeout_ms));
         Stream {
             sh,
             cfg,
@@ -131,11 +150,13 @@ impl Stream {
             reported: Vec::new(),
             out: Vec::new(),
             limiter: LogLimiter::new(LOG_WINDOW),
+            reach,
+            stop,
         }
     }
 
     fn shutting_down(&self) -> bool {
-        self.sh.shutdown.load(Ordering::Relaxed)
+        self.sh.shutdown.load(Ordering::Relaxed) || self.stop.load(Ordering::Relaxed)
     }
 
     /// Sleeps `d` in slices, returning false at shutdown.
@@ -250,7 +271,15 @@ impl Stream {
             let Some(mut sub) = self.connect_sub(&mut backoff) else {
                 return;
             };
-            log(&self.cfg, "subscribed");
+            let peer = sub.stream().peer_addr().map(|a| a.to_string());
+            log(
+                &self.cfg,
+                &format!("subscribed ({})", peer.unwrap_or_default()),
+            );
+            if let Some(m) = self.reach.connected(&self.sh, self.slot) {
+                log(&self.cfg, &m);
+            }
+            self.session.reconnected();
             let mut delivered = false;
             let err = loop {
                 if self.shutting_down() {
@@ -280,6 +309,7 @@ impl Stream {
             drop(sub);
             release_memory();
             self.conn_failed("subscription", &err);
+            self.unreachable();
             if !self.pause(backoff) {
                 return;
             }
@@ -309,6 +339,10 @@ impl Stream {
         }
         self.drain_notes();
         self.mark_block_size(before);
+        if let Some(c) = self.sh.cells(self.slot) {
+            let v = self.session.dp_mismatch.map_or(0, |r| r.saturating_add(1));
+            c.engine_dp_rank_mismatch.store(v, Ordering::Relaxed);
+        }
         if !self.deliver() {
             return false;
         }
@@ -356,12 +390,20 @@ impl Stream {
                 Err(e @ ConnError::Zmtp(_)) => self.conn_failed("handshake", &e),
                 Err(_) => {}
             }
+            self.unreachable();
             if !self.pause(*backoff) {
                 return None;
             }
             *backoff = (*backoff * 2).min(BACKOFF_MAX);
         }
         None
+    }
+
+    /// No subscription up: past the time-out the worker is down (`zmq_reach`).
+    fn unreachable(&mut self) {
+        if let Some(m) = self.reach.failed(&self.sh, self.slot) {
+            log(&self.cfg, &m);
+        }
     }
 
     /// Asks the replay endpoint for everything from `from` on and feeds it to the
@@ -497,7 +539,7 @@ impl Stream {
     }
 }
 
-fn figures(s: &Session) -> [(&'static str, u64); 19] {
+fn figures(s: &Session) -> [(&'static str, u64); 22] {
     let c = &s.counters;
     let AdapterStats {
         stored_blocks,
@@ -508,6 +550,9 @@ fn figures(s: &Session) -> [(&'static str, u64); 19] {
         evicted,
         bad_block_size,
         block_size_mismatch,
+        unknown_medium,
+        lookahead_mismatch,
+        bad_group,
     } = s.adapter.stats;
     [
         ("batch", c.batches),
@@ -529,5 +574,8 @@ fn figures(s: &Session) -> [(&'static str, u64); 19] {
         ("missing_tokens", missing_tokens + bad_block_size),
         ("evicted", evicted),
         ("block_size_mismatch", block_size_mismatch),
+        ("unknown_medium", unknown_medium),
+        ("lookahead_mismatch", lookahead_mismatch),
+        ("bad_group", bad_group),
     ]
 }

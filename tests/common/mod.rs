@@ -7,6 +7,7 @@ pub mod fleet;
 pub mod ident;
 pub mod proxy;
 pub mod raw;
+pub mod run;
 pub mod sim;
 pub mod tokenizer;
 pub mod ui;

@@ -59,6 +59,11 @@ impl Browser {
     /// Starts chromedriver and a headless Chromium session, or `None` (skip) when they
     /// are not installed and `CI` is not set.
     pub fn start_or_skip() -> Option<Browser> {
+        Self::start_or_skip_with(&[])
+    }
+
+    /// [`Browser::start_or_skip`] with more Chromium flags (e.g. `--host-resolver-rules`).
+    pub fn start_or_skip_with(extra: &[&str]) -> Option<Browser> {
         let driver = find("KVROUTE_CHROMEDRIVER", &["chromedriver"]);
         let chromium = find(
             "KVROUTE_CHROMIUM",
@@ -72,10 +77,10 @@ impl Browser {
             eprintln!("skipping browser test: {why}");
             return None;
         };
-        Some(Browser::start(&driver, &chromium).unwrap_or_else(|e| panic!("browser: {e}")))
+        Some(Browser::start(&driver, &chromium, extra).unwrap_or_else(|e| panic!("browser: {e}")))
     }
 
-    fn start(driver: &PathBuf, chromium: &PathBuf) -> Result<Browser, String> {
+    fn start(driver: &PathBuf, chromium: &PathBuf, extra: &[&str]) -> Result<Browser, String> {
         let port = super::free_port();
         let child = Command::new(driver)
             .arg(format!("--port={port}"))
@@ -100,7 +105,7 @@ impl Browser {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let args = [
+        let mut args = vec![
             "--headless".to_string(),
             "--no-sandbox".into(),
             "--disable-gpu".into(),
@@ -109,6 +114,7 @@ impl Browser {
             "--disable-dev-shm-usage".into(),
             format!("--user-data-dir={}", b._profile.path().display()),
         ];
+        args.extend(extra.iter().map(|a| a.to_string()));
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {"binary": chromium, "args": args},

@@ -10,13 +10,19 @@
 //!
 //! It reports events/s, decisions/s, decision latency p50/p99/p999 and the router's
 //! peak RSS. `--spawn PATH --cores 1,2` starts the router itself once per core count
-//! (on free loopback ports) to show scaling. Loopback only; every loop is bounded by
-//! `--duration`.
+//! (on free loopback ports) to show scaling. `--replicas N` (with `--spawn`) runs the
+//! soak against a tier instead (`soak`): N replicas on NATS, a simulated fleet behind
+//! their proxies, proxy traffic, slow clients and replica restarts. Loopback only;
+//! every loop is bounded by `--duration`.
 
 mod engine_load;
 mod http_load;
 mod load;
 mod pipelined;
+mod proxy_load;
+mod slow_load;
+mod soak;
+mod tier;
 
 use clap::Parser;
 use std::process::{Child, Command, Stdio};
@@ -99,6 +105,44 @@ pub struct Args {
     /// Block events/s over all engines.
     #[arg(long, default_value_t = 20_000)]
     pub engine_rate: u64,
+    /// Tier soak (with --spawn): this many `serve --cluster` replicas on NATS
+    /// JetStream, a `kvroute-sim fleet` behind their proxies (`soak`). The binary and
+    /// JSON load goes to replica 0; proxy and slow clients to every replica.
+    #[arg(long, default_value_t = 0)]
+    pub replicas: usize,
+    /// NATS server of the tier (JetStream on); none: `nats-server` is started.
+    #[arg(long)]
+    pub nats: Option<String>,
+    /// The `kvroute-sim` binary (default: next to the --spawn binary).
+    #[arg(long)]
+    pub sim: Option<String>,
+    /// Simulated workers of the tier's fleet.
+    #[arg(long, default_value_t = 4)]
+    pub fleet_workers: usize,
+    /// The fleet's timing model (`kvroute-sim fleet --timing`).
+    #[arg(
+        long,
+        default_value = "prefill_base_us=2000,prefill_us_per_token=5,decode_step_base_us=5000"
+    )]
+    pub fleet_timing: String,
+    /// Proxy clients (completions through every replica, half streamed).
+    #[arg(long, default_value_t = 0)]
+    pub proxy_clients: usize,
+    /// Proxied requests/s over all proxy clients.
+    #[arg(long, default_value_t = 50)]
+    pub proxy_rate: u64,
+    /// Slow connections on every HTTP port: trickled heads, trickled bodies, slow
+    /// stream readers (a third each).
+    #[arg(long, default_value_t = 0)]
+    pub slow_clients: usize,
+    /// Restart the last replica (SIGTERM, then start it again) every this many
+    /// seconds; 0: never.
+    #[arg(long, default_value_t = 0)]
+    pub restart_every: u64,
+    /// One more `kvroute serve` flag for every replica (repeatable), e.g.
+    /// `--replica-arg=--cluster-token --replica-arg=SECRET`.
+    #[arg(long, allow_hyphen_values = true)]
+    pub replica_arg: Vec<String>,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<String>,
@@ -185,6 +229,35 @@ fn main() -> std::process::ExitCode {
         );
         load::run(args, addrs, engines, pid, label)
     };
+    if args.replicas > 0 {
+        let Some(path) = args.spawn.clone() else {
+            eprintln!("kvroute-bench: --replicas needs --spawn (the tier is started here)");
+            return std::process::ExitCode::from(2);
+        };
+        eprintln!(
+            "kvroute-bench: tier soak: {} replicas, {} fleet workers, {} proxy clients at {}/s, {} slow clients, restart every {} s, {} s",
+            args.replicas, args.fleet_workers, args.proxy_clients, args.proxy_rate,
+            args.slow_clients, args.restart_every, args.duration
+        );
+        return match soak::run(&args, &path) {
+            Ok((r, tier)) => {
+                println!("{}", load::table(std::slice::from_ref(&r)));
+                soak::print(&tier);
+                if let Some(path) = &args.json {
+                    let v = serde_json::json!({"load": r, "tier": tier});
+                    let text = serde_json::to_string_pretty(&v).unwrap_or_default();
+                    if let Err(e) = std::fs::write(path, text) {
+                        eprintln!("kvroute-bench: writing {path}: {e}");
+                    }
+                }
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("kvroute-bench: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     if args.engines > 0 && args.spawn.is_none() {
         eprintln!("kvroute-bench: --engines needs --spawn (the router must subscribe to them)");
         return std::process::ExitCode::from(2);

@@ -277,9 +277,9 @@ fn out_of_range_enum_and_flag_bytes_are_invalid_values() {
     assert!(invalid("explain", 14, 2)(&poke(&route, 14, 2).unwrap_err()));
     let f = Frame::from_encoded(&encoded(&route)).unwrap();
     let kind_at = f.payload.len() - 5;
-    // 0..=3 are prompt kinds (bit 0 hashes, bit 1 LoRA name); 4 is not.
-    assert!(invalid("prompt_kind", kind_at, 4)(
-        &poke(&route, kind_at, 4).unwrap_err()
+    // 0..=7 are prompt kinds (bit 0 hashes, bit 1 LoRA name, bit 2 salt); 8 is not.
+    assert!(invalid("prompt_kind", kind_at, 8)(
+        &poke(&route, kind_at, 8).unwrap_err()
     ));
     let life = RequestMsg::Lifecycle {
         corr: 1,

@@ -89,6 +89,27 @@ fn lora_route_example_matches_the_document() {
     assert_eq!(RequestMsg::decode(&f).unwrap(), msg);
 }
 
+/// A salted token `Route` (prompt kind 4, revision 1.2).
+pub(super) fn example_salted_route() -> RequestMsg {
+    RequestMsg::Route(Route {
+        model: "m".into(),
+        cache_salt: Some("t1".into()),
+        ..Route::new(1, "r1", Prompt::from_tokens(&[1, 2]))
+    })
+}
+
+#[test]
+fn salted_route_example_matches_the_document() {
+    let msg = example_salted_route();
+    let dump = hex_dump(&encoded(&msg));
+    assert!(
+        PROTOCOL_MD.contains(&dump),
+        "docs/PROTOCOL.md lacks the salted Route example; it should read:\n{dump}"
+    );
+    let f = Frame::from_encoded(&encoded(&msg)).unwrap();
+    assert_eq!(RequestMsg::decode(&f).unwrap(), msg);
+}
+
 #[test]
 fn documented_kind_bytes_match_the_code() {
     for (name, k) in [

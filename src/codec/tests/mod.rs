@@ -156,6 +156,7 @@ pub(super) fn full_route() -> Route {
         dp: Some((0, 3)),
         tolerations: vec!["spot".into()],
         lora_name: None,
+        cache_salt: None,
         prompt: Prompt::from_hashes(&[9, 8, 7]),
     }
 }
@@ -174,6 +175,15 @@ pub(super) fn request_samples() -> Vec<RequestMsg> {
         RequestMsg::Route(Route {
             lora_name: Some("sql-lora".into()),
             ..Route::new(17, "r", Prompt::from_tokens(&[1, 2, 3]))
+        }),
+        RequestMsg::Route(Route {
+            lora_name: Some("sql".into()),
+            cache_salt: Some("tenant-a".into()),
+            ..Route::new(19, "r", Prompt::from_tokens(&[5]))
+        }),
+        RequestMsg::Route(Route {
+            cache_salt: Some("tenant-b".into()),
+            ..Route::new(20, "r", Prompt::from_tokens(&[6]))
         }),
         RequestMsg::Route(Route {
             lora_name: Some(String::new()),

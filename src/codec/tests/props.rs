@@ -129,6 +129,7 @@ fn route() -> impl Strategy<Value = Route> {
                 pin,
                 dp,
                 tolerations: tol,
+                cache_salt: lora_name.as_ref().map(|l| format!("salt-{l}")),
                 lora_name,
                 prompt,
             },

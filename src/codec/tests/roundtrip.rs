@@ -138,6 +138,8 @@ fn accessors_report_kind_seq_and_corr() {
             Some(12),
             Some(13),
             Some(17),
+            Some(19),
+            Some(20),
             Some(18),
             Some(14),
             Some(15),

@@ -204,10 +204,9 @@ fn check_supported_operations(ops: &[uring_sys::IoRingOp]) -> bool {
     unsafe {
         let probe = uring_sys::io_uring_get_probe();
         if probe.is_null() {
-            panic!(
-                "Failed to register a probe. The most likely reason is that your kernel witnessed \
-                 Romulus killing Remus (too old!! kernel should be at least 5.8)"
-            );
+            // kvroute patch: no panic (it poisoned this lazy static for every other
+            // executor); `SleepableRing::new` returns an error instead.
+            return false;
         }
 
         let mut ret = true;
@@ -913,7 +912,13 @@ impl SleepableRing {
         allocator: Rc<UringBufferAllocator>,
         source_map: Rc<RefCell<SourceMap>>,
     ) -> io::Result<Self> {
-        assert!(*IO_URING_RECENT_ENOUGH);
+        // kvroute patch: an error, not an assertion (see `check_supported_operations`).
+        if !*IO_URING_RECENT_ENOUGH {
+            return Err(io::Error::other(
+                "io_uring_setup or its probe failed (out of file descriptors or memory, \
+                 io_uring blocked by seccomp, or a kernel older than 5.8)",
+            ));
+        }
         Ok(SleepableRing {
             ring: iou::IoUring::new(size as _)?,
             size,
