@@ -28,7 +28,6 @@ pub mod config;
 pub mod credentials;
 pub mod engine;
 pub mod engines;
-#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod epp;
 pub mod hash;
 pub mod ids;

@@ -66,6 +66,7 @@ impl EppSettings {
     }
 
     /// The stream limits these settings give.
+    #[cfg(all(target_os = "linux", feature = "service"))]
     pub fn limits(&self) -> super::stream::Limits {
         super::stream::Limits {
             max_body_bytes: self.max_body_bytes,

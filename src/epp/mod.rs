@@ -15,16 +15,26 @@
 //! - `config` / `args`: the `[epp]` settings and `--epp-*` flags; `metrics`:
 //!   `kvroute_epp_*` —
 //!
-//! and the driver, `server`: tonic on the "kvroute-epp" thread's tokio runtime.
+//! and the driver, `server`: tonic on the "kvroute-epp" thread's tokio runtime. The
+//! settings build everywhere; the rest with the `service` feature on Linux.
 
 pub mod args;
 pub mod config;
+#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod fake;
+#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod headers;
+#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod metrics;
+#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod pick;
+#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod reply;
+#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod route;
+#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod server;
+#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod stream;
+#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod subset;

@@ -16,6 +16,11 @@
 //!
 //! Health (`grpc.health.v1.Health/Check`): `""`, `liveness`, `readiness` and
 //! `envoy.service.ext_proc.v3.ExternalProcessor` answer SERVING while the server runs.
+//!
+//! Drain ([`EppServer::drain`], at SIGTERM): from then on a new stream is refused with
+//! UNAVAILABLE (the gateway applies the pool's `failureMode`, or asks another EPP
+//! replica), `readiness` and the ext_proc service answer NOT_SERVING, and the open
+//! streams run on to their end; [`EppServer::open_streams`] says how many are left.
 
 use super::metrics::{EppMetrics, KindLabel, WorkerLabel};
 use super::pick::{Life, Picker};
@@ -26,6 +31,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
@@ -40,6 +46,7 @@ struct Ctx {
     metrics: Arc<EppMetrics>,
     limits: Limits,
     streams: Arc<Semaphore>,
+    draining: AtomicBool,
 }
 
 struct Service(Arc<Ctx>);
@@ -55,6 +62,12 @@ impl ExternalProcessor for Service {
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
         let ctx = self.0.clone();
+        if ctx.draining.load(Ordering::Acquire) {
+            ctx.metrics.error("draining");
+            return Err(Status::unavailable(
+                "kvroute endpoint picker: draining (shutting down)",
+            ));
+        }
         let Ok(permit) = ctx.streams.clone().try_acquire_owned() else {
             ctx.metrics.streams_refused.inc();
             return Err(Status::resource_exhausted(
@@ -191,6 +204,10 @@ async fn run(
 /// The running server; stopping it (or dropping it) ends every stream.
 pub struct EppServer {
     addr: SocketAddr,
+    ctx: Arc<Ctx>,
+    max_streams: usize,
+    /// Wakes the server task to report NOT_SERVING (drain).
+    drain: Arc<tokio::sync::Notify>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -198,6 +215,18 @@ pub struct EppServer {
 impl EppServer {
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Refuses new streams from now on (UNAVAILABLE) and reports NOT_SERVING; the
+    /// open streams run on.
+    pub fn drain(&self) {
+        self.ctx.draining.store(true, Ordering::Release);
+        self.drain.notify_one();
+    }
+
+    /// ext_proc streams open now.
+    pub fn open_streams(&self) -> usize {
+        self.max_streams - self.ctx.streams.available_permits()
     }
 
     /// Stops accepting, ends the streams, and joins the thread.
@@ -241,7 +270,10 @@ pub fn start(
         metrics,
         limits: settings.limits(),
         streams: Arc::new(Semaphore::new(settings.max_streams)),
+        draining: AtomicBool::new(false),
     });
+    let drain = Arc::new(tokio::sync::Notify::new());
+    let (server_ctx, server_drain) = (ctx.clone(), drain.clone());
     let max_message = settings.max_body_bytes + (64 << 10);
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
@@ -258,12 +290,19 @@ pub fn start(
                     return;
                 }
             };
-            rt.block_on(serve(ctx, listener, max_message, stop_rx, ready_tx));
+            let stops = Stops {
+                stop: stop_rx,
+                drain: server_drain,
+            };
+            rt.block_on(serve(server_ctx, listener, max_message, stops, ready_tx));
         })
         .map_err(|e| format!("epp thread: {e}"))?;
     match ready_rx.recv() {
         Ok(Ok(())) => Ok(EppServer {
             addr,
+            ctx,
+            max_streams: settings.max_streams,
+            drain,
             stop: Some(stop_tx),
             thread: Some(thread),
         }),
@@ -272,13 +311,20 @@ pub fn start(
     }
 }
 
+/// What ends (`stop`) or drains the server.
+struct Stops {
+    stop: oneshot::Receiver<()>,
+    drain: Arc<tokio::sync::Notify>,
+}
+
 async fn serve(
     ctx: Arc<Ctx>,
     listener: std::net::TcpListener,
     max_message: usize,
-    stop: oneshot::Receiver<()>,
+    stops: Stops,
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
+    let Stops { stop, drain } = stops;
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -311,7 +357,20 @@ async fn serve(
             let _ = graceful_rx.await;
         });
     tokio::pin!(server);
+    // Drain: NOT_SERVING, then serve on until stopped.
+    let not_serving = async {
+        drain.notified().await;
+        health
+            .set_not_serving::<ExternalProcessorServer<Service>>()
+            .await;
+        health
+            .set_service_status("readiness", tonic_health::ServingStatus::NotServing)
+            .await;
+        std::future::pending::<()>().await
+    };
+    tokio::pin!(not_serving);
     tokio::select! {
+        _ = &mut not_serving => {}
         served = &mut server => {
             if let Err(e) = served {
                 eprintln!("kvroute: endpoint picker server stopped: {e}");

@@ -17,7 +17,8 @@ Body modes, as Envoy's ext_proc filter behaves in them:
 
 A request script: {"mode", "method", "path", "headers": {..}, "body": str,
 "chunk": int, "trailers": bool, "subset": [..] | str | null, "protocol_config": bool,
-"cut": null | "after_pick" | "after_response_headers", "response": null |
+"cut": null | "after_pick" | "after_response_headers", "hold": seconds to wait
+after the pick (before the cut or the response), "response": null |
 {"status", "content_type", "chunks": [str], "trailers": bool, "served": str}}.
 Special scripts: {"op": "garbage"} sends bytes that are not protobuf;
 {"op": "health", "service": name} asks grpc.health.v1.
@@ -29,6 +30,7 @@ answers fails the script rather than hanging the test.
 import json
 import queue
 import sys
+import time
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -227,7 +229,11 @@ def run_request(stub, spec):
     out = {}
     s = Stream(stub)
     try:
-        if request_phase(s, spec, out) and spec.get("cut") == "after_pick":
+        picked = request_phase(s, spec, out)
+        if picked and spec.get("hold"):
+            # The upstream thinking: the stream stays open, nothing sent.
+            time.sleep(spec["hold"])
+        if picked and spec.get("cut") == "after_pick":
             s.cut()
             out["cut"] = True
         elif "immediate" not in out and spec.get("response") is not None:
