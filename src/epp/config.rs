@@ -28,7 +28,7 @@ pub struct EppSettings {
 impl Default for EppSettings {
     fn default() -> Self {
         EppSettings {
-            addr: String::new(),
+            addr: "off".into(),
             max_body_bytes: 8 << 20,
             max_header_count: 128,
             max_header_bytes: 64 << 10,

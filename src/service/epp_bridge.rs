@@ -228,7 +228,7 @@ impl Epp {
             live.drain().collect()
         };
         for (id, core) in left {
-            let _ = self.bridge.send(
+            self.bridge.send(
                 core,
                 Job::Life {
                     id,
@@ -246,8 +246,8 @@ impl Bridge {
     }
 
     /// Queues `job` for core `to` and rings its bell; `wait`: retry a full queue for
-    /// up to [`FINISH_WAIT`]. Gives the job back when it was not queued.
-    fn send(&self, to: usize, job: Job, wait: bool) -> Result<(), Job> {
+    /// up to [`FINISH_WAIT`]. `false`: not queued (counted).
+    fn send(&self, to: usize, job: Job, wait: bool) -> bool {
         let t0 = Instant::now();
         let mut job = job;
         loop {
@@ -255,15 +255,15 @@ impl Bridge {
                 Ok(()) => {
                     // A full socket buffer holds bytes already: the core wakes anyway.
                     let _ = (&self.bells[to]).write(&[1]);
-                    return Ok(());
+                    return true;
                 }
                 Err(TrySendError::Full(j)) if wait && t0.elapsed() < FINISH_WAIT => {
                     job = j;
                     std::thread::sleep(Duration::from_micros(50));
                 }
-                Err(TrySendError::Full(j)) | Err(TrySendError::Disconnected(j)) => {
+                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                     self.metrics.error("queue_full");
-                    return Err(j);
+                    return false;
                 }
             }
         }
@@ -316,7 +316,7 @@ impl Picker for Bridge {
         }
         let (tx, rx) = oneshot::channel();
         let to = self.next.fetch_add(1, Ordering::Relaxed) % self.queues.len();
-        if self.send(to, Job::Pick { req, reply: tx }, false).is_err() {
+        if !self.send(to, Job::Pick { req, reply: tx }, false) {
             let busy = NoPick::Busy("the router's queue is full".into());
             return Box::pin(async move { Err(busy) });
         }
@@ -343,7 +343,7 @@ impl Picker for Bridge {
         // Unknown: finished already (the stop's sweep).
         let Some(core) = core else { return };
         let id = request_id.to_string();
-        let _ = self.send(core, Job::Life { id, op }, finish);
+        self.send(core, Job::Life { id, op }, finish);
     }
 
     fn endpoints(&self) -> Arc<[EndpointInfo]> {
