@@ -26,11 +26,11 @@
 //! left out of the picker's endpoints (one log line per worker), since the gateway
 //! needs the address of the very pod (register workers by pod IP for EPP use).
 //!
-//! Guarantees: every request picked is finished exactly once: by its stream's end, by
-//! the core when the stream went away before the answer, or at [`Epp::stop`] for the
-//! streams the stopping runtime dropped. The EPP's requests carry the proxy's reserved
-//! id space (`epp-` + the client's `x-request-id`), so a snapshot taken while they run
-//! does not bring them back after a restart.
+//! Guarantees: every request picked is finished exactly once while the service runs:
+//! by its stream's end (or cut), or by the core when the stream went away before the
+//! answer. The EPP's requests carry the proxy's reserved id space (`epp-` + the
+//! client's `x-request-id`), so those still open at shutdown are not brought back by
+//! a warm restart, like the proxy's.
 
 use super::core::Core;
 use super::msg::LifeOp;
@@ -217,26 +217,14 @@ impl Epp {
         self.server.as_ref().map_or(0, |s| s.open_streams())
     }
 
-    /// Stops the server (its thread joined), then finishes every request whose
-    /// stream it dropped, so their load goes with them. Call before the cores stop.
+    /// Stops the server (its thread joined): the streams still open end with it. Their
+    /// requests go with the service, as the proxy's do (their ids are the proxy's
+    /// kind, which a warm restart does not bring back).
     pub fn stop(mut self) {
         if let Some(s) = self.server.take() {
             s.stop();
         }
-        let left: Vec<(String, usize)> = {
-            let mut live = self.bridge.live();
-            live.drain().collect()
-        };
-        for (id, core) in left {
-            self.bridge.send(
-                core,
-                Job::Life {
-                    id,
-                    op: LifeOp::Finish,
-                },
-                true,
-            );
-        }
+        self.bridge.live().clear();
     }
 }
 
