@@ -344,11 +344,13 @@ async fn serve(
     let ext_proc = ExternalProcessorServer::new(Service(ctx))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // tonic sets TCP_NODELAY only on the connections it accepts itself: without it
+    // the pick and the body handed back after it, two writes, wait out the gateway's
+    // delayed ACK (40 ms).
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let _ = ready.send(Ok(()));
     let (graceful_tx, graceful_rx) = oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(health_service)
