@@ -262,6 +262,9 @@ pub struct ServeArgs {
     pub proxy: crate::proxy::args::ProxyArgs,
     #[command(flatten)]
     pub trace: crate::trace::args::TraceArgs,
+    /// The endpoint picker (`--epp-*`, docs/ENDPOINT_PICKER.md).
+    #[command(flatten)]
+    pub epp: crate::epp::args::EppArgs,
     /// HuggingFace tokenizer directory of a model, `MODEL=DIR`, repeatable (env: comma
     /// separated); replaces the file's `[tokenizers]` when given.
     #[arg(long = "tokenizer", env = "KVROUTE_TOKENIZERS", value_delimiter = ',', value_parser = parse_pair)]
@@ -504,6 +507,7 @@ impl ServeArgs {
     fn apply_proxy(&self, s: &mut Settings) {
         overlay!(s, self, proxy_addr);
         self.proxy.apply(&mut s.proxy);
+        self.epp.apply(&mut s.epp);
         overlay!(s, self, ingest_slice_hashes);
         overlay!(s, self, index_layout);
         overlay!(s, self, pin_cores);

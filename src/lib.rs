@@ -17,6 +17,8 @@
 //! - [`ids`]: the one charset and length rule for worker and request ids.
 //! - [`zmtp`]: a bounded ZeroMQ (ZMTP 3.x) client for engine KV events.
 //! - [`tokenize`]: OpenAI request bodies → prompt token ids, as the engine computes them.
+//! - `epp` (service feature): the endpoint picker of Kubernetes inference gateways
+//!   (Envoy ext_proc over gRPC).
 
 pub mod api_shapes;
 pub mod cli;
@@ -27,6 +29,7 @@ pub mod config;
 pub mod credentials;
 pub mod engine;
 pub mod engines;
+pub mod epp;
 pub mod hash;
 pub mod ids;
 pub mod index;

@@ -61,6 +61,12 @@ fn serve(settings: kvroute::settings::Settings) -> ExitCode {
     if !kvroute::proxy::config::is_off(&s.proxy_addr) {
         println!("kvroute proxy listening: {} (OpenAI)", s.proxy_addr);
     }
+    if s.epp.enabled() {
+        println!(
+            "kvroute endpoint picker listening: {} (ext_proc gRPC)",
+            s.epp.addr
+        );
+    }
     // SIGHUP re-reads the engines file; SIGINT / SIGTERM stop.
     for sig in signals.forever() {
         if sig != SIGHUP {

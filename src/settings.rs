@@ -182,6 +182,9 @@ pub struct Settings {
     pub cluster: crate::cluster::config::ClusterSettings,
     /// OpenTelemetry traces of proxied requests (`[trace]`, `crate::trace`). Default off.
     pub trace: crate::trace::config::TraceSettings,
+    /// The endpoint picker of Kubernetes inference gateways (`[epp]`, `crate::epp`,
+    /// docs/ENDPOINT_PICKER.md). Default off.
+    pub epp: crate::epp::config::EppSettings,
     /// Pin executor N to the Nth CPU of the process's affinity mask (a cgroup cpuset,
     /// `taskset`), wrapping around it (`service::pinning`). `false` leaves the cores' threads
     /// to the kernel's scheduler (`Placement::Unbound`): on a machine whose CPUs the
@@ -304,6 +307,7 @@ impl Default for Settings {
             ingest_slice_hashes: DEFAULT_INGEST_SLICE_HASHES,
             cluster: Default::default(),
             trace: Default::default(),
+            epp: Default::default(),
             pin_cores: true,
             tokenize_lean: true,
             answer_spin_us: DEFAULT_ANSWER_SPIN_US,
@@ -321,6 +325,7 @@ impl Settings {
         self.router.validate()?;
         self.cluster.validate()?;
         self.trace.validate()?;
+        self.epp.validate()?;
         for (name, addr) in [
             ("events_addr", &self.events_addr),
             ("api_addr", &self.api_addr),

@@ -238,6 +238,46 @@ async fn pipeline(
     job.run(admitted).await
 }
 
+/// The routing request of a parsed completion (`creq`, its prompt's `tokens` if it
+/// tokenized, its body's size): shared by the proxy and the endpoint picker, so both
+/// route a body the same way.
+pub fn route_request(
+    sh: &crate::service::shared::Shared,
+    creq: &ClientRequest,
+    tokens: Option<&[u32]>,
+    body_len: usize,
+    rid: &str,
+    allow: Vec<String>,
+) -> RouteRequest {
+    let (tok_ids, block_hashes, input_tokens) = match tokens {
+        Some(t) => (Some(t.to_vec()), None, None),
+        // Routed by load only; the prompt's size is estimated from its bytes.
+        None => (None, Some(Vec::new()), Some((body_len / 4) as u32)),
+    };
+    // A LoRA adapter named as the model: its base model's workers, in the
+    // adapter's hash space (`tokenize::Tokenizers::route_request`).
+    let tok = sh.tokenizers.get();
+    let model = tok.map_or(creq.model.as_str(), |t| t.base_model(&creq.model));
+    let lora_name = match (tokens, tok) {
+        (Some(_), Some(t)) => t.lora_for(&creq.model).map(str::to_string),
+        _ => None,
+    };
+    // Forwarded unchanged in the body; routed in the salt's hash space.
+    let cache_salt = tokens.and_then(|_| super::prompt::cache_salt(&creq.body));
+    RouteRequest {
+        request_id: rid.to_string(),
+        model: (!model.is_empty()).then(|| model.to_string()),
+        lora_name,
+        cache_salt,
+        tokens: tok_ids,
+        block_hashes,
+        input_tokens,
+        expected_output_tokens: creq.max_tokens,
+        allow: Some(allow),
+        ..Default::default()
+    }
+}
+
 struct Job {
     core: Rc<Core>,
     endpoint: Endpoint,
@@ -360,36 +400,14 @@ impl Job {
     }
 
     fn route_request(&self, rid: &str, allow: Vec<String>) -> RouteRequest {
-        let (tokens, block_hashes, input_tokens) = match &self.tokens {
-            Some(t) => (Some(t.clone()), None, None),
-            // Routed by load only; the prompt's size is estimated from its bytes.
-            None => (None, Some(Vec::new()), Some((self.raw.len() / 4) as u32)),
-        };
-        // A LoRA adapter named as the model: its base model's workers, in the
-        // adapter's hash space (`tokenize::Tokenizers::route_request`).
-        let tok = self.core.shared.tokenizers.get();
-        let model = tok.map_or(self.creq.model.as_str(), |t| t.base_model(&self.creq.model));
-        let lora_name = match (&self.tokens, tok) {
-            (Some(_), Some(t)) => t.lora_for(&self.creq.model).map(str::to_string),
-            _ => None,
-        };
-        // Forwarded unchanged in the body; routed in the salt's hash space.
-        let cache_salt = self
-            .tokens
-            .as_ref()
-            .and_then(|_| super::prompt::cache_salt(&self.creq.body));
-        RouteRequest {
-            request_id: rid.to_string(),
-            model: (!model.is_empty()).then(|| model.to_string()),
-            lora_name,
-            cache_salt,
-            tokens,
-            block_hashes,
-            input_tokens,
-            expected_output_tokens: self.creq.max_tokens,
-            allow: Some(allow),
-            ..Default::default()
-        }
+        route_request(
+            &self.core.shared,
+            &self.creq,
+            self.tokens.as_deref(),
+            self.raw.len(),
+            rid,
+            allow,
+        )
     }
 
     /// Workers with a URL, not failed for this request, whose breaker is closed here

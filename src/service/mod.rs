@@ -31,6 +31,7 @@ pub mod core;
 pub mod core_start;
 pub mod doors;
 pub mod engines_file;
+pub mod epp_bridge;
 pub mod errors;
 pub mod http;
 pub mod http_clock;
@@ -108,6 +109,8 @@ pub struct Running {
     proxy_listener: Option<listeners::Extra>,
     /// `engines_file`: the thread following it (and the engine threads it started).
     engines_file: Option<engines_file::Watcher>,
+    /// `--epp-addr`: the endpoint picker (`epp_bridge`).
+    epp: Option<epp_bridge::Epp>,
 }
 
 impl Running {
@@ -138,21 +141,25 @@ impl Running {
     /// left, `drain_ms` has passed, or `interrupted` says to stop (a second signal).
     /// Everything else keeps serving meanwhile, so those requests' lifecycle still
     /// applies and the shutdown snapshot sees them end. Returns how many were still
-    /// running.
+    /// running, with the endpoint picker's open streams (it drains alongside).
     pub fn drain(&self, mut interrupted: impl FnMut() -> bool) -> usize {
         let p = &self.shared.proxy;
         let max = Duration::from_millis(self.shared.settings.proxy.drain_ms);
-        let Some(l) = self.proxy_listener.as_ref().filter(|_| !max.is_zero()) else {
-            return p.inflight();
-        };
-        // Listener first: whoever sees `draining` (`/readyz`) can rely on it being shut.
-        l.stop_listening();
-        p.start_draining();
+        let left = || p.inflight() + epp_bridge::open_streams(&self.epp);
+        if max.is_zero() {
+            return left();
+        }
+        epp_bridge::drain(&self.epp);
+        if let Some(l) = &self.proxy_listener {
+            // Listener first: whoever sees `draining` (`/readyz`) can rely on it being shut.
+            l.stop_listening();
+            p.start_draining();
+        }
         let t0 = std::time::Instant::now();
-        while p.inflight() > 0 && t0.elapsed() < max && !interrupted() {
+        while left() > 0 && t0.elapsed() < max && !interrupted() {
             std::thread::sleep(Duration::from_millis(10));
         }
-        p.inflight()
+        left()
     }
 
     /// [`Running::shutdown`]; without `snapshot` (a start that failed) the state dir is
@@ -163,6 +170,10 @@ impl Running {
         self.listeners.stop_listening();
         if let Some(l) = &self.proxy_listener {
             l.stop_listening();
+        }
+        // Its streams' requests are finished while the cores still run.
+        if let Some(e) = self.epp.take() {
+            e.stop();
         }
         if let Some(t) = self.snapshotter.take() {
             let _ = t.join();
@@ -292,6 +303,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         settings.proxy_addr = l.addr()?.to_string();
         Some(l)
     };
+    let epp_l = epp_bridge::bind(&mut settings)?;
     let cores = effective_cores(settings.cores);
     let (shard_bits, replicated) = Shared::layout(&settings, cores);
     let limits = settings.limits.clone();
@@ -357,6 +369,8 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             c.last_seen_ms.store(0, Ordering::Release);
         }
     }
+    // `--epp-addr`: one queue per core; the server starts once the cores run.
+    let (epp_bridge, mut epp_ends) = epp_bridge::prepare(&shared)?;
     let (requests, orphans) = persist::drop_orphans(&shared, requests);
     let requests = Arc::new(requests);
     let allowed = pinning::allowed_cpus();
@@ -389,6 +403,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         };
         // `pin_cores = false`: the kernel may run a core wherever a CPU is free.
         let placement = placements.next().unwrap_or(Placement::Unbound);
+        let epp_end = epp_ends.next().flatten();
         // The core's blocking thread (long prompts' tokenization, the status page's
         // snapshot) is left to the scheduler: pinned next to its core (glommio's
         // default for a fixed placement) it would only take turns with it.
@@ -422,6 +437,9 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
                 glommio::spawn_local(status::sample_loop(core.clone())).detach();
             }
             glommio::spawn_local(self::core::expiry_loop(core.clone())).detach();
+            if let Some(end) = epp_end {
+                glommio::spawn_local(epp_bridge::serve_core(core.clone(), end)).detach();
+            }
             run_loop::run(core, bell).await;
         });
         match spawned {
@@ -446,7 +464,14 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         listeners: bound,
         proxy_listener: proxy_l,
         engines_file: None,
+        epp: None,
     };
+    if first_err.is_none() {
+        match epp_bridge::start(epp_bridge, epp_l) {
+            Ok(e) => running.epp = e,
+            Err(e) => first_err = Some(e),
+        }
+    }
     if let Some(e) = first_err {
         let _ = running.stop(false);
         return Err(e);
