@@ -17,7 +17,9 @@
 //! - [`ids`]: the one charset and length rule for worker and request ids.
 //! - [`zmtp`]: a bounded ZeroMQ (ZMTP 3.x) client for engine KV events.
 //! - [`tokenize`]: OpenAI request bodies → prompt token ids, as the engine computes them.
+//! - [`admission`]: the front door's policies (admission queue, priorities, tenants).
 
+pub mod admission;
 pub mod cli;
 pub mod client;
 pub mod cluster;
