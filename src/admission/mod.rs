@@ -4,6 +4,8 @@
 //! - [`queue`]: one model's admission queue: bounded, ordered by priority class, then
 //!   deadline, then arrival, with aging so that no priority starves; outcomes admitted,
 //!   queued, refused, timed out, cancelled; counters by reason for the metrics.
+//! - [`shared`]: that queue shared by the cores of a replica, with the wake-up
+//!   protocol that gives freed capacity to the request that goes next (loom-checked).
 //! - [`hints`]: a request's priority (vLLM's `priority`, `x-kvroute-priority`,
 //!   Dynamo's `nvext.agent_hints`), deadline, expected output length and session key.
 //! - [`tenant`] and [`rate`]: who a request belongs to, its pinned priority and its
@@ -20,6 +22,7 @@ pub mod config;
 pub mod hints;
 pub mod queue;
 pub mod rate;
+pub mod shared;
 pub mod tenant;
 
 pub use config::{AdmissionSettings, TenantSpec};
@@ -27,4 +30,5 @@ pub use hints::{BadHint, HintConfig, Hints, PrioritySource};
 pub use queue::{
     AdmissionQueue, Admitted, Counters, Entry, Left, Pushed, QueueConfig, Refusal, Refused, Ticket,
 };
+pub use shared::{Enqueued, Grant, Leave, SharedQueue, Waiter, WaiterState};
 pub use tenant::{Limit, OverLimit, Tenant, Tenants};
