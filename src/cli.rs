@@ -210,6 +210,8 @@ pub struct ServeArgs {
     pub affinity_slack: Option<f64>,
     #[arg(long, env = "KVROUTE_LOOKAHEAD_TOKENS")]
     pub lookahead_tokens: Option<u32>,
+    #[command(flatten)]
+    pub policy_router: crate::admission::args::PolicyRouterArgs,
     /// host | disk: the tier credited for an engine medium neither vLLM nor SGLang
     /// defines (never device).
     #[arg(long, env = "KVROUTE_ENGINE_UNKNOWN_MEDIUM_TIER", value_parser = parse_tier)]
@@ -255,6 +257,9 @@ pub struct ServeArgs {
     pub proxy_addr: Option<String>,
     #[command(flatten)]
     pub proxy: crate::proxy::args::ProxyArgs,
+    /// The front door's policies (`[admission]`, `--admission-*`).
+    #[command(flatten)]
+    pub admission: crate::admission::args::AdmissionArgs,
     /// HuggingFace tokenizer directory of a model, `MODEL=DIR`, repeatable (env: comma
     /// separated); replaces the file's `[tokenizers]` when given.
     #[arg(long = "tokenizer", env = "KVROUTE_TOKENIZERS", value_delimiter = ',', value_parser = parse_pair)]
@@ -486,6 +491,8 @@ impl ServeArgs {
         }
         overlay!(s.limits, self, max_prompt_tokens);
         self.apply_proxy(s);
+        self.policy_router.apply(&mut s.router);
+        self.admission.apply(&mut s.admission);
     }
 
     /// The proxy's flags (`--proxy-*`) onto `s.proxy_addr` / `s.proxy`.

@@ -10,7 +10,7 @@
 //!   Dynamo's `nvext.agent_hints`), deadline, expected output length and session key.
 //! - [`tenant`] and [`rate`]: who a request belongs to, its pinned priority and its
 //!   token buckets (requests/s, prompt tokens/s), with bounded metric labels.
-//! - [`config`]: the `[admission]` settings.
+//! - [`config`] and [`args`]: the `[admission]` settings and their flags.
 //!
 //! Sessions and conditional disaggregation decide where a request goes, so they live
 //! in `select` (`select::Sessions`, `select::local_prefill`).
@@ -18,6 +18,7 @@
 //! Everything here is a pure state machine in the rustls/quinn style: no I/O, no clock
 //! (time is passed in as µs), no threads of its own; the service drives it.
 
+pub mod args;
 pub mod config;
 pub mod hints;
 pub mod queue;
