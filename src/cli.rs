@@ -30,7 +30,7 @@ pub enum Command {
 /// Flags of `kvroute serve`. Unset flags leave the file/default value in place.
 #[derive(Args, Debug, Default, Clone)]
 pub struct ServeArgs {
-    /// TOML settings file (all keys optional; see README "Settings").
+    /// TOML settings file (all keys optional; see docs/CONFIGURATION.md).
     #[arg(long, env = "KVROUTE_CONFIG")]
     pub config: Option<PathBuf>,
     #[arg(long, env = "KVROUTE_EVENTS_ADDR")]
@@ -270,6 +270,9 @@ pub struct ServeArgs {
     pub lora_adapters: Vec<(String, String)>,
     #[arg(long, env = "KVROUTE_MAX_PROMPT_TOKENS")]
     pub max_prompt_tokens: Option<usize>,
+    /// Template steps one chat render may take (past it: 400).
+    #[arg(long, env = "KVROUTE_CHAT_TEMPLATE_FUEL")]
+    pub chat_template_fuel: Option<u64>,
 }
 
 /// `KEY=VALUE` with both sides non-empty, split at the first `=` (model names have
@@ -489,7 +492,7 @@ impl ServeArgs {
         if !self.lora_adapters.is_empty() {
             s.lora_adapters = self.lora_adapters.iter().cloned().collect();
         }
-        overlay!(s.limits, self, max_prompt_tokens);
+        overlay!(s.limits, self, max_prompt_tokens, chat_template_fuel);
         self.apply_proxy(s);
         self.policy_router.apply(&mut s.router);
         self.admission.apply(&mut s.admission);

@@ -239,6 +239,9 @@ pub struct Limits {
     /// Largest prompt tokenized for routing (tokens); text longer than 16 bytes per
     /// allowed token is refused before tokenizing. Default 262,144.
     pub max_prompt_tokens: usize,
+    /// Template steps (minijinja fuel) one chat render may take; past it the request
+    /// is refused with 400. Default 2,000,000 (about 40 ms).
+    pub chat_template_fuel: u64,
 }
 
 impl Default for Limits {
@@ -257,6 +260,7 @@ impl Default for Limits {
             max_engine_message_bytes: 8 << 20,
             max_index_entries: 1 << 26,
             max_prompt_tokens: crate::tokenize::DEFAULT_MAX_PROMPT_TOKENS,
+            chat_template_fuel: crate::tokenize::chat::DEFAULT_FUEL,
         }
     }
 }
@@ -456,6 +460,9 @@ impl Settings {
         }
         if l.max_prompt_tokens == 0 {
             return Err("max_prompt_tokens must be > 0".into());
+        }
+        if l.chat_template_fuel == 0 {
+            return Err("chat_template_fuel must be > 0".into());
         }
         for (model, dir) in &self.tokenizers {
             if model.is_empty() || dir.is_empty() {

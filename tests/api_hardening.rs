@@ -1,4 +1,4 @@
-//! Issue 13 items 8, 9, 10 and 16 against the real `kvroute serve` binary over
+//! Doors of the real `kvroute serve` binary over
 //! loopback: read-your-writes of JSON events, one id rule at every door, the binary
 //! handshake's error codes, and LoRA-salted routing over HTTP and the binary API.
 
@@ -21,7 +21,7 @@ fn post(agent: &ureq::Agent, url: &str, body: Value) -> (u16, Value) {
     }
 }
 
-// ---- item 8: read-your-writes ------------------------------------------------------
+// ---- read-your-writes --------------------------------------------------------------
 
 /// `{"applied": n}` means visible: a route sent right after the events answer, on the
 /// same keep-alive connection, sees every block the events stored. Before the fix the
@@ -124,7 +124,7 @@ fn bodies_of_bodiless_calls_are_read_so_keep_alive_holds() {
     }
 }
 
-// ---- item 10: error codes of the binary handshake and framing -------------------------
+// ---- error codes of the binary handshake and framing ----------------------------------
 
 const BAD_REQUEST: u16 = 1;
 const UNSUPPORTED_VERSION: u16 = 10;
@@ -224,7 +224,7 @@ fn api_port_error_codes_match_the_protocol() {
     assert_eq!(code, 200);
 }
 
-// ---- item 9: one id rule at every door ----------------------------------------------
+// ---- one id rule at every door ------------------------------------------------------
 
 /// Ids a path segment cannot carry as is (and the length limit).
 fn bad_ids() -> Vec<String> {
@@ -368,7 +368,7 @@ fn engine_worker_ids_outside_the_rule_stop_the_start() {
     }
 }
 
-// ---- item 16: LoRA on route ------------------------------------------------------------
+// ---- LoRA on route ---------------------------------------------------------------------
 
 /// What the engine adapter stores for a vLLM `BlockStored` of `tokens` under LoRA
 /// `lora` (the hashes a ZMQ-connected engine's blocks get in the index).

@@ -1,4 +1,4 @@
-//! The load tool against router replicas (issue 14): `kvroute-sim run` with two
+//! The load tool against router replicas: `kvroute-sim run` with two
 //! comma-separated request and event ports, i.e. two `kvroute serve --cluster` replicas
 //! joined to one `nats-server` (tests/common/cluster.rs). Route calls go round-robin
 //! over the replicas and each simulated worker publishes to one replica only, so a

@@ -1,4 +1,4 @@
-//! Connection hardening (issue 13 items 3 and 5) against the real binary: slow, idle
+//! Connection hardening (slots and deadlines) against the real binary: slow, idle
 //! and silent peers cannot take every slot of a listener, pre-handshake connections are
 //! bounded in number and size, and HTTP / API sessions have deadlines.
 //!

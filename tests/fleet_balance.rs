@@ -1,4 +1,4 @@
-//! Large-fleet balance through the running service over HTTP (issue 15, item 2):
+//! Large-fleet balance through the running service over HTTP:
 //! `balance_routed_min_ties` gives a large near-tie set's request to the tied worker
 //! with the fewest requests routed so far, so the worker that served a long
 //! conversation gets no new conversations until the others have caught up, while the

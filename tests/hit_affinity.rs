@@ -1,4 +1,4 @@
-//! Route-time prefix affinity (issue 18) through the real binaries:
+//! Route-time prefix affinity through the real binaries:
 //! - `kvroute serve` over HTTP: when the KV index cannot tell two workers apart (no
 //!   events, idle workers: an exact tie, which `balance_slack` takes in turn), a
 //!   conversation's next turn still goes to the worker of its previous turn; with

@@ -1,4 +1,4 @@
-//! Identity and ownership hardening (issue 13 items 4, 6, 7, 17), against the real
+//! Identity and ownership hardening, against the real
 //! `kvroute serve` binary over loopback:
 //! - one process per port (no split brain between two routers);
 //! - registration stays linear (4,096 workers with maximum-size specs);
@@ -15,7 +15,7 @@ use kvroute::types::Tier;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-// ---------------------------------------------------------------- item 7: split brain
+// ---------------------------------------------------------------------- split brain
 
 #[test]
 fn second_instance_on_the_same_ports_exits_and_the_first_keeps_serving() {
@@ -118,7 +118,7 @@ fn port_zero_gives_one_port_shared_by_every_core() {
     }
 }
 
-// ------------------------------------------------ item 17: registration is linear
+// ------------------------------------------------------- registration is linear
 
 #[test]
 fn registering_4096_maximum_size_workers_works() {
@@ -154,7 +154,7 @@ fn registering_4096_maximum_size_workers_works() {
     assert!(d.decode_worker.starts_with('w'));
 }
 
-// -------------------------------- item 6: conflicting registrations and liveness
+// --------------------------------------- conflicting registrations and liveness
 
 #[test]
 fn reregistering_a_connected_worker_is_refused_and_it_still_goes_down() {
@@ -260,7 +260,7 @@ fn an_admin_worker_is_not_taken_over_by_a_hello_with_another_spec() {
     assert_eq!(s.post("/v1/workers", spec_json(&cap)).0, 409);
 }
 
-// ---------------------------------------------------- item 6: per-worker tokens
+// ----------------------------------------------------------- per-worker tokens
 
 #[test]
 fn worker_tokens_bind_each_worker_to_its_own_token() {
@@ -377,7 +377,7 @@ fn worker_tokens_bind_each_worker_to_its_own_token() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-// ------------------------------------------ item 4: exact limits, global budget
+// ------------------------------------------------- exact limits, global budget
 
 #[test]
 fn max_blocks_per_worker_is_exact_over_all_cores() {

@@ -1,4 +1,4 @@
-//! Preemptible ingest (`ingest_slice_hashes`, issue 16 item 2) through the real
+//! Preemptible ingest (`ingest_slice_hashes`) through the real
 //! binary: index batches applied a few hashes at a time, with routing queries served
 //! between the slices, still apply every worker's operations in order; and the
 //! setting is validated from flag, environment and TOML alike.

@@ -1,4 +1,4 @@
-//! The proxy's per-chunk path after the CPU work of issue 18 (wt-pxcpu), end to end
+//! The proxy's per-chunk path after its CPU work, end to end
 //! through the real binary and the fake OpenAI worker (tests/py/fake_openai_worker.py):
 //! the idle timeout is one re-armed timer per request (not one per chunk), and the
 //! lifecycle calls run in place (not a task per chunk) — so a slow but steady stream

@@ -1,4 +1,4 @@
-//! The proxy under overload answers, it does not drop (issue 18): the real
+//! The proxy under overload answers, it does not drop: the real
 //! `kvroute serve` binary, fake OpenAI workers (tests/py/fake_openai_worker.py), and
 //! small limits (`--proxy-max-concurrent 1`, `--max-connections 2` on one core) so no
 //! high rate is needed.

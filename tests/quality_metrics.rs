@@ -1,4 +1,4 @@
-//! Routing quality you can watch in `/metrics` (issue 15 item 7), through the real
+//! Routing quality you can watch in `/metrics`, through the real
 //! binary: the block-weighted hit rate as routed, per worker and fleet-wide, and the
 //! counter and warning for a worker that is routed to but sends no KV events.
 

@@ -1,4 +1,4 @@
-//! `kvroute serve --record FILE` end to end (issue 15 item 6): the real binary records
+//! `kvroute serve --record FILE` end to end: the real binary records
 //! the requests it routed as a Mooncake trace that `kvroute-sim`'s reader
 //! (`kvroute::sim::read_mooncake`) reads back, with the lengths reported, hash ids
 //! renumbered to small integers that keep prefix sharing, and a size limit that

@@ -1,4 +1,4 @@
-//! Routing quality through the running service over HTTP (issue 15, items 1 and 3):
+//! Routing quality through the running service over HTTP (the cost and mixed fleets):
 //! the DESIGN §1 worked example with default knobs, its decode load built by real
 //! routed requests, and the device-aware `kv` cost of a mixed CPU/GPU fleet with a
 //! declared per-worker throughput. Each scenario runs with `--cores 1` and `--cores 2`
@@ -89,7 +89,7 @@ fn worked_example(cores: usize) -> Value {
     d
 }
 
-/// Issue 15 item 1: DESIGN's decode term is the default, through HTTP.
+/// DESIGN's decode term is the default, through HTTP.
 #[test]
 fn design_worked_example_default_knobs_cores_1_and_2_agree() {
     let one = worked_example(1);
@@ -133,7 +133,7 @@ fn mixed_fleet(cores: usize) -> Value {
     json!([d, d2])
 }
 
-/// Issue 15 item 3: `kv` weighs work by device speed and declared throughput.
+/// `kv` weighs work by device speed and declared throughput.
 #[test]
 fn mixed_fleet_cost_weighs_by_speed_cores_1_and_2_agree() {
     let one = mixed_fleet(1);
@@ -171,7 +171,7 @@ fn disagg_prefill_choice(cores: usize, extra: &[&str]) -> Value {
     d["prefill_worker"].clone()
 }
 
-/// Issue 15 item 4: the aggregated tuning (`track_prefill_tokens = false`) no longer
+/// Disaggregated fleets: the aggregated tuning (`track_prefill_tokens = false`) no longer
 /// makes the prefill stage blind to queued prompts; the old behaviour is per stage.
 #[test]
 fn prefill_stage_counts_queued_prompts_under_aggregated_tuning() {

@@ -1,4 +1,4 @@
-//! Answering the frames of one read (issue 16 item 3), against the real binary: a read
+//! Answering the frames of one read, against the real binary: a read
 //! holding a route and a finish (the common read of a pipelining frontend, answered
 //! without allocating), a finish right behind its own route in the same read, a burst
 //! of many tiny frames in one write, and the active-block accounting that every

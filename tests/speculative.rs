@@ -1,4 +1,4 @@
-//! Speculative indexing end to end (issue 15 item 5), against the real binary over
+//! Speculative indexing end to end, against the real binary over
 //! HTTP: a request's prompt blocks count as cached on the worker it was routed to
 //! until that worker's events confirm or drop them, a TTL expires, the request ends,
 //! or the worker is removed.

@@ -1,4 +1,4 @@
-//! Warm-restart state under a careless operator (issue 13, items 11-13), against the
+//! Warm-restart state under a careless operator, against the
 //! real `kvroute serve` binary over loopback:
 //! - restore is all or nothing: an invalid or repeated worker, or a restart with a lower
 //!   `--max-workers`, stops the start (exit 2, nothing bound) with a message naming it,

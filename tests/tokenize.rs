@@ -1,4 +1,4 @@
-//! Tokenization as the engine does it (issue 18, `kvroute::tokenize`), through the real
+//! Tokenization as the engine does it (`kvroute::tokenize`), through the real
 //! binaries: `kvroute-sim tokenizer` writes the tokenizer, `kvroute serve --tokenizer`
 //! loads it (or refuses to start on a broken one), and `/v1/route` with the module's
 //! tokens lands where the engine's events for the same prompt were indexed. A

@@ -1,7 +1,7 @@
-//! Issue 15 items 6 and 8 end to end through the `kvroute-sim` binary: `tune` finds
-//! and prints settings the real `kvroute` accepts, `--mode` lists its values, the
-//! example fleets load, the Azure-format CSV drives a synthetic load, and the A/B SVG
-//! and per-device-class imbalance come out readable.
+//! Knob tuning and readable output, end to end through the `kvroute-sim` binary:
+//! `tune` finds and prints settings the real `kvroute` accepts, `--mode` lists its
+//! values, the example fleets load, the Azure-format CSV drives a synthetic load, and
+//! the A/B SVG and per-device-class imbalance come out readable.
 
 mod common;
 
@@ -181,16 +181,19 @@ fn offline_mode_lists_its_valid_values() {
     );
 }
 
-/// Example fleets shipped under `examples/`: each loads and simulates, and README shows
-/// each one verbatim.
+/// Example fleets shipped under `examples/`: each loads and simulates, and
+/// docs/OPERATIONS.md shows each one verbatim.
 #[test]
-fn example_fleets_load_and_match_the_readme() {
+fn example_fleets_load_and_match_the_docs() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let doc = std::fs::read_to_string(root.join("docs/OPERATIONS.md")).unwrap();
     for (file, mixed) in [("fleet-mixed.toml", true), ("fleet-disagg.toml", false)] {
         let path = root.join("examples").join(file);
         let text = std::fs::read_to_string(&path).unwrap();
-        assert!(readme.contains(text.trim()), "README lacks examples/{file}");
+        assert!(
+            doc.contains(text.trim()),
+            "docs/OPERATIONS.md lacks examples/{file}"
+        );
         let (stdout, v) = sim(
             file,
             &[

@@ -1,8 +1,8 @@
-//! Hostile and careless engines against the real `kvroute serve` (issue 13 items 1, 2,
-//! 14, 15): ZMTP frame headers claiming 2^62 and 2^40 bytes, an oversized message, a
-//! sequence gap without replay, a failed replay, a malformed payload and a block-size
-//! mismatch. The well-behaved engines are `kvroute::zmtp::Publisher`s (no Python);
-//! hostile ones are raw TCP peers that complete the ZMTP handshake and then lie.
+//! Hostile and careless engines against the real `kvroute serve`: ZMTP frame headers
+//! claiming 2^62 and 2^40 bytes, an oversized message, a sequence gap without replay,
+//! a failed replay, a malformed payload and a block-size mismatch. The well-behaved
+//! engines are `kvroute::zmtp::Publisher`s (no Python); hostile ones are raw TCP peers
+//! that complete the ZMTP handshake and then lie.
 //!
 //! The router is started here (not through `common::Server`) so that its stderr can be
 //! captured and the log lines checked.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proxy overhead benchmark (docs/PERFORMANCE.md, "Proxy overhead"; issue 18).
+# Proxy overhead benchmark (docs/PERFORMANCE.md, "Proxy").
 #
 # Starts a simulated vLLM fleet (kvroute-sim fleet), kvroute serve (release build,
 # its OpenAI proxy in front of the fleet, fed the fleet's ZMQ KV events) and SGLang

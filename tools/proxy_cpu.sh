@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CPU per proxied request (docs/PERFORMANCE.md, "Proxy overhead" / "CPU per proxied
-# request"; issue 18).
+# request").
 #
 # tools/proxy_bench.sh's part-1 setup (ONE cheap simulated worker, kvroute
 # `--cores 2 --proxy-addr`, `kvroute-sim replay --stream`, 256 input / 8 output tokens)

@@ -8,8 +8,9 @@
 //! - an upstream error or a gap longer than `request_timeout_ms` ends an SSE stream
 //!   with an OpenAI error event (a JSON answer is cut: the client sees a broken
 //!   response rather than a wrong one), runs `finish` and drops the connection;
-//! - dropped before the end (the client went away): `finish` runs and the dropped
-//!   connection aborts the upstream request.
+//! - dropped before the end (the client went away and a write to it failed), or the
+//!   client seen gone while the upstream is quiet (`watch`): `finish` runs and the
+//!   dropped connection aborts the upstream request.
 //!
 //! Lifecycle calls go through `service::router::lifecycle` like the HTTP and binary
 //! APIs, in order: each is polled once where it is made, and a call for a request
@@ -24,6 +25,7 @@ use super::errors;
 use super::pool::{self, Conn};
 use super::state::{Admitted, RequestLabels};
 use super::track::{Seen, Tracker};
+use super::watch::Gone;
 use crate::service::core::Core;
 use crate::service::msg::LifeOp;
 use bytes::Bytes;
@@ -82,6 +84,8 @@ pub struct Streamed {
     pub done: bool,
     pub pool_max_idle: usize,
     pub admitted: Option<Admitted>,
+    /// Resolves when the client goes away (`watch`).
+    pub gone: Option<Gone>,
 }
 
 impl Streamed {
@@ -125,6 +129,7 @@ impl Streamed {
         }
         self.timer = None;
         self.admitted = None;
+        self.gone = None;
     }
 
     fn fail(
@@ -196,6 +201,12 @@ impl Body for ProxyBody {
                 Poll::Ready(None)
             }
             Poll::Pending => {
+                if let Some(g) = &mut s.gone {
+                    if Pin::new(g).poll(cx).is_ready() {
+                        s.complete("client_disconnect");
+                        return Poll::Ready(Some(Err("the client went away".into())));
+                    }
+                }
                 let idle = s.idle;
                 loop {
                     let left = idle.saturating_sub(s.last_frame.elapsed());

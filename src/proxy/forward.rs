@@ -4,6 +4,10 @@
 //! the first response byte (`retry`), with each worker's breaker (`breaker`) kept per
 //! core.
 //!
+//! A client body loses the members engines trust as engine-to-engine data (`strip`)
+//! before anything is forwarded; `kv_transfer_params` is then set only from the
+//! prefill worker's answer (`pd`).
+//!
 //! Every routing attempt is its own kvroute request (`request::router_id`, `.rN` for
 //! re-routes) whose load is released (`finish`) as soon as the attempt fails, so a
 //! failed worker never keeps load; the final response says how many re-routes it took
@@ -14,16 +18,16 @@
 //! `retry-after` header (`overloaded`); a worker's 429 is re-routed like a 5xx but is
 //! not held against its breaker.
 
-use super::body::{self, ProxyBody, Streamed};
+use super::body::{self, ProxyBody};
 use super::breaker::Allow;
 use super::errors;
 use super::health::{self, breaker_failure, breaker_success, spawn_probe};
 use super::pool::{self, Conn};
 use super::request::{self, ClientRequest, Endpoint};
 use super::retry::{self, Failure, Policy};
-use super::state::{KindLabel, ProxyShared, RequestLabels};
-use super::track::Tracker;
+use super::state::{FieldLabel, KindLabel, ProxyShared};
 use super::url::UpstreamUrl;
+use super::watch::{unless_gone, ClientWatch};
 use crate::engine::RouteRequest;
 use crate::service::core::Core;
 use crate::service::msg::LifeOp;
@@ -36,6 +40,8 @@ use hyper::{Request, Response, StatusCode};
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
+
+mod ends;
 
 pub type Resp = Response<ProxyBody>;
 
@@ -84,8 +90,14 @@ fn next_counter() -> u64 {
     })
 }
 
-/// Handles `POST /v1/completions` / `POST /v1/chat/completions`.
-pub async fn completions(core: Rc<Core>, endpoint: Endpoint, req: Request<Incoming>) -> Resp {
+/// Handles `POST /v1/completions` / `POST /v1/chat/completions`; `watch`: the
+/// client's connection, whose closing aborts the request at once.
+pub async fn completions(
+    core: Rc<Core>,
+    endpoint: Endpoint,
+    req: Request<Incoming>,
+    watch: Rc<ClientWatch>,
+) -> Resp {
     let sh = core.shared.clone();
     let ps = &sh.settings.proxy;
     let started = Instant::now();
@@ -132,7 +144,7 @@ pub async fn completions(core: Rc<Core>, endpoint: Endpoint, req: Request<Incomi
             );
         }
     };
-    let creq = match request::parse(&raw) {
+    let mut creq = match request::parse(&raw) {
         Ok(c) => c,
         Err(e) => {
             refused(&core, "bad_request");
@@ -143,6 +155,19 @@ pub async fn completions(core: Rc<Core>, endpoint: Endpoint, req: Request<Incomi
                 &e.0,
             );
         }
+    };
+    // Engine-to-engine members never come from a client (`strip`): the body then goes
+    // out re-serialised without them, on every leg.
+    let stripped = super::strip::strip(&mut creq.body);
+    let raw = if stripped.is_empty() {
+        raw
+    } else {
+        for field in stripped {
+            (sh.proxy.metrics.stripped)
+                .get_or_create(&FieldLabel { field })
+                .inc();
+        }
+        Bytes::from(serde_json::to_vec(&creq.body).unwrap_or_default())
     };
     let t0 = Instant::now();
     let (creq, tokens) = super::offload::tokenize(&core, endpoint, creq, raw.len()).await;
@@ -172,6 +197,7 @@ pub async fn completions(core: Rc<Core>, endpoint: Endpoint, req: Request<Incomi
         counter: next_counter(),
         tokens,
         started,
+        watch,
     };
     job.run(admitted).await
 }
@@ -185,6 +211,7 @@ struct Job {
     counter: u64,
     tokens: Option<Vec<u32>>,
     started: Instant,
+    watch: Rc<ClientWatch>,
 }
 
 /// The upstream answered with a head: its response and connection.
@@ -204,12 +231,20 @@ impl Job {
         let mut excluded: Vec<String> = Vec::new();
         let mut attempt = 0u32;
         let mut last: Option<(String, Failure)> = None;
+        // Every wait on a worker below ends as soon as the client goes away (`watch`).
+        let mut gone = self.watch.gone();
         loop {
             let allow = match self.allow_list(&excluded) {
                 Some(a) => a,
                 None => return self.no_worker(last.as_ref()),
             };
-            let rid = request::router_id(&self.client_id, self.core.id, self.counter, attempt);
+            let rid = request::router_id(
+                &self.client_id,
+                &sh.proxy.nonce,
+                self.core.id,
+                self.counter,
+                attempt,
+            );
             let rr = self.route_request(&rid, allow);
             let mut d = match router::route_proxied(&self.core, &rr).await {
                 Ok(d) => d,
@@ -218,7 +253,10 @@ impl Job {
             let mut body = self.raw.clone();
             let mut fallback = false;
             if let Some(p) = d.prefill_worker.clone() {
-                match self.prefill_leg(&p).await {
+                let Some(leg) = unless_gone(&mut gone, self.prefill_leg(&p)).await else {
+                    return self.client_left(Some(&rid), &p);
+                };
+                match leg {
                     Ok(params) => {
                         breaker_success(&self.core, &p);
                         body = Bytes::from(super::pd::decode_body(&self.creq.body, params));
@@ -241,10 +279,14 @@ impl Job {
                 }
             }
             let w = d.decode_worker.clone();
-            match self.send(&w, body, self.creq.stream).await {
+            let sent = unless_gone(&mut gone, self.send(&w, body, self.creq.stream)).await;
+            let Some(sent) = sent else {
+                return self.client_left(Some(&rid), &w);
+            };
+            match sent {
                 Ok(a) => {
                     breaker_success(&self.core, &w);
-                    return self.respond(a, &rid, &w, attempt, fallback, admitted);
+                    return self.respond(a, &rid, &w, attempt, fallback, (admitted, gone));
                 }
                 Err(f) => {
                     self.upstream_failed(&w, f);
@@ -255,7 +297,11 @@ impl Job {
                     match policy.backoff(attempt) {
                         Some(wait) => {
                             sh.proxy.metrics.retries.inc();
-                            glommio::timer::sleep(wait).await;
+                            let slept = glommio::timer::sleep(wait);
+                            if unless_gone(&mut gone, slept).await.is_none() {
+                                let w = last.as_ref().map_or("", |(w, _)| w.as_str());
+                                return self.client_left(None, w);
+                            }
                         }
                         None => return self.gave_up(last.as_ref()),
                     }
@@ -421,163 +467,13 @@ impl Job {
         pool::put(a.conn, ps.pool_max_idle);
         super::pd::answer_params(&read).ok_or(Failure::Status(0))
     }
-
-    fn respond(
-        &self,
-        a: Answer,
-        rid: &str,
-        worker: &str,
-        retries: u32,
-        fallback: bool,
-        admitted: super::state::Admitted,
-    ) -> Resp {
-        let sh = &self.core.shared;
-        let ps = &sh.settings.proxy;
-        let (parts, upstream) = a.resp.into_parts();
-        let sse = parts
-            .headers
-            .get(hyper::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        let model = sh
-            .registry
-            .load()
-            .by_id(worker)
-            .map(|e| e.spec.model.clone())
-            .unwrap_or_default();
-        let streamed = Streamed {
-            core: self.core.clone(),
-            upstream,
-            conn: Some(a.conn),
-            id: rid.to_string(),
-            tracker: Tracker::new(sse, 4 << 20),
-            sse,
-            started: self.started,
-            last_output: None,
-            idle: Duration::from_millis(ps.request_timeout_ms),
-            last_frame: Instant::now(),
-            timer: None,
-            labels: RequestLabels {
-                model,
-                worker: worker.to_string(),
-                outcome: "ok",
-            },
-            tail: None,
-            done: false,
-            pool_max_idle: ps.pool_max_idle,
-            admitted: Some(admitted),
-        };
-        let mut resp = Response::new(ProxyBody::Stream(Box::new(streamed)));
-        *resp.status_mut() = parts.status;
-        let h = resp.headers_mut();
-        for (k, v) in parts.headers.iter() {
-            if is_hop_by_hop(k.as_str()) {
-                continue;
-            }
-            h.append(k.clone(), v.clone());
-        }
-        let mut set = |k: &'static str, v: &str| {
-            if let Ok(v) = hyper::header::HeaderValue::from_str(v) {
-                h.insert(k, v);
-            }
-        };
-        set("x-request-id", &self.client_id);
-        set("x-kvroute-worker", worker);
-        set("x-kvroute-request-id", rid);
-        if retries > 0 {
-            set("x-kvroute-retries", &retries.to_string());
-        }
-        if fallback {
-            set("x-kvroute-prefill-fallback", "1");
-        }
-        resp
-    }
-
-    fn count_failed(&self) {
-        let labels = RequestLabels {
-            model: String::new(),
-            worker: String::new(),
-            outcome: "failed",
-        };
-        self.core
-            .shared
-            .proxy
-            .metrics
-            .requests
-            .get_or_create(&labels)
-            .inc();
-    }
-
-    fn gave_up(&self, last: Option<&(String, Failure)>) -> Resp {
-        if let Some((w, Failure::Busy(secs))) = last {
-            refused(&self.core, "workers_busy");
-            return overloaded(
-                "workers_busy",
-                &format!("every worker tried is at its limit (last: {w}); retry later"),
-                *secs,
-            );
-        }
-        self.count_failed();
-        let msg = match last {
-            Some((w, f)) => format!(
-                "upstream failed ({}) on worker {w}; no retry left",
-                f.label()
-            ),
-            None => "upstream failed".into(),
-        };
-        error(
-            StatusCode::BAD_GATEWAY,
-            "upstream_error",
-            "upstream_failed",
-            &msg,
-        )
-    }
-
-    fn no_worker(&self, last: Option<&(String, Failure)>) -> Resp {
-        if last.is_some() {
-            return self.gave_up(last);
-        }
-        refused(&self.core, "no_worker");
-        error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "service_unavailable",
-            "no_upstream_worker",
-            "no worker with an upstream url is available (registered with `url`, circuit breaker closed)",
-        )
-    }
-
-    fn route_failed(&self, e: &router::ApiError, last: Option<&(String, Failure)>) -> Resp {
-        if last.is_some() {
-            return self.gave_up(last);
-        }
-        let (status, code) = crate::service::errors::classify(e);
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        refused(&self.core, "no_worker");
-        let kind = if status == StatusCode::TOO_MANY_REQUESTS {
-            "rate_limit_exceeded"
-        } else if status.is_client_error() {
-            "invalid_request_error"
-        } else {
-            "service_unavailable"
-        };
-        if status == StatusCode::TOO_MANY_REQUESTS {
-            return overloaded(code, &e.to_string(), 1);
-        }
-        error(status, kind, code, &e.to_string())
-    }
 }
 
-fn is_hop_by_hop(name: &str) -> bool {
-    matches!(
-        name,
-        "connection"
-            | "keep-alive"
-            | "transfer-encoding"
-            | "te"
-            | "trailer"
-            | "upgrade"
-            | "proxy-connection"
-    )
+fn worker_model(core: &Core, worker: &str) -> String {
+    (core.shared.registry.load())
+        .by_id(worker)
+        .map(|e| e.spec.model.clone())
+        .unwrap_or_default()
 }
 
 fn worker_url(core: &Core, worker: &str) -> Option<UpstreamUrl> {

@@ -8,9 +8,11 @@
 //! - `url`: the upstream URL of a worker (`http://host:port[/base]`);
 //! - `config`: the proxy's settings (`[proxy]` in TOML), `args` their flags;
 //! - `request`: the client body (limits, the fields routing needs, ids);
+//! - `strip`: the members engines trust as engine-to-engine data, removed from it;
 //! - `prompt`: token ids of a prompt (the one call site of tokenization);
 //! - `track`: lifecycle signals from an SSE or JSON response stream (`event`: the
-//!   fields they need from one response object, read without a JSON tree);
+//!   fields they need from one response object, read without a JSON tree; `jscan`:
+//!   the same, pushed chunk by chunk in constant memory);
 //! - `breaker`: the per-worker circuit breaker state machine;
 //! - `retry`: which upstream failures are retried, and the backoff;
 //! - `pd`: the two legs of a disaggregated (NIXL) request;
@@ -20,17 +22,20 @@
 //! client side), `pool` (per-core keep-alive connections per worker), `body` (the
 //! streamed response and its lifecycle), `forward` (route → legs → retries), `health` (breakers per core, probes), `server`
 //! (the listener's routes and auth), `state` (metrics and the shared admission count),
-//! `refuse` (a 429 for a connection the listener has no slot for).
+//! `refuse` (a 429 for a connection the listener has no slot for), `watch` (a client
+//! that went away, noticed while its request waits).
 
 pub mod args;
 pub mod breaker;
 pub mod config;
 pub mod errors;
 pub mod event;
+pub mod jscan;
 pub mod pd;
 pub mod prompt;
 pub mod request;
 pub mod retry;
+pub mod strip;
 pub mod track;
 pub mod url;
 
@@ -52,3 +57,5 @@ pub mod refuse;
 pub mod server;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod state;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod watch;

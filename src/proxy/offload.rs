@@ -3,6 +3,11 @@
 //! (`service::blocking`, below the executors' priority), so that a multi-millisecond tokenization does not
 //! hold the core's other streams. The tokenization itself is `prompt`'s.
 //!
+//! A short body's chat template may still be costly: on the core it is rendered within
+//! `tokenize::chat::QUICK_FUEL` steps only, and a render that needs more is done again
+//! on the blocking thread (`kvroute_proxy_renders_off_core_total`), bounded there by
+//! `chat_template_fuel`.
+//!
 //! Guarantees: the same token ids either way (one function computes them); the
 //! request body moves to the blocking thread and back, it is not copied. A prompt
 //! tokenized on the core is announced to the other cores first
@@ -30,8 +35,11 @@ pub async fn tokenize(
             // now, so their wake-up overlaps the tokenizing (`answer_spin`).
             crate::service::router::announce(core);
         }
-        let r = super::prompt::prompt_tokens(tok.map(|t| &**t), endpoint, &creq.model, &creq.body);
-        return (creq, r);
+        let t = tok.map(|t| &**t);
+        match super::prompt::prompt_tokens_quick(t, endpoint, &creq.model, &creq.body) {
+            Some(r) => return (creq, r),
+            None => sh.proxy.metrics.renders_off_core.inc(),
+        };
     }
     let tok = tok.cloned();
     let body = std::mem::take(&mut creq.body);

@@ -1,9 +1,10 @@
 //! The two legs of a disaggregated request through the proxy (vLLM's NIXL connector
 //! flow): the prefill worker gets the request with `max_tokens: 1`, `stream: false`
 //! and `kv_transfer_params` asking for a remote decode; the `kv_transfer_params` of its
-//! JSON answer go into the request sent to the decode worker. These are the only
-//! places where the proxy re-serialises a client body (documented in README "Proxy");
-//! every other member is kept as the client sent it.
+//! JSON answer go into the request sent to the decode worker. The client body they
+//! start from has already lost its own `kv_transfer_params` (`strip`), so the decode
+//! leg's come from the prefill answer only; every other member is kept as the client
+//! sent it.
 
 use serde_json::{json, Map, Value};
 

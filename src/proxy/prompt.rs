@@ -55,6 +55,28 @@ pub fn cache_salt(body: &Value) -> Option<String> {
     }
 }
 
+/// [`prompt_tokens`] with a quick chat render (`Tokenizers::prompt_tokens_quick`):
+/// `None` when the render needs more steps than a core should spend (finish it with
+/// [`prompt_tokens`] off the core).
+pub fn prompt_tokens_quick(
+    tok: Option<&crate::tokenize::Tokenizers>,
+    endpoint: Endpoint,
+    model: &str,
+    body: &Value,
+) -> Option<Result<Option<Vec<u32>>, PromptError>> {
+    match tok {
+        Some(t) => {
+            let e = match endpoint {
+                Endpoint::Completions => crate::tokenize::Endpoint::Completions,
+                Endpoint::Chat => crate::tokenize::Endpoint::Chat,
+            };
+            t.prompt_tokens_quick(e, model, body)
+                .map(|r| r.map_err(|e| PromptError(e.0)))
+        }
+        None => Some(token_ids(endpoint, model, body)),
+    }
+}
+
 /// Token-id prompts of completions only (no tokenizer needed).
 pub fn token_ids(
     endpoint: Endpoint,

@@ -1,12 +1,13 @@
 //! The client's request body, reduced to what routing needs, and the ids.
 //!
-//! The body is forwarded as the client sent it (its bytes, not a re-serialisation);
-//! this module only reads `model`, `stream`, `max_tokens` / `max_completion_tokens`
+//! The body is forwarded as the client sent it (its bytes, not a re-serialisation),
+//! unless it carries members that `strip` removes; this module only reads `model`, `stream`, `max_tokens` / `max_completion_tokens`
 //! (the OSL hint) out of it. It must be a JSON object; `model` and `stream` must have
 //! their OpenAI types when present. Request ids: the client's `x-request-id` is
 //! propagated to the worker as given (generated when absent); kvroute's own id for the
-//! routing request adds this core's counter to it, so clients reusing an id never
-//! collide in the router.
+//! routing request adds this process's nonce (drawn at start), the core and a per-core
+//! counter to it, so clients reusing an id never collide in the router, nor do two
+//! replicas given the same id (they share the routed requests through the cluster).
 
 use serde_json::Value;
 
@@ -84,20 +85,29 @@ pub fn client_request_id(given: Option<&[u8]>, generate: impl FnOnce() -> String
     }
 }
 
-/// kvroute's id for one routing attempt: the client id's id-safe prefix, the core and
-/// a per-core counter, and the attempt (`crate::ids` rule; at most 128 bytes).
-pub fn router_id(client_id: &str, core: usize, counter: u64, attempt: u32) -> String {
+/// Hex digits of the per-process nonce in [`router_id`] (48 random bits).
+pub const NONCE_HEX: usize = 12;
+
+/// A fresh per-process nonce for [`router_id`].
+pub fn new_nonce() -> String {
+    format!("{:0w$x}", rand::random::<u64>() >> 16, w = NONCE_HEX)
+}
+
+/// kvroute's id for one routing attempt: the client id's id-safe prefix, this
+/// process's `nonce` ([`new_nonce`]), the core and a per-core counter, and the attempt
+/// (`crate::ids` rule; at most 128 bytes).
+pub fn router_id(client_id: &str, nonce: &str, core: usize, counter: u64, attempt: u32) -> String {
     let safe: String = client_id
         .bytes()
         .filter(|&b| crate::ids::is_id_byte(b))
-        .take(80)
+        .take(72)
         .map(char::from)
         .collect();
     let p = crate::ids::PROXY_ID_PREFIX;
     let mut id = if safe.is_empty() {
-        format!("{p}{core}.{counter}")
+        format!("{p}{nonce}.{core}.{counter}")
     } else {
-        format!("{p}{safe}.{core}.{counter}")
+        format!("{p}{safe}.{nonce}.{core}.{counter}")
     };
     if attempt > 0 {
         id.push_str(&format!(".r{attempt}"));
@@ -128,12 +138,16 @@ mod tests {
     }
 
     #[test]
-    fn ids_are_unique_per_attempt_and_id_safe() {
-        let a = router_id("abc/def", 1, 7, 0);
-        assert_eq!(a, "px=abcdef.1.7");
-        assert_eq!(router_id("", 0, 1, 2), "px=0.1.r2");
+    fn ids_are_unique_per_attempt_and_process_and_id_safe() {
+        let a = router_id("abc/def", "n1", 1, 7, 0);
+        assert_eq!(a, "px=abcdef.n1.1.7");
+        assert_eq!(router_id("", "n1", 0, 1, 2), "px=n1.0.1.r2");
+        assert_ne!(a, router_id("abc/def", "n2", 1, 7, 0));
         assert!(crate::ids::is_proxy_id(&a));
-        let long = router_id(&"x".repeat(500), 3, u64::MAX, 16);
+        let nonce = new_nonce();
+        assert_eq!(nonce.len(), NONCE_HEX);
+        assert_ne!(nonce, new_nonce());
+        let long = router_id(&"x".repeat(500), &nonce, 9999, u64::MAX, 16);
         assert!(crate::ids::check("id", &long).is_ok(), "{long}");
         assert_eq!(client_request_id(Some(b"r-1"), || "gen".into()), "r-1");
         assert_eq!(client_request_id(Some(b"a b"), || "gen".into()), "gen");

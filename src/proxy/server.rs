@@ -12,6 +12,7 @@
 use super::body::ProxyBody;
 use super::forward::{self, error, Resp};
 use super::request::Endpoint;
+use super::watch::ClientWatch;
 use crate::service::conn_slot::Slot;
 use crate::service::core::Core;
 use crate::service::doors::{self, Door, Pass};
@@ -76,7 +77,7 @@ fn models(core: &Core) -> Resp {
 }
 
 /// Handles one request: the door rules for browsers ([`doors`]), then [`answer`].
-pub async fn handle(core: Rc<Core>, req: Request<Incoming>) -> Resp {
+pub async fn handle(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatch>) -> Resp {
     let pass = doors::check(
         &core.shared.settings,
         Door::Proxy,
@@ -96,15 +97,16 @@ pub async fn handle(core: Rc<Core>, req: Request<Incoming>) -> Resp {
             resp
         }
         Ok(Pass::Cors(origin)) => {
-            let mut resp = answer(core, req).await;
+            let mut resp = answer(core, req, watch).await;
             doors::allow_origin(resp.headers_mut(), origin);
             resp
         }
-        Ok(Pass::Plain) => answer(core, req).await,
+        Ok(Pass::Plain) => answer(core, req, watch).await,
     }
 }
 
-async fn answer(core: Rc<Core>, req: Request<Incoming>) -> Resp {
+/// One request on the proxy port; `watch` tells when its client goes away.
+async fn answer(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatch>) -> Resp {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     if method == Method::GET && path == "/health" {
@@ -134,10 +136,10 @@ async fn answer(core: Rc<Core>, req: Request<Incoming>) -> Resp {
     }
     match (&method, path.as_str()) {
         (&Method::POST, "/v1/completions") => {
-            forward::completions(core, Endpoint::Completions, req).await
+            forward::completions(core, Endpoint::Completions, req, watch).await
         }
         (&Method::POST, "/v1/chat/completions") => {
-            forward::completions(core, Endpoint::Chat, req).await
+            forward::completions(core, Endpoint::Chat, req, watch).await
         }
         (&Method::GET, "/v1/models") => models(&core),
         (_, "/v1/completions" | "/v1/chat/completions" | "/v1/models" | "/health") => error(
@@ -165,16 +167,20 @@ pub const KEEPALIVE_IN_USE_MS: u64 = 2_000;
 /// One client connection on the proxy port: hyper over `service::hyper_io` (the
 /// listener's header, idle and write deadlines and its connection slot), like the
 /// JSON API's, except that a keep-alive connection is not displaced while in use
-/// ([`KEEPALIVE_IN_USE_MS`]).
+/// ([`KEEPALIVE_IN_USE_MS`]), and that its requests watch for the client going away
+/// (`watch`).
 pub async fn serve(core: Rc<Core>, stream: glommio::net::TcpStream, slot: Rc<Slot>) {
     let conn = hyper_io::HttpConn::new(core.shared.clone(), slot);
     conn.set_min_idle_ms(KEEPALIVE_IN_USE_MS);
+    // The watch borrows the descriptor; `svc`, which holds it, lives no longer than
+    // the connection that owns the stream.
+    let watch = ClientWatch::new(std::os::fd::AsRawFd::as_raw_fd(&stream));
     let io = hyper_io::HyperIo::new(stream, conn.clone());
     let svc = hyper::service::service_fn(move |req| {
-        let (core, conn) = (core.clone(), conn.clone());
+        let (core, conn, watch) = (core.clone(), conn.clone(), watch.clone());
         async move {
             conn.request_started();
-            let mut resp = handle(core.clone(), req).await;
+            let mut resp = handle(core.clone(), req, watch).await;
             // Draining: no further request on this connection (hyper closes it once
             // the response is written), so clients reconnect to another replica.
             if core.shared.proxy.is_draining() {

@@ -1,7 +1,7 @@
 //! What the proxy shares between cores: its metrics (registered into the service's
 //! `/metrics` registry), the count of proxied requests in flight (the
-//! `max_concurrent` admission), the accepted client API keys, and the `Authorization`
-//! sent to the workers.
+//! `max_concurrent` admission), the accepted client API keys, the `Authorization`
+//! sent to the workers, and the process's nonce in the ids of routed requests.
 
 use hyper::header::HeaderValue;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -28,6 +28,11 @@ pub struct KindLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FieldLabel {
+    pub field: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WorkerLabel {
     pub worker: String,
 }
@@ -46,11 +51,16 @@ pub struct ProxyMetrics {
     pub untokenized: Counter,
     /// Prompts tokenized on the core's blocking thread (`tokenize_inline_max_bytes`).
     pub tokenized_off_core: Counter,
+    /// Short bodies whose chat render outgrew the core's budget and was finished on
+    /// the blocking thread.
+    pub renders_off_core: Counter,
     /// Sampled prompts whose lean ids differed from HF's (`tokenize::lean`; set at
     /// scrape time).
     pub tokenize_lean_mismatches: Gauge,
     pub prefill_fallbacks: Counter,
     pub active: Gauge,
+    /// Client body members removed before forwarding (`proxy::strip`), by name.
+    pub stripped: Family<FieldLabel, Counter>,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
@@ -72,9 +82,11 @@ impl ProxyMetrics {
             tokenize_seconds: Histogram::new((0..16).map(|i| 1e-6 * f64::from(1u32 << i))),
             untokenized: Counter::default(),
             tokenized_off_core: Counter::default(),
+            renders_off_core: Counter::default(),
             tokenize_lean_mismatches: Gauge::default(),
             prefill_fallbacks: Counter::default(),
             active: Gauge::default(),
+            stripped: Family::default(),
         }
     }
 
@@ -135,6 +147,11 @@ impl ProxyMetrics {
             self.tokenized_off_core.clone(),
         );
         r.register(
+            "proxy_renders_off_core",
+            "Chat renders of short bodies that took more steps than the core's budget and were finished on its blocking thread (within chat_template_fuel)",
+            self.renders_off_core.clone(),
+        );
+        r.register(
             "proxy_tokenize_lean_mismatches",
             "Sampled prompts whose token ids by the lean walk differed from the HF pipeline's (each turns the lean walk off for its model)",
             self.tokenize_lean_mismatches.clone(),
@@ -149,6 +166,11 @@ impl ProxyMetrics {
             "Proxied requests in flight",
             self.active.clone(),
         );
+        r.register(
+            "proxy_stripped_fields",
+            "Members removed from client bodies because engines trust them as engine-to-engine data (kv_transfer_params, bootstrap_host, ...), by name",
+            self.stripped.clone(),
+        );
     }
 }
 
@@ -161,6 +183,9 @@ pub struct ProxyShared {
     upstream_auth: OnceLock<HeaderValue>,
     /// Set at the first shutdown signal (`service::Running::drain`).
     draining: AtomicBool,
+    /// Drawn at start: part of every routed request's id (`request::router_id`), so
+    /// two replicas never mint the same one.
+    pub nonce: String,
 }
 
 impl ProxyShared {
@@ -171,6 +196,7 @@ impl ProxyShared {
             keys: OnceLock::new(),
             upstream_auth: OnceLock::new(),
             draining: AtomicBool::new(false),
+            nonce: super::request::new_nonce(),
         };
         m.with_registry(|r| p.metrics.register(r));
         p

@@ -1,7 +1,7 @@
 //! Lifecycle signals read off an upstream response, chunk by chunk, without holding
 //! the body: for SSE (`stream: true`) each `data:` event is parsed as it completes;
-//! for a JSON answer the body is kept only up to `max_json` bytes to read its `usage`
-//! at the end (past that, tokens are not counted; the bytes still flow to the client).
+//! a JSON answer is scanned as it streams through (`jscan`, constant memory, nothing
+//! of it kept) and read at its end, whatever its size.
 //!
 //! - the first event carrying output (completions `choices[].text`, chat
 //!   `choices[].delta.content` / `reasoning_content` / `tool_calls`) is the first
@@ -10,15 +10,17 @@
 //!   per output-carrying choice of each event;
 //! - an event with an `error` member is an upstream error (the stream is not cut).
 //!
-//! A partial SSE line is buffered up to `MAX_LINE`; a longer line is skipped (counted
-//! as nothing) so a hostile upstream cannot grow the buffer. A line wholly inside one
-//! chunk is read in place, and events are read by `event` without building a JSON
-//! tree: nothing is allocated per event.
+//! Nothing of the body is kept beyond a few hundred bytes, whatever its size or
+//! shape: a line wholly inside one chunk is read in place (`event`, no JSON tree, no
+//! allocation); a line split across chunks keeps its first [`HEAD`] bytes until they
+//! say whether it is a `data:` line, then its data is scanned as it comes (`jscan`),
+//! and any other line is skipped to its end. A line of any length counts.
 
-use super::event;
+use super::event::{self, EventInfo};
+use super::jscan::Scan;
 
-/// Longest SSE line parsed.
-pub const MAX_LINE: usize = 1 << 20;
+/// Bytes of a split line kept before deciding what it is (`data: [DONE]\r` fits).
+pub const HEAD: usize = 16;
 
 /// What one chunk changed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -33,28 +35,40 @@ pub struct Seen {
     pub done: bool,
 }
 
+/// An SSE line that a chunk ended inside of.
+#[derive(Debug, Default)]
+enum Partial {
+    #[default]
+    None,
+    /// Its first bytes, too few yet to tell what it is.
+    Head { buf: [u8; HEAD], len: usize },
+    /// A `data:` line: its JSON scanned so far.
+    Data(Box<Scan>),
+    /// Any other line: skipped to its end.
+    Skip,
+}
+
+/// The data of a `data:` line (one space after the colon dropped), if it is one.
+fn data_of(line: &[u8]) -> Option<&[u8]> {
+    let data = line.strip_prefix(b"data:")?;
+    Some(data.strip_prefix(b" ").unwrap_or(data))
+}
+
 #[derive(Debug)]
 pub struct Tracker {
-    sse: bool,
-    line: Vec<u8>,
-    skipping: bool,
-    max_json: usize,
-    json: Vec<u8>,
-    json_over: bool,
+    partial: Partial,
+    /// The scan of a JSON answer (`None` for SSE).
+    json: Option<Box<Scan>>,
     output_seen: bool,
     counted: u32,
     usage: Option<u32>,
 }
 
 impl Tracker {
-    pub fn new(sse: bool, max_json: usize) -> Tracker {
+    pub fn new(sse: bool) -> Tracker {
         Tracker {
-            sse,
-            line: Vec::new(),
-            skipping: false,
-            max_json,
-            json: Vec::new(),
-            json_over: false,
+            partial: Partial::None,
+            json: (!sse).then(|| Box::new(Scan::new(false))),
             output_seen: false,
             counted: 0,
             usage: None,
@@ -72,47 +86,29 @@ impl Tracker {
 
     pub fn feed(&mut self, chunk: &[u8]) -> Seen {
         let mut seen = Seen::default();
-        if !self.sse {
-            if !self.json_over {
-                if self.json.len() + chunk.len() > self.max_json {
-                    self.json_over = true;
-                    self.json = Vec::new();
-                } else {
-                    self.json.extend_from_slice(chunk);
-                }
-            }
+        if let Some(scan) = &mut self.json {
+            scan.feed(chunk);
             return seen;
         }
         let before = self.tokens();
-        // Whole lines are parsed in place; only a line split across chunks is copied.
         let mut rest = chunk;
         while !rest.is_empty() {
-            let Some(i) = rest.iter().position(|&b| b == b'\n') else {
-                if !self.skipping {
-                    if self.line.len() + rest.len() > MAX_LINE {
-                        self.skipping = true;
-                        self.line.clear();
-                    } else {
-                        self.line.extend_from_slice(rest);
-                    }
+            let (seg, ended) = match rest.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    let seg = &rest[..i];
+                    rest = &rest[i + 1..];
+                    (seg, true)
                 }
-                break;
+                None => (std::mem::take(&mut rest), false),
             };
-            let seg = &rest[..i];
-            rest = &rest[i + 1..];
-            if !self.skipping && self.line.len() + seg.len() <= MAX_LINE {
-                if self.line.is_empty() {
-                    self.event_line(seg, &mut seen);
-                } else {
-                    let mut line = std::mem::take(&mut self.line);
-                    line.extend_from_slice(seg);
-                    self.event_line(&line, &mut seen);
-                    line.clear();
-                    self.line = line;
-                }
+            if ended && matches!(self.partial, Partial::None) {
+                self.event_line(seg, &mut seen);
+                continue;
             }
-            self.line.clear();
-            self.skipping = false;
+            self.carry(seg);
+            if ended {
+                self.end_partial(&mut seen);
+            }
         }
         seen.progressed = self.tokens() != before;
         seen
@@ -121,10 +117,10 @@ impl Tracker {
     /// The body ended: for a JSON answer, its output and usage.
     pub fn finish(&mut self) -> Seen {
         let mut seen = Seen::default();
-        if self.sse || self.json_over {
+        let Some(mut scan) = self.json.take() else {
             return seen;
-        }
-        if let Some(e) = event::read(&self.json, false) {
+        };
+        if let Some(e) = scan.finish() {
             seen.error = e.error;
             let n = e.output_choices;
             self.counted = self.counted.saturating_add(n);
@@ -133,23 +129,72 @@ impl Tracker {
             self.output_seen |= seen.first_output;
             seen.progressed = self.tokens() > 0;
         }
-        self.json = Vec::new();
         seen
+    }
+
+    /// Adds `seg` (no newline in it) to the line a chunk ended inside of.
+    fn carry(&mut self, mut seg: &[u8]) {
+        loop {
+            match &mut self.partial {
+                Partial::None => {
+                    self.partial = Partial::Head {
+                        buf: [0; HEAD],
+                        len: 0,
+                    }
+                }
+                Partial::Head { buf, len } => {
+                    let take = (HEAD - *len).min(seg.len());
+                    buf[*len..*len + take].copy_from_slice(&seg[..take]);
+                    *len += take;
+                    seg = &seg[take..];
+                    if seg.is_empty() {
+                        return;
+                    }
+                    // Longer than the head: a data line is scanned from here on.
+                    self.partial = match data_of(&buf[..]) {
+                        Some(data) => {
+                            let mut scan = Box::new(Scan::new(true));
+                            scan.feed(data);
+                            Partial::Data(scan)
+                        }
+                        None => Partial::Skip,
+                    };
+                }
+                Partial::Data(scan) => return scan.feed(seg),
+                Partial::Skip => return,
+            }
+        }
+    }
+
+    /// The carried line ended.
+    fn end_partial(&mut self, seen: &mut Seen) {
+        match std::mem::take(&mut self.partial) {
+            Partial::Head { buf, len } => self.event_line(&buf[..len], seen),
+            Partial::Data(mut scan) => {
+                if let Some(e) = scan.finish() {
+                    self.event(e, seen);
+                }
+            }
+            Partial::None | Partial::Skip => {}
+        }
     }
 
     fn event_line(&mut self, line: &[u8], seen: &mut Seen) {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(data) = line.strip_prefix(b"data:") else {
+        let Some(data) = data_of(line) else {
             return;
         };
-        let data = data.strip_prefix(b" ").unwrap_or(data);
         if data == b"[DONE]" {
             seen.done = true;
             return;
         }
-        let Some(e) = event::read(data, true) else {
-            return;
-        };
+        if let Some(e) = event::read(data, true) {
+            self.event(e, seen);
+        }
+    }
+
+    /// One SSE event's fields.
+    fn event(&mut self, e: EventInfo, seen: &mut Seen) {
         if e.error {
             seen.error = true;
         }
@@ -175,7 +220,7 @@ mod tests {
 
     #[test]
     fn sse_first_token_and_counts_across_split_chunks() {
-        let mut t = Tracker::new(true, 1024);
+        let mut t = Tracker::new(true);
         // A role-only chat chunk carries no output.
         let s = t.feed(b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n");
         assert!(!s.first_output && t.tokens() == 0);
@@ -196,14 +241,24 @@ mod tests {
     }
 
     #[test]
-    fn json_answers_are_read_at_the_end_and_bounded() {
-        let mut t = Tracker::new(false, 1024);
+    fn json_answers_are_read_at_the_end_whatever_their_size() {
+        let mut t = Tracker::new(false);
         t.feed(br#"{"choices":[{"message":{"content":"hi"}}],"#);
         t.feed(br#""usage":{"completion_tokens":5}}"#);
         let s = t.finish();
         assert!(s.first_output && s.progressed && t.tokens() == 5);
-        let mut t = Tracker::new(false, 8);
-        t.feed(b"0123456789");
+        // 64 MiB of content before the usage: read, nothing kept.
+        let mut t = Tracker::new(false);
+        t.feed(br#"{"choices":[{"text":""#);
+        let block = vec![b'a'; 1 << 20];
+        for _ in 0..64 {
+            t.feed(&block);
+        }
+        t.feed(br#""}],"usage":{"completion_tokens":9}}"#);
+        let s = t.finish();
+        assert!(s.first_output && t.tokens() == 9);
+        let mut t = Tracker::new(false);
+        t.feed(b"0123456789 junk");
         assert_eq!(t.finish(), Seen::default());
     }
 
@@ -217,48 +272,74 @@ mod tests {
     }
 
     #[test]
-    fn lines_up_to_max_line_count_whole_or_split_and_longer_ones_do_not() {
-        for split in [None, Some(1), Some(MAX_LINE / 2), Some(MAX_LINE)] {
-            for (len, counted) in [(MAX_LINE, 1), (MAX_LINE + 1, 0)] {
-                let mut t = Tracker::new(true, 0);
-                let mut all = padded_event(len);
-                all.extend_from_slice(b"\n\n");
-                all.extend_from_slice(ev("b").as_bytes());
+    fn lines_of_any_length_count_whole_or_split_anywhere() {
+        for len in [32, HEAD + 20, 3 << 20] {
+            let mut all = padded_event(len);
+            all.extend_from_slice(b"\r\n\n");
+            all.extend_from_slice(ev("b").as_bytes());
+            let splits = [
+                None,
+                Some(1),
+                Some(5),
+                Some(HEAD - 1),
+                Some(HEAD),
+                Some(HEAD + 1),
+                Some(len / 2),
+                Some(len),
+                Some(len + 1),
+            ];
+            for split in splits {
+                let mut t = Tracker::new(true);
                 match split {
                     None => {
                         t.feed(&all);
                     }
                     Some(at) => {
-                        let (x, y) = all.split_at(at);
+                        let (x, y) = all.split_at(at.min(all.len()));
                         t.feed(x);
                         t.feed(y);
                     }
                 }
-                assert!(t.line.len() <= MAX_LINE);
-                assert_eq!(t.tokens(), counted + 1, "len {len} split {split:?}");
+                assert_eq!(t.tokens(), 2, "len {len} split {split:?}");
+                assert!(matches!(t.partial, Partial::None));
             }
         }
-        // Several events and a line split three ways, fed byte by byte or at once.
-        let text = format!("{}{}: comment\r\n{}", ev("a"), ev(""), ev("c"));
-        let mut whole = Tracker::new(true, 0);
+        // Several events, a comment and [DONE], fed byte by byte or at once.
+        let text = format!(
+            "{}{}: comment\r\n{}data: [DONE]\r\n\n",
+            ev("a"),
+            ev(""),
+            ev("c")
+        );
+        let mut whole = Tracker::new(true);
         let s = whole.feed(text.as_bytes());
-        assert!(s.first_output && s.progressed);
-        let mut bytes = Tracker::new(true, 0);
+        assert!(s.first_output && s.progressed && s.done);
+        let mut bytes = Tracker::new(true);
+        let mut done = false;
         for b in text.as_bytes() {
-            bytes.feed(std::slice::from_ref(b));
+            done |= bytes.feed(std::slice::from_ref(b)).done;
         }
         assert_eq!((whole.tokens(), bytes.tokens()), (2, 2));
-        assert!(bytes.output_seen());
+        assert!(bytes.output_seen() && done);
     }
 
     #[test]
-    fn an_endless_line_is_skipped_not_buffered() {
-        let mut t = Tracker::new(true, 0);
-        let junk = vec![b'x'; MAX_LINE + 10];
+    fn an_endless_line_holds_no_memory() {
+        let mut t = Tracker::new(true);
+        let junk = vec![b'x'; 4 << 20];
         t.feed(&junk);
-        assert!(t.line.len() <= MAX_LINE);
+        t.feed(&junk);
+        assert!(matches!(t.partial, Partial::Skip));
         t.feed(b"\n");
         t.feed(ev("z").as_bytes());
         assert_eq!(t.tokens(), 1);
+        // An endless data line is scanned, not kept.
+        t.feed(b"data: {\"choices\":[{\"text\":\"");
+        for _ in 0..4 {
+            t.feed(&junk);
+        }
+        assert!(matches!(t.partial, Partial::Data(_)));
+        t.feed(b"\"}]}\n\n");
+        assert_eq!(t.tokens(), 2);
     }
 }

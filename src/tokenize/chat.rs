@@ -27,6 +27,12 @@
 //!   content, without the template's closing tokens.
 //!
 //! Templates are compiled once at load (a broken template is a start error).
+//!
+//! A render is bounded in steps (minijinja fuel): `chat_template_fuel` at most
+//! ([`ChatTemplates::set_fuel`]; past it the request is refused), and [`QUICK_FUEL`]
+//! for a quick render ([`ChatTemplates::render_quick`]), which the proxy tries on the
+//! core and, when it runs out, repeats on the core's blocking thread, so a template
+//! that turns out costly never holds the core for more than those few steps.
 
 use super::{check_text_len, encode, Model, PromptError};
 use minijinja::{Environment, Error, ErrorKind, Value};
@@ -44,9 +50,35 @@ const SPECIAL_KEYS: [&str; 7] = [
     "mask_token",
 ];
 
+/// Default of `chat_template_fuel`: template steps one render may take (about 20 ns
+/// each: some 40 ms; a chat template takes tens of steps per message).
+pub const DEFAULT_FUEL: u64 = 2_000_000;
+
+/// Steps of a quick render (about 0.4 ms), before it is handed to a thread that may
+/// wait.
+pub const QUICK_FUEL: u64 = 20_000;
+
+/// Why a render did not give a prompt.
+#[derive(Debug)]
+pub(crate) enum Fail {
+    Prompt(PromptError),
+    /// It took more steps than its budget.
+    OutOfFuel,
+}
+
+impl From<PromptError> for Fail {
+    fn from(e: PromptError) -> Fail {
+        Fail::Prompt(e)
+    }
+}
+
 /// A model's compiled chat templates and their context constants.
 pub struct ChatTemplates {
+    /// Renders with `fuel` steps.
     env: Environment<'static>,
+    /// The same templates with [`QUICK_FUEL`] steps (at most `fuel`).
+    quick: Environment<'static>,
+    fuel: u64,
     /// (template name, whether it iterates over message content).
     names: Vec<(String, bool)>,
     specials: BTreeMap<String, Value>,
@@ -105,19 +137,67 @@ impl ChatTemplates {
                 .map_err(|e| format!("chat template {name:?}: {e:#}"))?;
             names.push((name, openai));
         }
-        Ok(Some(ChatTemplates {
+        let mut t = ChatTemplates {
+            quick: env.clone(),
             env,
+            fuel: DEFAULT_FUEL,
             names,
             specials,
-        }))
+        };
+        t.set_fuel(DEFAULT_FUEL);
+        Ok(Some(t))
     }
 
-    /// Renders `body` (a chat completions request) to the prompt text.
+    /// Bounds a render to `fuel` template steps (at least 1).
+    pub fn set_fuel(&mut self, fuel: u64) {
+        self.fuel = fuel.max(1);
+        self.env.set_fuel(Some(self.fuel));
+        self.quick.set_fuel(Some(self.fuel.min(QUICK_FUEL)));
+    }
+
+    /// Renders `body` (a chat completions request) to the prompt text, within the
+    /// whole fuel (past it, refused).
     pub fn render(&self, body: &Json, max_tokens: usize) -> Result<String, PromptError> {
+        self.render_in(&self.env, body, max_tokens)
+            .map_err(|f| self.refusal(f))
+    }
+
+    /// [`Self::render`] within [`QUICK_FUEL`] steps; `None`: it needs more (render it
+    /// again with [`Self::render`] where a wait does no harm).
+    pub fn render_quick(
+        &self,
+        body: &Json,
+        max_tokens: usize,
+    ) -> Option<Result<String, PromptError>> {
+        match self.render_in(&self.quick, body, max_tokens) {
+            Ok(t) => Some(Ok(t)),
+            Err(Fail::OutOfFuel) if self.fuel > QUICK_FUEL => None,
+            Err(f) => Some(Err(self.refusal(f))),
+        }
+    }
+
+    fn refusal(&self, f: Fail) -> PromptError {
+        match f {
+            Fail::Prompt(e) => e,
+            Fail::OutOfFuel => PromptError(format!(
+                "chat template: rendering takes more than {} steps (chat_template_fuel)",
+                self.fuel
+            )),
+        }
+    }
+
+    fn render_in(
+        &self,
+        env: &Environment<'static>,
+        body: &Json,
+        max_tokens: usize,
+    ) -> Result<String, Fail> {
         let messages = match body.get("messages") {
             Some(Json::Array(m)) if !m.is_empty() => m,
-            Some(Json::Array(_)) => return Err(PromptError("messages must not be empty".into())),
-            _ => return Err(PromptError("messages must be a list".into())),
+            Some(Json::Array(_)) => {
+                return Err(PromptError("messages must not be empty".into()).into())
+            }
+            _ => return Err(PromptError("messages must be a list".into()).into()),
         };
         // Nothing is rendered for a request whose strings alone exceed the limit.
         let mut budget = max_tokens.saturating_mul(super::BYTES_PER_TOKEN_BOUND);
@@ -126,7 +206,8 @@ impl ChatTemplates {
                 if !spend_strings(v, &mut budget) {
                     return Err(PromptError(format!(
                         "prompt too long: the request's text exceeds the limit of {max_tokens} tokens"
-                    )));
+                    ))
+                    .into());
                 }
             }
         }
@@ -146,7 +227,8 @@ impl ChatTemplates {
         if cont && agp {
             return Err(PromptError(
                 "continue_final_message and add_generation_prompt cannot both be true".into(),
-            ));
+            )
+            .into());
         }
         let mut ctx: BTreeMap<String, Value> = self.specials.clone();
         match body.get("chat_template_kwargs") {
@@ -156,7 +238,9 @@ impl ChatTemplates {
                     ctx.insert(k.clone(), Value::from_serialize(v));
                 }
             }
-            Some(_) => return Err(PromptError("chat_template_kwargs must be an object".into())),
+            Some(_) => {
+                return Err(PromptError("chat_template_kwargs must be an object".into()).into())
+            }
         }
         ctx.insert("messages".into(), Value::from_serialize(&msgs));
         ctx.insert("add_generation_prompt".into(), Value::from(agp));
@@ -167,13 +251,13 @@ impl ChatTemplates {
                 v.map(Value::from_serialize).unwrap_or(Value::from(())),
             );
         }
-        let tmpl = self
-            .env
+        let tmpl = env
             .get_template(name)
             .map_err(|e| PromptError(format!("chat template: {e}")))?;
-        let mut text = tmpl
-            .render(&ctx)
-            .map_err(|e| PromptError(format!("chat template: {}", describe(&e))))?;
+        let mut text = tmpl.render(&ctx).map_err(|e| match e.kind() {
+            ErrorKind::OutOfFuel => Fail::OutOfFuel,
+            _ => Fail::Prompt(PromptError(format!("chat template: {}", describe(&e)))),
+        })?;
         if cont {
             text = cut_after_final_message(text, msgs.last())?;
         }
@@ -193,20 +277,35 @@ impl ChatTemplates {
     }
 }
 
-/// A chat request's prompt token ids.
-pub(crate) fn chat_tokens(m: &Model, body: &Json, max: usize) -> Result<Vec<u32>, PromptError> {
-    let t = m
-        .chat
-        .as_ref()
-        .ok_or_else(|| PromptError("the model has no chat template".into()))?;
+/// A chat request's prompt token ids; `quick`: rendered within [`QUICK_FUEL`] steps,
+/// `None` when it needs more.
+pub(crate) fn chat_tokens(
+    m: &Model,
+    body: &Json,
+    max: usize,
+    quick: bool,
+) -> Option<Result<Vec<u32>, PromptError>> {
+    let Some(t) = m.chat.as_ref() else {
+        return Some(Err(PromptError("the model has no chat template".into())));
+    };
     let add_special = match body.get("add_special_tokens") {
         None | Some(Json::Null) => false,
         Some(Json::Bool(b)) => *b,
-        Some(_) => return Err(PromptError("add_special_tokens must be a boolean".into())),
+        Some(_) => {
+            return Some(Err(PromptError(
+                "add_special_tokens must be a boolean".into(),
+            )))
+        }
     };
-    let text = t.render(body, max)?;
-    check_text_len(text.len(), max)?;
-    encode(m, &text, add_special, max)
+    let text = if quick {
+        t.render_quick(body, max)?
+    } else {
+        t.render(body, max)
+    };
+    Some(text.and_then(|text| {
+        check_text_len(text.len(), max)?;
+        encode(m, &text, add_special, max)
+    }))
 }
 
 fn new_env() -> Environment<'static> {

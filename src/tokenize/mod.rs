@@ -17,7 +17,10 @@
 //!   token-id lists (again the first). See [`prompt`].
 //! - **Bounds**: prompts above `max_prompt_tokens` are refused ([`PromptError`]); text
 //!   longer than [`BYTES_PER_TOKEN_BOUND`] bytes per allowed token is refused before it
-//!   is rendered or tokenized, so no request makes the tokenizer walk gigabytes.
+//!   is rendered or tokenized, so no request makes the tokenizer walk gigabytes; a chat
+//!   render takes at most `chat_template_fuel` template steps ([`chat`]), and
+//!   [`Tokenizers::prompt_tokens_quick`] gives up after [`chat::QUICK_FUEL`] for a caller
+//!   that must not wait (it finishes the work elsewhere).
 //!
 //! Model names are matched exactly; a name registered with
 //! [`Tokenizers::with_adapters`] as a LoRA adapter of a base model uses the base
@@ -175,6 +178,7 @@ impl Tokenizers {
             .collect();
         Tokenizers::load(&models)?
             .with_max_prompt_tokens(s.limits.max_prompt_tokens)
+            .with_template_fuel(s.limits.chat_template_fuel)
             .with_lean(s.tokenize_lean)
             .with_adapters(&adapters)
     }
@@ -188,6 +192,18 @@ impl Tokenizers {
                 if let Some(m) = Arc::get_mut(m) {
                     m.lean = None;
                 }
+            }
+        }
+        self
+    }
+
+    /// Bounds every chat render to `fuel` template steps (`chat_template_fuel`;
+    /// default [`chat::DEFAULT_FUEL`]).
+    pub fn with_template_fuel(mut self, fuel: u64) -> Tokenizers {
+        // Builders run before the set is shared, so each model is still unique.
+        for m in self.models.values_mut() {
+            if let Some(c) = Arc::get_mut(m).and_then(|m| m.chat.as_mut()) {
+                c.set_fuel(fuel);
             }
         }
         self
@@ -292,14 +308,37 @@ impl Tokenizers {
         model: &str,
         body: &serde_json::Value,
     ) -> Result<Option<Vec<u32>>, PromptError> {
+        self.tokens_in(endpoint, model, body, false)
+            .unwrap_or_else(|| Err(PromptError("chat template: out of fuel".into())))
+    }
+
+    /// [`Self::prompt_tokens`] with a chat render of at most [`chat::QUICK_FUEL`]
+    /// steps: `None` when it needs more, to be done again with `prompt_tokens` where
+    /// a wait does no harm (the proxy: on the core's blocking thread).
+    pub fn prompt_tokens_quick(
+        &self,
+        endpoint: Endpoint,
+        model: &str,
+        body: &serde_json::Value,
+    ) -> Option<Result<Option<Vec<u32>>, PromptError>> {
+        self.tokens_in(endpoint, model, body, true)
+    }
+
+    fn tokens_in(
+        &self,
+        endpoint: Endpoint,
+        model: &str,
+        body: &serde_json::Value,
+        quick: bool,
+    ) -> Option<Result<Option<Vec<u32>>, PromptError>> {
         let m = self.resolve(model);
-        match endpoint {
+        Some(match endpoint {
             Endpoint::Completions => prompt::completion_tokens(m, body, self.max_prompt_tokens),
             Endpoint::Chat => match m {
                 None => Ok(None),
-                Some(m) => chat::chat_tokens(m, body, self.max_prompt_tokens).map(Some),
+                Some(m) => chat::chat_tokens(m, body, self.max_prompt_tokens, quick)?.map(Some),
             },
-        }
+        })
     }
 
     /// The routing request for `tokens` of a request for `model`: the router hashes

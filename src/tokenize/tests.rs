@@ -443,3 +443,29 @@ fn tokenizers_are_shared_across_cores() {
     let ids = comp(&t, json!({"prompt": "t1 t9"})).unwrap().unwrap();
     assert_eq!(ids, vec![extra_id(10, "<s>").unwrap(), 1, 9]);
 }
+
+#[test]
+fn a_render_is_bounded_in_steps_and_a_quick_one_gives_up_early() {
+    // 10^8 loop steps, no output: what a costly template looks like.
+    let costly = "{% for a in range(10000) %}{% for b in range(10000) %}{% endfor %}{% endfor %}x";
+    let (_d, t) = with_template(costly);
+    let body = user(json!("t1"));
+    let e = chat(&t, body.clone()).unwrap_err();
+    assert!(e.0.contains("chat_template_fuel"), "{e}");
+    let quick = t.prompt_tokens_quick(Endpoint::Chat, "m", &body);
+    assert!(quick.is_none(), "{quick:?}");
+    // A cheap one renders quickly, with the same ids as the full render.
+    let (_d, t) = with_template("{% for m in messages %}{{ m['content'] }}{% endfor %}");
+    let quick = t.prompt_tokens_quick(Endpoint::Chat, "m", &body).unwrap();
+    assert_eq!(quick.unwrap().unwrap(), chat(&t, body.clone()).unwrap());
+    // Within a larger fuel, a render of some 30,000 steps: not quick, but allowed.
+    let mid = "{% for a in range(10000) %}{% endfor %}{{ messages[0]['content'] }}";
+    let (_d, t) = with_template(mid);
+    assert!(t.prompt_tokens_quick(Endpoint::Chat, "m", &body).is_none());
+    assert_eq!(chat(&t, body.clone()).unwrap(), vec![1]);
+    let t = t.with_template_fuel(100);
+    assert!(chat(&t, body.clone()).unwrap_err().0.contains("100 steps"));
+    // Under the quick budget, running out is a refusal right away.
+    let e = t.prompt_tokens_quick(Endpoint::Chat, "m", &body).unwrap();
+    assert!(e.unwrap_err().0.contains("chat_template_fuel"));
+}

@@ -1,4 +1,4 @@
-//! Helpers of `tests/identity_hardening.rs` (issue 13 items 4, 6, 7, 17): bounded
+//! Helpers of `tests/identity_hardening.rs`: bounded
 //! child waits, maximum-size specs, HTTP calls with a bearer token, and stores that
 //! wait until the shards have applied (or refused) every hash.
 

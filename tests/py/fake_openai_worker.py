@@ -8,6 +8,14 @@ chunk, `--delay-ms` between chunks, `max_tokens` honoured, a usage chunk when
 vLLM NIXL flow: a request whose `kv_transfer_params.do_remote_decode` is true answers
 with `kv_transfer_params` naming this worker.
 
+Per-request hooks in the body (the proxy forwards unknown members): `x_head_delay_ms`
+(no response head for that long; a client that closes meanwhile is counted in
+`aborted`, as vLLM aborts on disconnect), `x_stall_after` (a stream stops after that
+many events and waits for the client to go away), `x_json_bytes` (a non-streamed
+answer whose text is that many bytes of "abcdefghij" repeated, sent chunked in
+64 KiB pieces, usage 7 tokens) with `x_hold` (the answer never ends: the worker
+waits for the client to go away).
+
 Test hooks: POST /_mode {"mode": ...} switches the mode (ok | fail | hang | die_mid | busy: 429 with retry-after 3),
 GET /_stats says what it received ({"received": [...bodies and headers...],
 "aborted": n, "completed": n, "active": n, "health_auth": [authorization of each
@@ -16,6 +24,7 @@ Prints "PORT <n>" on stdout once listening (bind port 0).
 """
 import argparse
 import json
+import select
 import socket
 import sys
 import threading
@@ -26,6 +35,14 @@ LOCK = threading.Lock()
 STATE = {"mode": "ok", "received": [], "aborted": 0, "completed": 0, "active": 0,
          "health_auth": []}
 ARGS = None
+
+
+def big_answer_parts(n):
+    """The head, body pieces and tail of an `x_json_bytes` answer (tests rebuild it)."""
+    head = b'{"id":"cmpl-big","object":"text_completion","model":"m","choices":[{"index":0,"text":"'
+    tail = (b'","finish_reason":"length"}],'
+            b'"usage":{"prompt_tokens":1,"completion_tokens":7,"total_tokens":8}}')
+    return head, n, tail
 
 
 def stats_snapshot():
@@ -97,8 +114,64 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 STATE["active"] -= 1
 
+    def client_gone(self, seconds):
+        """Waits up to `seconds`; True as soon as the client closed its connection."""
+        end = time.time() + seconds
+        while time.time() < end:
+            try:
+                r, _, _ = select.select([self.connection], [], [], 0.05)
+                if r and self.connection.recv(1, socket.MSG_PEEK) == b"":
+                    return True
+            except OSError:
+                return True
+        return False
+
+    def count_abort(self):
+        with LOCK:
+            STATE["aborted"] += 1
+        self.close_connection = True
+
+    def big_json(self, body):
+        n = int(body["x_json_bytes"])
+        head, n, tail = big_answer_parts(n)
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        piece = b"abcdefghij" * 6554
+
+        def chunk(b):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(b), b))
+
+        try:
+            chunk(head)
+            left = n
+            while left > 0:
+                b = piece[:min(left, 65530)]
+                chunk(b)
+                left -= len(b)
+            self.wfile.flush()
+            if body.get("x_hold"):
+                self.client_gone(3600)
+                self.count_abort()
+                return
+            chunk(tail)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            with LOCK:
+                STATE["completed"] += 1
+        except OSError:
+            self.count_abort()
+
     def answer(self, body, mode):
         chat = self.path.endswith("chat/completions")
+        delay = body.get("x_head_delay_ms")
+        if delay and self.client_gone(delay / 1000.0):
+            self.count_abort()
+            return
+        if body.get("x_json_bytes") and not body.get("stream"):
+            self.big_json(body)
+            return
         if mode == "fail":
             self.send_json(500, {"error": {"message": "injected failure"}})
             return
@@ -182,6 +255,9 @@ class Handler(BaseHTTPRequestHandler):
             for i in range(n):
                 if i > 0 and ARGS.delay_ms:
                     time.sleep(ARGS.delay_ms / 1000.0)
+                if body.get("x_stall_after") is not None and i == body["x_stall_after"]:
+                    self.client_gone(3600)
+                    raise BrokenPipeError("client gone")
                 if mode == "die_mid" and i == 2:
                     # Drop the connection without the terminating chunk.
                     self.connection.shutdown(socket.SHUT_RDWR)

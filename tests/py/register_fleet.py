@@ -1,4 +1,4 @@
-"""Times registering N workers with maximum-size specs over HTTP (issue 13 item 17).
+"""Times registering N workers with maximum-size specs over HTTP (linear, not quadratic).
 
 Not a test (speed is never asserted): a timed tool run. With a router running,
 

@@ -1,4 +1,4 @@
-//! `kvroute-sim`: the bundled load tools (DESIGN §4, issue 4).
+//! `kvroute-sim`: the bundled load tools (DESIGN §4).
 //!
 //! - `offline`: one routing mode, the engine in-process on virtual time (deterministic
 //!   for `--seed`; a whole trace in seconds).
@@ -30,10 +30,15 @@
 //! - `relay`: a protocol-less byte relay, the floor of any proxy's added latency on
 //!   the machine (`relay.rs`).
 //!
+//! - `demo`: the main job in one command (`demo/`): a slice of the bundled trace
+//!   through `kvroute serve`'s proxy and through round-robin on simulated workers, hit
+//!   rate, TTFT and E2E side by side, and the chart.
+//!
 //! Every figure is computed by `kvroute::sim` (one model for all paths); hit rate is
 //! measured on the simulated workers. Errors are reported, never panics.
 
 mod clock;
+mod demo;
 mod fleet;
 mod relay;
 mod replay;
@@ -64,6 +69,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// The main job in one command: a trace slice through kvroute's proxy and through
+    /// round-robin, on simulated vLLM workers; hit rate, TTFT and E2E side by side.
+    Demo(demo::DemoArgs),
     /// One mode, engine in-process on virtual time.
     Offline(OfflineArgs),
     /// Every routing mode on the same workload; one table and an SVG chart.
@@ -225,6 +233,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let rep = runner::offline(&v, &fleet, &reqs, a.c.work.seed)?;
             emit(&a.c, &reqs, &[rep], &[])
         }
+        Cmd::Demo(a) => demo::run(a),
         Cmd::Run(a) => run_realtime(a),
         Cmd::Ab(a) => ab(a),
         Cmd::Tune(a) => tune::tune(a),

@@ -87,6 +87,21 @@ pub struct ReplayArgs {
     threads: Option<usize>,
 }
 
+impl ReplayArgs {
+    /// The arguments of `kvroute-sim replay ARGV...` (`argv[0]` is `replay`), parsed
+    /// as the command line would be: the demo replays exactly what a user can type.
+    pub fn parse_argv(argv: &[String]) -> Result<ReplayArgs, String> {
+        #[derive(clap::Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            a: ReplayArgs,
+        }
+        <Cmd as clap::Parser>::try_parse_from(argv)
+            .map(|c| c.a)
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// One trace line.
 struct Line {
     at_ms: f64,
@@ -400,10 +415,24 @@ fn dist(v: &mut [u64]) -> Value {
     } else {
         v.iter().sum::<u64>() as f64 / v.len() as f64 / 1000.0
     };
-    json!({"p50": pct(v, 0.5), "p90": pct(v, 0.9), "p99": pct(v, 0.99), "mean": mean})
+    let max = v.iter().max().map_or(0.0, |&m| m as f64 / 1000.0);
+    json!({"p50": pct(v, 0.5), "p90": pct(v, 0.9), "p99": pct(v, 0.99), "max": max, "mean": mean})
 }
 
 pub fn run(a: ReplayArgs) -> Result<(), String> {
+    let report = measure(&a)?;
+    println!("{}", one_line(&report));
+    let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+    match &a.json {
+        Some(p) => std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()))?,
+        None => println!("{text}"),
+    }
+    Ok(())
+}
+
+/// Replays the trace as `a` says and returns the JSON report (printed by [`run`]; the
+/// demo builds its table from it).
+pub fn measure(a: &ReplayArgs) -> Result<Value, String> {
     if !(a.time_scale.is_finite() && a.time_scale > 0.0) {
         return Err("--time-scale must be > 0".into());
     }
@@ -415,7 +444,7 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
     if a.trace_block == 0 {
         return Err("--trace-block must be > 0".into());
     }
-    let lines = read_trace(&a)?;
+    let lines = read_trace(a)?;
     if lines.is_empty() {
         return Err("the trace has no requests".into());
     }
@@ -428,7 +457,7 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
                 Some(r) => (i as f64 * 1e6 / r) as u64,
                 None => ((l.at_ms - t_first) * 1000.0 / a.time_scale).max(0.0) as u64,
             };
-            (at_us, body(l, &a))
+            (at_us, body(l, a))
         })
         .collect();
     let stats_urls: Vec<String> = a
@@ -438,7 +467,7 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
         .map(|x| x.trim_end_matches('/').to_string())
         .collect();
     let before = worker_stats(&stats_urls);
-    let client = Arc::new(Client::new(&a.target, &a)?);
+    let client = Arc::new(Client::new(&a.target, a)?);
     let path = if a.chat {
         "/v1/chat/completions"
     } else {
@@ -481,14 +510,7 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
         (out, start.elapsed())
     });
     let after = worker_stats(&stats_urls);
-    let report = summarize(&a, &samples, wall, &before, &after);
-    println!("{}", one_line(&report));
-    let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-    match &a.json {
-        Some(p) => std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()))?,
-        None => println!("{text}"),
-    }
-    Ok(())
+    Ok(summarize(a, &samples, wall, &before, &after))
 }
 
 type Stats = [(u64, u64, u64)];

@@ -216,6 +216,15 @@ fn free_port() -> Result<TcpListener, String> {
     TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())
 }
 
+/// A free loopback `host:port` below the ephemeral range (see [`free_port`]), released
+/// for the caller to bind.
+pub fn free_loopback_addr() -> Result<String, String> {
+    let l = free_port()?;
+    l.local_addr()
+        .map(|a| a.to_string())
+        .map_err(|e| e.to_string())
+}
+
 impl Spawned {
     /// Starts `bin serve` with `--mode` and one flag per knob; waits (≤ 20 s) until its
     /// request port accepts a connection.
