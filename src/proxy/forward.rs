@@ -41,7 +41,10 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+mod admit;
 mod ends;
+
+use admit::Turn;
 
 pub type Resp = Response<ProxyBody>;
 
@@ -131,7 +134,8 @@ pub async fn completions(
         req.headers().get("x-request-id").map(|v| v.as_bytes()),
         || format!("kvr-{:016x}", rand::random::<u64>()),
     );
-    let raw = match Limited::new(req.into_body(), limit).collect().await {
+    let (parts, body) = req.into_parts();
+    let raw = match Limited::new(body, limit).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(&core),
         Err(e) => {
@@ -188,6 +192,14 @@ pub async fn completions(
     if tokens.is_none() {
         m.untokenized.inc();
     }
+    let prompt_tokens = tokens.as_ref().map_or(raw.len() / 4, Vec::len) as u64;
+    let front = match super::policies::front_door(&sh, &parts.headers, &creq.body, prompt_tokens) {
+        Ok(f) => f,
+        Err(r) => {
+            refused(&core, "policy");
+            return *r;
+        }
+    };
     let job = Job {
         core: core.clone(),
         endpoint,
@@ -198,6 +210,7 @@ pub async fn completions(
         tokens,
         started,
         watch,
+        front,
     };
     job.run(admitted).await
 }
@@ -212,6 +225,8 @@ struct Job {
     tokens: Option<Vec<u32>>,
     started: Instant,
     watch: Rc<ClientWatch>,
+    /// Hints and tenant (`policies`), if the service has policies.
+    front: Option<super::policies::Front>,
 }
 
 /// The upstream answered with a head: its response and connection.
@@ -233,6 +248,8 @@ impl Job {
         let mut last: Option<(String, Failure)> = None;
         // Every wait on a worker below ends as soon as the client goes away (`watch`).
         let mut gone = self.watch.gone();
+        // A grant from the admission queue, until the request is routed (`queued`).
+        let mut turn = None;
         loop {
             let allow = match self.allow_list(&excluded) {
                 Some(a) => a,
@@ -246,10 +263,25 @@ impl Job {
                 attempt,
             );
             let rr = self.route_request(&rid, allow);
-            let mut d = match router::route_proxied(&self.core, &rr).await {
-                Ok(d) => d,
-                Err(e) => return self.route_failed(&e, last.as_ref()),
+            let seen = self.queue_epoch(&rr);
+            let routed = match self.queued_before(&rr, &turn) {
+                true => Err(None),
+                false => router::route_proxied(&self.core, &rr).await.map_err(Some),
             };
+            let mut d = match routed {
+                Ok(d) => d,
+                Err(e) if self.waits(e.as_ref(), &rr) => {
+                    match self.wait_turn(&rr, seen, turn.take(), &mut gone).await {
+                        Turn::Go(g) => turn = Some(g),
+                        Turn::Answer(r) => return r,
+                        Turn::Left => return self.client_left(None, ""),
+                    }
+                    continue;
+                }
+                Err(Some(e)) => return self.route_failed(&e, last.as_ref()),
+                Err(None) => return self.gave_up(last.as_ref()),
+            };
+            self.served(turn.take());
             let mut body = self.raw.clone();
             let mut fallback = false;
             if let Some(p) = d.prefill_worker.clone() {

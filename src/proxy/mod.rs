@@ -23,7 +23,8 @@
 //! streamed response and its lifecycle), `forward` (route → legs → retries), `health` (breakers per core, probes), `server`
 //! (the listener's routes and auth), `state` (metrics and the shared admission count),
 //! `refuse` (a 429 for a connection the listener has no slot for), `watch` (a client
-//! that went away, noticed while its request waits).
+//! that went away, noticed while its request waits), `policies` and `queued` (the
+//! front door's hints, tenants and admission queue: docs/POLICIES.md).
 
 pub mod args;
 pub mod breaker;
@@ -50,7 +51,11 @@ pub mod io;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod offload;
 #[cfg(all(target_os = "linux", feature = "service"))]
+pub mod policies;
+#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod pool;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod queued;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod refuse;
 #[cfg(all(target_os = "linux", feature = "service"))]

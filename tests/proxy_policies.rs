@@ -1,0 +1,277 @@
+//! The front door's policies through the real `kvroute serve` binary and a
+//! `kvroute-sim fleet` worker: one worker whose busy threshold lets one request run at
+//! a time (`--busy-threshold` tiny), slowed so that it saturates (20 ms per decode
+//! step), and a small admission queue.
+//!
+//! - a burst above capacity is queued and served in priority order, none lost;
+//! - a deadline passing in the queue is a 429 `queue_timeout` with `retry-after`;
+//! - a queued client that disconnects leaves the queue at once;
+//! - a full queue answers 429 `queue_full` at once, and a better request displaces
+//!   the last one;
+//! - a tenant over its request rate gets a 429 naming the limit while another tenant
+//!   is served; a malformed hint is a 400.
+
+mod common;
+
+use common::fleet::{post, Fleet};
+use common::Server;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// 1 ms prefill, 20 ms per decode step: a request of `max_tokens` n holds the worker
+/// for about n × 20 ms.
+const SLOW: &str = "prefill_base_us=1000,prefill_us_per_token=1,prefill_attention_us=0,decode_step_base_us=20000,decode_us_per_seq=0";
+
+/// What ended: (tag, status, error code), in order.
+type Done = Arc<Mutex<Vec<(u32, u16, String)>>>;
+
+struct Setup {
+    _fleet: Fleet,
+    s: Server,
+    url: String,
+}
+
+fn start() -> Setup {
+    let fleet = Fleet::start(&["--workers", "1", "--block-size", "4", "--timing", SLOW]);
+    let engine = fleet.workers[0].engine.clone().expect("engine flag");
+    let s = Server::start(
+        1,
+        &[
+            "--block-size",
+            "4",
+            "--engine",
+            &engine,
+            "--busy-threshold",
+            "0.0001",
+            "--admission-max-queued",
+            "4",
+            "--admission-max-wait-ms",
+            "20000",
+            "--admission-tenant-header",
+            "x-tenant",
+            "--admission-tenant-requests-per-s",
+            "0.1",
+            "--admission-tenant-burst-ms",
+            "20000",
+        ],
+    );
+    let url = format!("http://{}/v1/completions", s.proxy);
+    Setup {
+        _fleet: fleet,
+        s,
+        url,
+    }
+}
+
+fn body(tag: u32, max_tokens: u32, priority: i32) -> Value {
+    json!({"model": "sim-model", "prompt": [1, 2, 3, 4, 5, 6, 7, tag], "max_tokens": max_tokens, "priority": priority})
+}
+
+/// POSTs with extra headers; status, headers asked for, body.
+fn send(
+    url: &str,
+    b: Value,
+    headers: &[(&str, &str)],
+    want: &[&str],
+) -> (u16, Vec<Option<String>>, String) {
+    let mut r = ureq::post(url).timeout(Duration::from_secs(60));
+    for (k, v) in headers {
+        r = r.set(k, v);
+    }
+    let resp = match r.send_json(b) {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("POST {url}: {e}"),
+    };
+    let hs = want
+        .iter()
+        .map(|h| resp.header(h).map(String::from))
+        .collect();
+    (resp.status(), hs, resp.into_string().unwrap_or_default())
+}
+
+fn code(body: &str) -> String {
+    let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    v["error"]["code"].as_str().unwrap_or("").to_string()
+}
+
+fn depth(s: &Server) -> f64 {
+    s.metric("kvroute_proxy_queue_depth{model=\"sim-model\"}")
+}
+
+fn wait_depth(s: &Server, n: f64) {
+    s.wait_until(&format!("queue depth {n}"), |s| depth(s) == n);
+}
+
+/// A request in the background, its (tag, status, code) pushed to `done` as it ends.
+fn spawn(url: &str, b: Value, tag: u32, done: &Done) -> JoinHandle<()> {
+    let (url, done) = (url.to_string(), done.clone());
+    std::thread::spawn(move || {
+        let (c, out) = post(&url, b);
+        done.lock().unwrap().push((tag, c, code(&out)));
+    })
+}
+
+/// Holds the worker for `steps` decode steps (so that every other request queues).
+fn occupy(st: &Setup, steps: u32, done: &Done) -> JoinHandle<()> {
+    let h = spawn(&st.url, body(0, steps, 0), 0, done);
+    st.s.wait_until("the occupier routed", |s| {
+        s.metric("kvroute_proxy_active") >= 1.0
+            && s.metric("kvroute_routes_total{mode=\"kv\",outcome=\"ok\"}") >= 1.0
+    });
+    h
+}
+
+#[test]
+fn the_queue_orders_bounds_and_lets_go() {
+    let st = start();
+    let s = &st.s;
+
+    // A burst above capacity: queued, then served one at a time by priority.
+    let done = Arc::new(Mutex::new(Vec::new()));
+    let mut hs = vec![occupy(&st, 100, &done)];
+    let ok_before = s.metric("kvroute_routes_total{mode=\"kv\",outcome=\"ok\"}");
+    for (i, prio) in [(1u32, 5), (2, -5), (3, 0), (4, 3)] {
+        hs.push(spawn(&st.url, body(i, 5, prio), i, &done));
+        wait_depth(s, f64::from(i));
+    }
+    assert_eq!(
+        s.metric("kvroute_routes_total{mode=\"kv\",outcome=\"ok\"}"),
+        ok_before,
+        "the occupier must still hold the worker while the burst queues"
+    );
+    for h in hs {
+        h.join().unwrap();
+    }
+    let order: Vec<(u32, u16, String)> = done.lock().unwrap().clone();
+    assert_eq!(
+        order.iter().map(|o| (o.0, o.1)).collect::<Vec<_>>(),
+        vec![(0, 200), (2, 200), (3, 200), (4, 200), (1, 200)],
+        "served by priority (lower first), none lost"
+    );
+    assert_eq!(depth(s), 0.0);
+    assert_eq!(s.metric("kvroute_proxy_queued_total"), 4.0);
+
+    // A deadline that passes in the queue: 429 queue_timeout with retry-after.
+    let done = Arc::new(Mutex::new(Vec::new()));
+    let occ = occupy(&st, 150, &done);
+    let (c, h, out) = send(
+        &st.url,
+        body(5, 2, 0),
+        &[("x-kvroute-deadline-ms", "300")],
+        &["retry-after"],
+    );
+    assert_eq!((c, code(&out).as_str()), (429, "queue_timeout"), "{out}");
+    assert!(h[0]
+        .as_deref()
+        .is_some_and(|v| v.parse::<u32>().is_ok_and(|s| s >= 1)));
+    assert_eq!(
+        s.metric("kvroute_proxy_queue_dropped_total{reason=\"timeout\"}"),
+        1.0
+    );
+
+    // A client that goes away while queued leaves the queue at once.
+    let mut raw = std::net::TcpStream::connect(&s.proxy).unwrap();
+    let b = body(6, 2, 0).to_string();
+    write!(
+        raw,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{b}",
+        b.len()
+    )
+    .unwrap();
+    wait_depth(s, 1.0);
+    drop(raw);
+    s.wait_until("the departed client left the queue", |s| {
+        s.metric("kvroute_proxy_queue_dropped_total{reason=\"client_gone\"}") == 1.0
+            && depth(s) == 0.0
+    });
+
+    // A full queue: 429 at once; a better request takes the last one's place.
+    let mut hs = Vec::new();
+    for i in 10..14u32 {
+        hs.push(spawn(&st.url, body(i, 1, 5), i, &done));
+        wait_depth(s, f64::from(i - 9));
+    }
+    let (c, _, out) = send(&st.url, body(14, 1, 5), &[], &[]);
+    assert_eq!((c, code(&out).as_str()), (429, "queue_full"), "{out}");
+    hs.push(spawn(&st.url, body(15, 1, -5), 15, &done));
+    s.wait_until("a displaced request answered", |_| {
+        done.lock().unwrap().iter().any(|d| d.1 == 429)
+    });
+    occ.join().unwrap();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let done = done.lock().unwrap().clone();
+    let refused: Vec<_> = done.iter().filter(|d| d.1 == 429).collect();
+    assert_eq!(refused.len(), 1, "{done:?}");
+    assert_eq!(refused[0].2, "queue_full");
+    assert_eq!(done.iter().filter(|d| d.1 == 200).count(), 5, "{done:?}");
+    let after_occupier: Vec<u32> = done
+        .iter()
+        .filter(|d| d.1 == 200 && d.0 != 0)
+        .map(|d| d.0)
+        .collect();
+    assert_eq!(
+        after_occupier.first(),
+        Some(&15),
+        "the better request first: {done:?}"
+    );
+    assert_eq!(
+        s.metric("kvroute_proxy_queue_dropped_total{reason=\"full\"}"),
+        2.0
+    );
+    assert_eq!(depth(s), 0.0);
+}
+
+#[test]
+fn tenants_are_limited_apart_and_bad_hints_refused() {
+    let st = start();
+    let t = |tenant: &str| {
+        send(
+            &st.url,
+            body(1, 1, 0),
+            &[("x-tenant", tenant)],
+            &["x-kvroute-limit", "retry-after"],
+        )
+    };
+    // A burst of 2 (0.1/s over 20 s), then refused, naming the limit.
+    assert_eq!(t("a").0, 200);
+    assert_eq!(t("a").0, 200);
+    let (c, h, out) = t("a");
+    assert_eq!(
+        (c, code(&out).as_str()),
+        (429, "tenant_requests_per_s"),
+        "{out}"
+    );
+    assert_eq!(h[0].as_deref(), Some("requests_per_s"));
+    assert!(h[1].is_some(), "retry-after");
+    // Another tenant is served meanwhile; requests with no tenant are not limited.
+    assert_eq!(t("b").0, 200);
+    assert_eq!(send(&st.url, body(1, 1, 0), &[], &[]).0, 200);
+    let s = &st.s;
+    assert_eq!(
+        s.metric("kvroute_proxy_tenant_limited_total{tenant=\"a\",limit=\"requests_per_s\"}"),
+        1.0
+    );
+    assert_eq!(
+        s.metric("kvroute_proxy_tenant_requests_total{tenant=\"a\"}"),
+        2.0
+    );
+    assert_eq!(
+        s.metric("kvroute_proxy_tenant_requests_total{tenant=\"b\"}"),
+        1.0
+    );
+    // A malformed hint is named in a 400, not ignored.
+    let (c, _, out) = send(
+        &st.url,
+        body(1, 1, 0),
+        &[("x-kvroute-priority", "high")],
+        &[],
+    );
+    assert_eq!((c, code(&out).as_str()), (400, "invalid_hint"), "{out}");
+    assert!(out.contains("x-kvroute-priority"), "{out}");
+}
