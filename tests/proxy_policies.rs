@@ -6,6 +6,7 @@
 //! - a burst above capacity is queued and served in priority order, none lost;
 //! - a deadline passing in the queue is a 429 `queue_timeout` with `retry-after`;
 //! - a queued client that disconnects leaves the queue at once;
+//! - a low priority is served in the end under sustained high-priority load (aging);
 //! - a full queue answers 429 `queue_full` at once, and a better request displaces
 //!   the last one;
 //! - a tenant over its request rate gets a 429 naming the limit while another tenant
@@ -34,30 +35,29 @@ struct Setup {
     url: String,
 }
 
-fn start() -> Setup {
+fn start(extra: &[&str]) -> Setup {
     let fleet = Fleet::start(&["--workers", "1", "--block-size", "4", "--timing", SLOW]);
     let engine = fleet.workers[0].engine.clone().expect("engine flag");
-    let s = Server::start(
-        1,
-        &[
-            "--block-size",
-            "4",
-            "--engine",
-            &engine,
-            "--busy-threshold",
-            "0.0001",
-            "--admission-max-queued",
-            "4",
-            "--admission-max-wait-ms",
-            "20000",
-            "--admission-tenant-header",
-            "x-tenant",
-            "--admission-tenant-requests-per-s",
-            "0.1",
-            "--admission-tenant-burst-ms",
-            "20000",
-        ],
-    );
+    let mut args = vec![
+        "--block-size",
+        "4",
+        "--engine",
+        &engine,
+        "--busy-threshold",
+        "0.0001",
+        "--admission-max-queued",
+        "4",
+        "--admission-max-wait-ms",
+        "20000",
+        "--admission-tenant-header",
+        "x-tenant",
+        "--admission-tenant-requests-per-s",
+        "0.1",
+        "--admission-tenant-burst-ms",
+        "20000",
+    ];
+    args.extend_from_slice(extra);
+    let s = Server::start(1, &args);
     let url = format!("http://{}/v1/completions", s.proxy);
     Setup {
         _fleet: fleet,
@@ -127,7 +127,7 @@ fn occupy(st: &Setup, steps: u32, done: &Done) -> JoinHandle<()> {
 
 #[test]
 fn the_queue_orders_bounds_and_lets_go() {
-    let st = start();
+    let st = start(&[]);
     let s = &st.s;
 
     // A burst above capacity: queued, then served one at a time by priority.
@@ -229,7 +229,7 @@ fn the_queue_orders_bounds_and_lets_go() {
 
 #[test]
 fn tenants_are_limited_apart_and_bad_hints_refused() {
-    let st = start();
+    let st = start(&[]);
     let t = |tenant: &str| {
         send(
             &st.url,
@@ -274,4 +274,60 @@ fn tenants_are_limited_apart_and_bad_hints_refused() {
     );
     assert_eq!((c, code(&out).as_str()), (400, "invalid_hint"), "{out}");
     assert!(out.contains("x-kvroute-priority"), "{out}");
+}
+
+#[test]
+fn a_low_priority_is_served_under_sustained_high_priority_load() {
+    // Aging: one class per 100 ms, classes -2..=2, so a priority-2 request is passed
+    // only by requests that arrived less than (2 + 2 + 1) x 100 ms after it.
+    let st = start(&[
+        "--admission-aging-ms",
+        "100",
+        "--admission-max-priority",
+        "2",
+    ]);
+    let s = &st.s;
+    let done: Done = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Two clients keep high-priority requests queued the whole time.
+    let high: Vec<JoinHandle<()>> = (0..2u32)
+        .map(|c| {
+            let (url, done, stop) = (st.url.clone(), done.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 200 {
+                    let (code, _) = post(&url, body(100 + c, 3, -2));
+                    done.lock().unwrap().push((100 + c, code, String::new()));
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    wait_depth(s, 1.0);
+    let low = spawn(&st.url, body(7, 1, 2), 7, &done);
+    low.join().unwrap();
+    let highs_after = |d: &[(u32, u16, String)]| d.iter().filter(|x| x.0 >= 100).count();
+    let at_low = {
+        let d = done.lock().unwrap();
+        let pos = d
+            .iter()
+            .position(|x| x.0 == 7)
+            .expect("the low request ended");
+        assert_eq!(d[pos].1, 200, "{d:?}");
+        highs_after(&d[..pos])
+    };
+    // The high-priority load went on after it (it was sustained, not drained).
+    s.wait_until("high-priority requests served after the low one", |_| {
+        highs_after(&done.lock().unwrap()) >= at_low + 2
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in high {
+        h.join().unwrap();
+    }
+    let d = done.lock().unwrap();
+    assert!(
+        at_low >= 2,
+        "it was passed by high-priority requests first: {d:?}"
+    );
+    assert!(d.iter().all(|x| x.1 == 200), "{d:?}");
 }
