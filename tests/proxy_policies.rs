@@ -10,11 +10,14 @@
 //! - a full queue answers 429 `queue_full` at once, and a better request displaces
 //!   the last one;
 //! - a tenant over its request rate gets a 429 naming the limit while another tenant
-//!   is served; a malformed hint is a 400.
+//!   is served; a malformed hint is a 400;
+//! - a session's follow-ups stay with its worker (prompts rewritten each turn);
+//! - on a P/D fleet, a short prompt prefills on the decode worker (no transfer), a
+//!   long one takes the remote prefill leg.
 
 mod common;
 
-use common::fleet::{post, Fleet};
+use common::fleet::{post, Fleet, FAST};
 use common::Server;
 use serde_json::{json, Value};
 use std::io::Write;
@@ -330,4 +333,107 @@ fn a_low_priority_is_served_under_sustained_high_priority_load() {
         "it was passed by high-priority requests first: {d:?}"
     );
     assert!(d.iter().all(|x| x.1 == 200), "{d:?}");
+}
+
+/// POSTs through the proxy with a session header; the worker that served it.
+fn turn(url: &str, session: &str, tag: u32) -> String {
+    let prompt: Vec<u32> = (0..12).map(|i| 100 * tag + i).collect();
+    let b = json!({"model": "sim-model", "prompt": prompt, "max_tokens": 1});
+    let (c, h, out) = send(url, b, &[("x-session-id", session)], &["x-kvroute-worker"]);
+    assert_eq!(c, 200, "{out}");
+    h[0].clone().expect("x-kvroute-worker")
+}
+
+#[test]
+fn session_follow_ups_stay_with_their_worker() {
+    let fleet = Fleet::start(&["--workers", "2", "--block-size", "4", "--timing", FAST]);
+    let e0 = fleet.workers[0].engine.clone().expect("engine flag");
+    let e1 = fleet.workers[1].engine.clone().expect("engine flag");
+    let s = Server::start(
+        1,
+        &[
+            "--block-size",
+            "4",
+            "--engine",
+            &e0,
+            "--engine",
+            &e1,
+            "--session-max-entries",
+            "1024",
+        ],
+    );
+    let url = format!("http://{}/v1/completions", s.proxy);
+    // Every turn's prompt is new (a rewritten history): only the session ties them.
+    let first_a = turn(&url, "conv-a", 1);
+    let first_b = turn(&url, "conv-b", 2);
+    // Two turns of one for each of the other: taking workers in turn would split them.
+    for t in 3..7 {
+        assert_eq!(turn(&url, "conv-a", t), first_a, "turn {t} of conv-a");
+        assert_eq!(turn(&url, "conv-a", 10 + t), first_a, "turn {t}' of conv-a");
+        assert_eq!(turn(&url, "conv-b", 20 + t), first_b, "turn {t} of conv-b");
+    }
+    // Without a session the same requests spread over both workers.
+    let mut seen = std::collections::HashSet::new();
+    for t in 30..36 {
+        let prompt: Vec<u32> = (0..12).map(|i| 100 * t + i).collect();
+        let b = json!({"model": "sim-model", "prompt": prompt, "max_tokens": 1});
+        let (_, h, _) = send(&url, b, &[], &["x-kvroute-worker"]);
+        seen.insert(h[0].clone());
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+}
+
+#[test]
+fn conditional_disaggregation_prefills_short_prompts_locally() {
+    let fleet = Fleet::start(&[
+        "--workers",
+        "2",
+        "--prefill-workers",
+        "1",
+        "--block-size",
+        "4",
+        "--timing",
+        FAST,
+    ]);
+    let e0 = fleet.workers[0].engine.clone().expect("engine flag");
+    let e1 = fleet.workers[1].engine.clone().expect("engine flag");
+    let s = Server::start(
+        1,
+        &[
+            "--block-size",
+            "4",
+            "--engine",
+            &e0,
+            "--engine",
+            &e1,
+            "--local-prefill-max-uncached-tokens",
+            "16",
+        ],
+    );
+    let url = format!("http://{}/v1/completions", s.proxy);
+    let go = |n: u32, tag: u32| {
+        let prompt: Vec<u32> = (0..n).map(|i| 1000 * tag + i).collect();
+        let b = json!({"model": "sim-model", "prompt": prompt, "max_tokens": 2});
+        let (c, h, out) = send(&url, b, &[], &["x-kvroute-prefill", "x-kvroute-worker"]);
+        assert_eq!(c, 200, "{out}");
+        (
+            h[0].clone().unwrap_or_default(),
+            h[1].clone().unwrap_or_default(),
+        )
+    };
+    let transferred = || fleet.stats(1)["transferred_blocks"].as_u64().unwrap_or(0);
+    // 12 uncached tokens: prefilled on the decode worker, nothing transferred.
+    assert_eq!(go(12, 1), ("local-short".into(), "sim-1".into()));
+    assert_eq!(transferred(), 0);
+    // 40 uncached tokens: the remote prefill leg, its blocks transferred.
+    assert_eq!(go(40, 2), ("remote".into(), "sim-1".into()));
+    assert_eq!(transferred(), 10);
+    assert_eq!(
+        s.metric("kvroute_proxy_prefill_path_total{path=\"local\"}"),
+        1.0
+    );
+    assert_eq!(
+        s.metric("kvroute_proxy_prefill_path_total{path=\"remote\"}"),
+        1.0
+    );
 }

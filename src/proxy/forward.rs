@@ -318,7 +318,9 @@ impl Job {
             match sent {
                 Ok(a) => {
                     breaker_success(&self.core, &w);
-                    return self.respond(a, &rid, &w, attempt, fallback, (admitted, gone));
+                    let mut r = self.respond(a, &rid, &w, attempt, fallback, (admitted, gone));
+                    self.prefill_path(&mut r, &d);
+                    return r;
                 }
                 Err(f) => {
                     self.upstream_failed(&w, f);
@@ -371,6 +373,7 @@ impl Job {
             input_tokens,
             expected_output_tokens: self.creq.max_tokens,
             allow: Some(allow),
+            session: self.front.as_ref().and_then(|f| f.hints.session),
             ..Default::default()
         }
     }

@@ -1,13 +1,14 @@
 //! Where a proxied request meets the admission queue (`proxy::queued`): before its
 //! first routing attempt when others of its model already wait (it queues behind
 //! them), and when routing finds every eligible worker busy (it waits for capacity
-//! instead of an immediate answer).
+//! instead of an immediate answer); and, once it is answered, which prefill path a
+//! disaggregated request took.
 
-use super::super::policies::{Policies, Queue};
+use super::super::policies::{PathLabel, Policies, Queue};
 use super::super::queued;
 use super::super::watch::Gone;
 use super::Job;
-use crate::engine::{EngineError, RouteRequest};
+use crate::engine::{EngineError, RouteDecision, RouteRequest};
 use crate::select::RouteError;
 use crate::service::router::ApiError;
 use std::sync::Arc;
@@ -57,6 +58,28 @@ impl Job {
     pub(super) fn served(&self, turn: Option<queued_grant::G>) {
         if let (Some(g), Some(p)) = (turn, self.policies()) {
             p.admitted(&g);
+        }
+    }
+
+    /// On a disaggregated fleet, says where the request's prefill ran: header
+    /// `x-kvroute-prefill` (`remote`, `local-short`, `local-cached`) and the
+    /// `proxy_prefill_path` metric. Nothing for an aggregated worker.
+    pub(super) fn prefill_path(&self, r: &mut super::Resp, d: &RouteDecision) {
+        let (path, header) = match (&d.local_prefill, &d.prefill_worker) {
+            (Some(why), _) if why == "short" => ("local", "local-short"),
+            (Some(_), _) => ("local", "local-cached"),
+            (None, Some(_)) => ("remote", "remote"),
+            (None, None) => return,
+        };
+        r.headers_mut().insert(
+            "x-kvroute-prefill",
+            hyper::header::HeaderValue::from_static(header),
+        );
+        if let Some(p) = self.core.shared.proxy.policies.get() {
+            p.metrics
+                .prefill_path
+                .get_or_create(&PathLabel { path })
+                .inc();
         }
     }
 
