@@ -371,7 +371,10 @@ impl Job {
             tokens,
             block_hashes,
             input_tokens,
-            expected_output_tokens: self.creq.max_tokens,
+            // Dynamo's `nvext.agent_hints.osl` is the expected length; `max_tokens` a cap.
+            expected_output_tokens: (self.front.as_ref())
+                .and_then(|f| f.hints.osl)
+                .or(self.creq.max_tokens),
             allow: Some(allow),
             session: self.front.as_ref().and_then(|f| f.hints.session),
             ..Default::default()

@@ -5,7 +5,7 @@
 //! model's admission queue (`queued`) instead of getting an answer at once.
 //!
 //! State shared by the cores: one [`SharedQueue`] per model (created on first use,
-//! bounded in number), the tenants' buckets behind one lock (touched once per request,
+//! bounded in number, found without a lock), the tenants' buckets behind one lock (touched once per request,
 //! O(log n)), and the metrics. Capacity freed by a proxied request that ends
 //! ([`Policies::freed`], called when its admission is released) is handed to the best
 //! waiter of every non-empty queue; each waiter's core is woken through a
@@ -152,7 +152,10 @@ pub enum Refusal {
 pub struct Policies {
     pub settings: AdmissionSettings,
     hint_cfg: HintConfig,
-    queues: Mutex<hashbrown::HashMap<String, Arc<Queue>>>,
+    /// The queues by model: read without a lock (every request's end reads them),
+    /// replaced whole under `adding` when a model gets its first queue.
+    queues: arc_swap::ArcSwap<hashbrown::HashMap<String, Arc<Queue>>>,
+    adding: Mutex<()>,
     tenants: Mutex<Tenants>,
     pub metrics: PolicyMetrics,
     started: Instant,
@@ -169,7 +172,8 @@ impl Policies {
         let p = Policies {
             settings: s.clone(),
             hint_cfg: s.hint_config(router),
-            queues: Mutex::new(hashbrown::HashMap::new()),
+            queues: arc_swap::ArcSwap::from_pointee(hashbrown::HashMap::new()),
+            adding: Mutex::new(()),
             tenants: Mutex::new(Tenants::new(s, named)),
             metrics: PolicyMetrics::new(),
             started: Instant::now(),
@@ -240,43 +244,51 @@ impl Policies {
 
     /// The queue of `model`, made on first use; `None` past [`MAX_QUEUES`] models.
     pub fn queue(&self, model: &str) -> Option<Arc<Queue>> {
-        let mut qs = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(q) = self.queues.load().get(model) {
+            return Some(q.clone());
+        }
+        let _adding = self.adding.lock().unwrap_or_else(|p| p.into_inner());
+        let mut qs = hashbrown::HashMap::clone(&self.queues.load());
         if let Some(q) = qs.get(model) {
             return Some(q.clone());
         }
         if qs.len() >= MAX_QUEUES {
-            // Forget idle queues (nobody holds them) before giving up.
-            qs.retain(|_, q| !q.is_empty() || Arc::strong_count(q) > 1);
+            // Forget idle queues (nobody else holds them) before giving up.
+            qs.retain(|_, q| !q.is_empty() || Arc::strong_count(q) > 2);
             if qs.len() >= MAX_QUEUES {
                 return None;
             }
         }
         let q = Arc::new(Queue::new(self.settings.queue_config()));
         qs.insert(model.to_string(), q.clone());
+        self.queues.store(Arc::new(qs));
         Some(q)
     }
 
     /// The queue of `model` if it has one with someone waiting.
     pub fn waiting(&self, model: &str) -> Option<Arc<Queue>> {
-        let qs = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-        qs.get(model).filter(|q| !q.is_empty()).cloned()
+        self.queues
+            .load()
+            .get(model)
+            .filter(|q| !q.is_empty())
+            .cloned()
     }
 
     /// The capacity epoch of `model`'s queue (0 when it has none yet).
     pub fn epoch(&self, model: &str) -> u64 {
-        let qs = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-        qs.get(model).map_or(0, |q| q.epoch())
+        self.queues.load().get(model).map_or(0, |q| q.epoch())
     }
 
     /// A proxied request ended (its capacity is free): every queue's epoch moves and
     /// its best waiter is granted a try.
     pub fn freed(&self) {
-        let qs: Vec<Arc<Queue>> = {
-            let qs = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-            qs.values().cloned().collect()
-        };
+        let qs = self.queues.load();
+        if qs.is_empty() {
+            return;
+        }
         let now = self.now_us();
-        for q in qs {
+        for q in qs.values() {
+            // A lock only for a queue with someone waiting.
             self.deliver(q.freed(now));
         }
     }
