@@ -6,6 +6,8 @@
 //! - a burst above capacity is queued and served in priority order, none lost;
 //! - a deadline passing in the queue is a 429 `queue_timeout` with `retry-after`;
 //! - a queued client that disconnects leaves the queue at once;
+//! - at the proxy's concurrency cap (`queue_at_max_concurrent`), requests wait for a
+//!   slot in the order their headers ask for;
 //! - a low priority is served in the end under sustained high-priority load (aging);
 //! - a full queue answers 429 `queue_full` at once, and a better request displaces
 //!   the last one;
@@ -436,4 +438,33 @@ fn conditional_disaggregation_prefills_short_prompts_locally() {
         s.metric("kvroute_proxy_prefill_path_total{path=\"remote\"}"),
         1.0
     );
+}
+
+#[test]
+fn at_the_concurrency_cap_requests_wait_by_their_header_priority() {
+    let st = start(&[
+        "--proxy-max-concurrent",
+        "1",
+        "--admission-queue-at-max-concurrent",
+        "true",
+    ]);
+    let s = &st.s;
+    let slots =
+        |s: &Server| s.metric("kvroute_proxy_queue_depth{model=\"(proxy.max_concurrent)\"}");
+    let done: Done = Arc::new(Mutex::new(Vec::new()));
+    let mut hs = vec![occupy(&st, 60, &done)];
+    for (i, prio) in [(1u32, "3"), (2, "-3"), (3, "0")] {
+        let (url, done) = (st.url.clone(), done.clone());
+        hs.push(std::thread::spawn(move || {
+            let (c, _, out) = send(&url, body(i, 2, 0), &[("x-kvroute-priority", prio)], &[]);
+            done.lock().unwrap().push((i, c, code(&out)));
+        }));
+        s.wait_until("queued for a slot", |s| slots(s) == f64::from(i));
+    }
+    for h in hs {
+        h.join().unwrap();
+    }
+    let order: Vec<(u32, u16)> = done.lock().unwrap().iter().map(|d| (d.0, d.1)).collect();
+    assert_eq!(order, vec![(0, 200), (2, 200), (3, 200), (1, 200)]);
+    assert_eq!(slots(s), 0.0);
 }

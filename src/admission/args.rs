@@ -18,6 +18,13 @@ pub struct AdmissionArgs {
         env = "KVROUTE_ADMISSION_QUEUE"
     )]
     pub queue: Option<bool>,
+    /// Also queue at the proxy's concurrency cap (true|false).
+    #[arg(
+        id = "admission_queue_at_max_concurrent",
+        long = "admission-queue-at-max-concurrent",
+        env = "KVROUTE_ADMISSION_QUEUE_AT_MAX_CONCURRENT"
+    )]
+    pub queue_at_max_concurrent: Option<bool>,
     /// Requests queued per model (per replica).
     #[arg(
         id = "admission_max_queued",
@@ -121,6 +128,7 @@ impl AdmissionArgs {
         }
         overlay!(
             queue,
+            queue_at_max_concurrent,
             max_queued,
             max_wait_ms,
             tenant_share,

@@ -22,6 +22,10 @@ pub struct AdmissionSettings {
     /// Queue requests that find every eligible worker busy (or the proxy at its
     /// concurrency cap) instead of answering 429 at once. Default true.
     pub queue: bool,
+    /// Also queue requests that find the proxy at `proxy.max_concurrent` (ordered by
+    /// their headers' hints; their bodies are not read while they wait) instead of an
+    /// immediate 429. Default false.
+    pub queue_at_max_concurrent: bool,
     /// Requests queued per model (per replica); past it, 429 at once. Default 1024.
     pub max_queued: usize,
     /// A queued request waits at most this long, then gets 429 with `retry-after`.
@@ -98,6 +102,7 @@ impl Default for AdmissionSettings {
     fn default() -> Self {
         AdmissionSettings {
             queue: true,
+            queue_at_max_concurrent: false,
             max_queued: 1024,
             max_wait_ms: 30_000,
             tenant_share: 0.5,

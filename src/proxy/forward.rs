@@ -104,13 +104,24 @@ pub async fn completions(
     let sh = core.shared.clone();
     let ps = &sh.settings.proxy;
     let started = Instant::now();
-    let Some(admitted) = ProxyShared::admit(&sh, ps.max_concurrent) else {
-        refused(&core, "too_many");
-        return overloaded(
-            "too_many_requests",
-            &format!("more than {} proxied requests in flight", ps.max_concurrent),
-            1,
-        );
+    let admitted = match ProxyShared::admit(&sh, ps.max_concurrent) {
+        Some(a) => a,
+        // At the cap: wait for a slot in the queue, if it is on (`queued`).
+        None => match super::queued::wait_for_slot(&sh, req.headers(), &watch).await {
+            super::queued::Slot::Admitted(a) => a,
+            super::queued::Slot::Answer(r) => {
+                refused(&core, "too_many");
+                return r;
+            }
+            super::queued::Slot::Off => {
+                refused(&core, "too_many");
+                return overloaded(
+                    "too_many_requests",
+                    &format!("more than {} proxied requests in flight", ps.max_concurrent),
+                    1,
+                );
+            }
+        },
     };
     let limit = ps.max_body_bytes;
     let too_large = |core: &Core| {

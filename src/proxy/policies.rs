@@ -6,7 +6,9 @@
 //!
 //! State shared by the cores: one [`SharedQueue`] per model (created on first use,
 //! bounded in number, found without a lock), the tenants' buckets behind one lock (touched once per request,
-//! O(log n)), and the metrics. Capacity freed by a proxied request that ends
+//! O(log n)), the queue of requests waiting for a proxied-request slot
+//! (`proxy.max_concurrent`, ordered by their headers' hints: the body is not read
+//! yet), and the metrics. Capacity freed by a proxied request that ends
 //! ([`Policies::freed`], called when its admission is released) is handed to the best
 //! waiter of every non-empty queue; each waiter's core is woken through a
 //! `tokio::sync::Notify`, whose wake-up glommio delivers across cores.
@@ -156,6 +158,8 @@ pub struct Policies {
     /// replaced whole under `adding` when a model gets its first queue.
     queues: arc_swap::ArcSwap<hashbrown::HashMap<String, Arc<Queue>>>,
     adding: Mutex<()>,
+    /// Requests waiting for a proxied-request slot (`proxy.max_concurrent`).
+    slots: Arc<Queue>,
     tenants: Mutex<Tenants>,
     pub metrics: PolicyMetrics,
     started: Instant,
@@ -174,6 +178,7 @@ impl Policies {
             hint_cfg: s.hint_config(router),
             queues: arc_swap::ArcSwap::from_pointee(hashbrown::HashMap::new()),
             adding: Mutex::new(()),
+            slots: Arc::new(Queue::new(s.queue_config())),
             tenants: Mutex::new(Tenants::new(s, named)),
             metrics: PolicyMetrics::new(),
             started: Instant::now(),
@@ -265,6 +270,37 @@ impl Policies {
         Some(q)
     }
 
+    /// The queue of requests waiting for a proxied-request slot.
+    pub fn slots(&self) -> &Arc<Queue> {
+        &self.slots
+    }
+
+    /// What the headers alone say (the body is not read yet): the hints and tenant a
+    /// request waits for a slot with. Nothing is charged; `None` for a malformed hint
+    /// (the front door refuses it once the body is read).
+    pub fn front_of_headers(&self, headers: &hyper::HeaderMap) -> Option<Front> {
+        let tenant = {
+            let mut t = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+            let key = crate::credentials::bearer(headers);
+            let hv = t
+                .header()
+                .and_then(|h| headers.get(h))
+                .map(|v| v.as_bytes().to_vec());
+            t.identify(key, hv.as_deref())
+        };
+        let pairs = headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes()));
+        let hints = hints::read(
+            &self.hint_cfg,
+            pairs,
+            &serde_json::Value::Null,
+            tenant.and_then(|t| t.pinned),
+            tenant.map_or(0, |t| t.id),
+            self.now_us(),
+        )
+        .ok()?;
+        Some(Front { hints, tenant })
+    }
+
     /// The queue of `model` if it has one with someone waiting.
     pub fn waiting(&self, model: &str) -> Option<Arc<Queue>> {
         self.queues
@@ -282,11 +318,9 @@ impl Policies {
     /// A proxied request ended (its capacity is free): every queue's epoch moves and
     /// its best waiter is granted a try.
     pub fn freed(&self) {
-        let qs = self.queues.load();
-        if qs.is_empty() {
-            return;
-        }
         let now = self.now_us();
+        self.deliver(self.slots.freed(now));
+        let qs = self.queues.load();
         for q in qs.values() {
             // A lock only for a queue with someone waiting.
             self.deliver(q.freed(now));

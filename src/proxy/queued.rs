@@ -11,6 +11,9 @@
 //! - a periodic tick ([`TICK`]) that grants the queue's best waiter a try, in case
 //!   capacity freed without a proxied request ending on this replica.
 //!
+//! [`wait_for_slot`] does the same for a request that found the proxy at
+//! `proxy.max_concurrent`, in the replica's slot queue.
+//!
 //! A grant that reaches a request as it leaves is passed on to the next waiter
 //! (`SharedQueue::leave`), so no freed capacity is lost. Every path out of the queue
 //! updates the depth gauge and counts its reason.
@@ -206,4 +209,62 @@ fn expired(p: &Policies, model: &str, q: &Queue, ticket: Ticket) -> Turn {
     p.show_depth(model, q);
     let waited = p.now_us().saturating_sub(ticket.arrival_us) / 1000;
     Turn::Answer(timed_out(waited))
+}
+
+/// The depth gauge's label of the slot queue (`proxy.max_concurrent`).
+pub const SLOTS_LABEL: &str = "(proxy.max_concurrent)";
+
+/// How waiting for a proxied-request slot ended.
+pub enum Slot {
+    Admitted(super::state::Admitted),
+    /// Answer this (429, or nothing to read: the client left).
+    Answer(Resp),
+    /// No queueing (off, or a malformed hint): the usual immediate 429.
+    Off,
+}
+
+/// `proxy.max_concurrent` is reached (and `admission.queue_at_max_concurrent` is on):
+/// the request waits for a slot in the replica's
+/// slot queue, ordered by the hints of its headers (the body is not read yet, so it
+/// holds no memory beyond its connection), with the bounds and answers of the model
+/// queues. A slot freed when a proxied request ends goes to the best waiter.
+pub async fn wait_for_slot(
+    sh: &std::sync::Arc<crate::service::shared::Shared>,
+    headers: &hyper::HeaderMap,
+    watch: &super::watch::ClientWatch,
+) -> Slot {
+    let on = |p: &&Policies| p.queueing() && p.settings.queue_at_max_concurrent;
+    let Some(p) = sh.proxy.policies.get().filter(on) else {
+        return Slot::Off;
+    };
+    let Some(front) = p.front_of_headers(headers) else {
+        return Slot::Off;
+    };
+    let max = sh.settings.proxy.max_concurrent;
+    let q = p.slots().clone();
+    let mut gone = watch.gone();
+    let mut prior: Option<Grant<Wake>> = None;
+    loop {
+        let seen = q.epoch();
+        if prior.is_some() || q.is_empty() {
+            if let Some(a) = super::state::ProxyShared::admit(sh, max) {
+                if let Some(g) = prior.take() {
+                    p.admitted(&g);
+                }
+                return Slot::Admitted(a);
+            }
+        }
+        match wait_turn(p, SLOTS_LABEL, &q, &front, seen, prior.take(), &mut gone).await {
+            Turn::Go(g) => prior = Some(g),
+            Turn::Answer(r) => return Slot::Answer(r),
+            Turn::Left => {
+                return Slot::Answer(super::forward::error(
+                    hyper::StatusCode::from_u16(499).unwrap_or(hyper::StatusCode::BAD_REQUEST),
+                    "invalid_request_error",
+                    "client_closed_request",
+                    "the client closed the connection",
+                ))
+            }
+        }
+    }
 }
