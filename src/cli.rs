@@ -186,6 +186,11 @@ pub struct ServeArgs {
     pub speculative_ttl_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_SPECULATIVE_MAX_BLOCKS")]
     pub speculative_max_blocks: Option<usize>,
+    /// Approximate mode for workers registered with a url and no event source.
+    #[arg(long, env = "KVROUTE_APPROXIMATE")]
+    pub approximate: Option<bool>,
+    #[arg(long, env = "KVROUTE_APPROXIMATE_TTL_MS")]
+    pub approximate_ttl_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_ASSUME_DEVICE_REUSE")]
     pub assume_device_reuse: Option<bool>,
     #[arg(long, env = "KVROUTE_WEIGH_BY_THROUGHPUT")]
@@ -260,6 +265,8 @@ pub struct ServeArgs {
     /// The front door's policies (`[admission]`, `--admission-*`).
     #[command(flatten)]
     pub admission: crate::admission::args::AdmissionArgs,
+    #[command(flatten)]
+    pub trace: crate::trace::args::TraceArgs,
     /// HuggingFace tokenizer directory of a model, `MODEL=DIR`, repeatable (env: comma
     /// separated); replaces the file's `[tokenizers]` when given.
     #[arg(long = "tokenizer", env = "KVROUTE_TOKENIZERS", value_delimiter = ',', value_parser = parse_pair)]
@@ -412,6 +419,8 @@ impl ServeArgs {
             predictor_min_samples,
             speculative_ttl_ms,
             speculative_max_blocks,
+            approximate,
+            approximate_ttl_ms,
             assume_device_reuse,
             weigh_by_throughput,
             balance_slack,
@@ -508,6 +517,7 @@ impl ServeArgs {
         overlay!(s, self, tokenize_lean);
         overlay!(s, self, answer_spin_us);
         self.apply_cluster(&mut s.cluster);
+        self.trace.apply(&mut s.trace);
     }
 
     /// The `--cluster*` flags over `[cluster]`.

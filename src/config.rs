@@ -240,6 +240,16 @@ pub struct RouterConfig {
     /// already holds at least this fraction of the prompt (device and host tiers), in
     /// (0, 1]. Default none (off).
     pub local_prefill_min_cached_fraction: Option<f64>,
+    /// Approximate mode (`index::approx`): a worker registered with a `url` and no
+    /// event source (HTTP or binary `Register`, not `[[engines]]` nor the event
+    /// protocol's `Hello`) has its cache modelled from the prompts routed to it, an
+    /// LRU of its `capacity_blocks` credited like device blocks, until its first KV
+    /// event switches it to exact. Default true.
+    pub approximate: bool,
+    /// Approximate mode: a modelled block no request has touched for this long is
+    /// dropped (an idle TTL; the engine's own eviction is what the LRU models). At
+    /// least 1. Default 120,000 ms (Dynamo's `--router-ttl-secs` 120 of the same mode).
+    pub approximate_ttl_ms: u64,
 }
 
 impl Default for RouterConfig {
@@ -285,6 +295,8 @@ impl Default for RouterConfig {
             session_from_user: false,
             local_prefill_max_uncached_tokens: 0,
             local_prefill_min_cached_fraction: None,
+            approximate: true,
+            approximate_ttl_ms: 120_000,
         }
     }
 }
@@ -350,6 +362,12 @@ impl RouterConfig {
         }
         if !(self.cuda_to_cpu_ratio.is_finite() && self.cuda_to_cpu_ratio > 0.0) {
             return Err("cuda_to_cpu_ratio must be > 0".into());
+        }
+        if self.approximate_ttl_ms == 0 {
+            return Err(
+                "approximate_ttl_ms must be >= 1 (turn the mode off with approximate = false)"
+                    .into(),
+            );
         }
         if self.speculative_max_blocks > MAX_SPECULATIVE_BLOCKS {
             return Err(format!(

@@ -20,6 +20,7 @@
 //! - [`admission`]: the front door's policies (admission queue, priorities, tenants).
 
 pub mod admission;
+pub mod api_shapes;
 pub mod cli;
 pub mod client;
 pub mod cluster;
@@ -46,5 +47,6 @@ pub mod sim;
 pub mod snapshot;
 pub mod sync;
 pub mod tokenize;
+pub mod trace;
 pub mod types;
 pub mod zmtp;

@@ -20,6 +20,7 @@
 //! - queries never allocate once their output buffers have grown to size.
 
 mod answer;
+pub mod approx;
 mod budget;
 mod holders;
 mod merge;
@@ -40,6 +41,7 @@ mod tests_query;
 mod tests_shard;
 
 pub use answer::{Holder, Match, Run, ShardAnswer};
+pub use approx::{ApproxShard, ApproxStats};
 pub use budget::{Budget, Grant};
 pub use merge::{merge, MergeResult};
 pub use pending::{speculate, PendingShard, PendingStats, Speculated};

@@ -188,6 +188,10 @@ pub struct ProxyShared {
     pub nonce: String,
     /// The front door's policies: queue, tenants (set once at start).
     pub policies: OnceLock<super::policies::Policies>,
+    /// Which worker stored each OpenAI Responses answer (`agents`).
+    pub responses: super::agents::Responses,
+    /// The OpenTelemetry tracer (set once at start; off without `trace.otlp_endpoint`).
+    pub tracing: OnceLock<crate::trace::Tracing>,
 }
 
 impl ProxyShared {
@@ -200,6 +204,8 @@ impl ProxyShared {
             draining: AtomicBool::new(false),
             nonce: super::request::new_nonce(),
             policies: OnceLock::new(),
+            responses: Default::default(),
+            tracing: OnceLock::new(),
         };
         m.with_registry(|r| p.metrics.register(r));
         p

@@ -208,6 +208,13 @@ impl Running {
         if let Some(w) = self.engines_file.take() {
             w.stop();
         }
+        // The spans of the last requests, exported within the export timeout.
+        if let Some(t) = self.shared.proxy.tracing.get() {
+            let wait = Duration::from_millis(self.shared.settings.trace.export_timeout_ms);
+            if let Err(e) = t.shutdown(wait) {
+                eprintln!("kvroute: trace export at shutdown: {e}");
+            }
+        }
         result
     }
 }
@@ -333,6 +340,9 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         &shared.metrics,
     );
     let _ = shared.proxy.policies.set(policies);
+    let tracing = crate::trace::Tracing::start(&shared.settings.trace)?;
+    shared.metrics.with_registry(|r| tracing.register(r));
+    let _ = shared.proxy.tracing.set(tracing);
     let _ = shared.tokenizers.set(tokenizers);
     if let Some(path) = shared.settings.record.clone() {
         let cfg = recorder::RecordConfig {
@@ -349,6 +359,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         if let Some(c) = shared.cells(*slot) {
             c.gen.store(1, Ordering::Release);
             c.heartbeat.store(w.heartbeat, Ordering::Release);
+            c.approximate.store(w.approximate, Ordering::Release);
             c.next_seq.store(w.next_seq, Ordering::Release);
             // One heartbeat window to reconnect before leaving routing.
             c.last_seen_ms.store(0, Ordering::Release);
