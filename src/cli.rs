@@ -215,6 +215,8 @@ pub struct ServeArgs {
     pub affinity_slack: Option<f64>,
     #[arg(long, env = "KVROUTE_LOOKAHEAD_TOKENS")]
     pub lookahead_tokens: Option<u32>,
+    #[command(flatten)]
+    pub policy_router: crate::admission::args::PolicyRouterArgs,
     /// host | disk: the tier credited for an engine medium neither vLLM nor SGLang
     /// defines (never device).
     #[arg(long, env = "KVROUTE_ENGINE_UNKNOWN_MEDIUM_TIER", value_parser = parse_tier)]
@@ -260,6 +262,9 @@ pub struct ServeArgs {
     pub proxy_addr: Option<String>,
     #[command(flatten)]
     pub proxy: crate::proxy::args::ProxyArgs,
+    /// The front door's policies (`[admission]`, `--admission-*`).
+    #[command(flatten)]
+    pub admission: crate::admission::args::AdmissionArgs,
     #[command(flatten)]
     pub trace: crate::trace::args::TraceArgs,
     /// The endpoint picker (`--epp-*`, docs/ENDPOINT_PICKER.md).
@@ -501,6 +506,8 @@ impl ServeArgs {
         }
         overlay!(s.limits, self, max_prompt_tokens, chat_template_fuel);
         self.apply_proxy(s);
+        self.policy_router.apply(&mut s.router);
+        self.admission.apply(&mut s.admission);
     }
 
     /// The proxy's flags (`--proxy-*`) onto `s.proxy_addr` / `s.proxy`.

@@ -307,6 +307,8 @@ fn from_wire_decision(d: codec::Decision) -> RouteDecision {
         cost: d.cost,
         fallback: fallback.to_string(),
         candidates,
+        local_prefill: None,
+        affinity: None,
     }
 }
 

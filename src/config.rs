@@ -96,6 +96,9 @@ pub const MAX_LOOKAHEAD_TOKENS: u32 = 1024;
 /// Largest `affinity_slack`: the affinity worker wins up to 11 times the lowest cost.
 pub const MAX_AFFINITY_SLACK: f64 = 10.0;
 
+/// Largest `session_max_entries` (16 bytes per entry: 64 MiB).
+pub const MAX_SESSION_ENTRIES: usize = 1 << 22;
+
 /// Every routing knob. Field docs state the default and meaning; README repeats them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -216,6 +219,27 @@ pub struct RouterConfig {
     /// tokens follow it. Engine events with another lookahead are refused. 0..=1024.
     /// Default 0.
     pub lookahead_tokens: u32,
+    /// Session affinity (`select::Sessions`): entries of the table of sessions (a
+    /// session key → the worker its last turn went to), rounded up to a power of two;
+    /// one table for all cores, 16 bytes per entry, allocated at start. A session's
+    /// next turn goes to that worker unless it costs more than `affinity_slack`
+    /// allows, even when its prompt was rewritten. 0 = off. Default 0.
+    pub session_max_entries: usize,
+    /// A session not seen for this long is forgotten (its worker's cache has likely
+    /// moved on). Default 600,000 ms.
+    pub session_ttl_ms: u64,
+    /// Header naming a request's session. Default `x-session-id`.
+    pub session_header: String,
+    /// Without the header, the OpenAI `user` field names the session. Default false.
+    pub session_from_user: bool,
+    /// Disaggregated fleets: prefill on the chosen decode worker itself (no remote
+    /// prefill leg, no KV transfer) when at most this many prompt tokens are not
+    /// cached there. 0 = off. Default 0.
+    pub local_prefill_max_uncached_tokens: u32,
+    /// Disaggregated fleets: prefill on the chosen decode worker itself when it
+    /// already holds at least this fraction of the prompt (device and host tiers), in
+    /// (0, 1]. Default none (off).
+    pub local_prefill_min_cached_fraction: Option<f64>,
     /// Approximate mode (`index::approx`): a worker registered with a `url` and no
     /// event source (HTTP or binary `Register`, not `[[engines]]` nor the event
     /// protocol's `Hello`) has its cache modelled from the prompts routed to it, an
@@ -265,6 +289,12 @@ impl Default for RouterConfig {
             affinity_max_entries: 1 << 20,
             affinity_slack: 2.0,
             lookahead_tokens: 0,
+            session_max_entries: 0,
+            session_ttl_ms: 600_000,
+            session_header: "x-session-id".into(),
+            session_from_user: false,
+            local_prefill_max_uncached_tokens: 0,
+            local_prefill_min_cached_fraction: None,
             approximate: true,
             approximate_ttl_ms: 120_000,
         }
@@ -346,6 +376,28 @@ impl RouterConfig {
         }
         for v in self.prefill_fallback_us {
             finite_nonneg("prefill_fallback_us", v)?;
+        }
+        if self.session_max_entries > MAX_SESSION_ENTRIES {
+            return Err(format!(
+                "session_max_entries must be at most {MAX_SESSION_ENTRIES}"
+            ));
+        }
+        if !(1_000..=7 * 86_400_000).contains(&self.session_ttl_ms) {
+            return Err("session_ttl_ms must be 1000..=604800000 (7 days)".into());
+        }
+        let h = &self.session_header;
+        if h.is_empty()
+            || h.len() > 128
+            || !h
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+        {
+            return Err(format!("session_header {h:?} is not a header name"));
+        }
+        if let Some(f) = self.local_prefill_min_cached_fraction {
+            if !(f > 0.0 && f <= 1.0) {
+                return Err("local_prefill_min_cached_fraction must be in (0, 1]".into());
+            }
         }
         Ok(())
     }

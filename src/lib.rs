@@ -19,7 +19,9 @@
 //! - [`tokenize`]: OpenAI request bodies → prompt token ids, as the engine computes them.
 //! - `epp` (service feature): the endpoint picker of Kubernetes inference gateways
 //!   (Envoy ext_proc over gRPC).
+//! - [`admission`]: the front door's policies (admission queue, priorities, tenants).
 
+pub mod admission;
 pub mod api_shapes;
 pub mod cli;
 pub mod client;

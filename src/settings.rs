@@ -161,6 +161,9 @@ pub struct Settings {
     pub proxy_addr: String,
     /// The proxy's timeouts, limits, retries, breaker and client keys (`[proxy]`).
     pub proxy: crate::proxy::config::ProxySettings,
+    /// The front door's policies: admission queue, priorities, tenants
+    /// (`[admission]`, `crate::admission`).
+    pub admission: crate::admission::config::AdmissionSettings,
     /// HuggingFace tokenizer directory per model (`[tokenizers]` table, `model =
     /// "dir"`; `--tokenizer MODEL=DIR`): `tokenizer.json` plus optional
     /// `tokenizer_config.json` / `chat_template.jinja` (`crate::tokenize`). Default none.
@@ -302,6 +305,7 @@ impl Default for Settings {
             record_max_ids: 1 << 22,
             proxy_addr: crate::proxy::config::DEFAULT_PROXY_ADDR.into(),
             proxy: Default::default(),
+            admission: Default::default(),
             tokenizers: Default::default(),
             lora_adapters: Default::default(),
             ingest_slice_hashes: DEFAULT_INGEST_SLICE_HASHES,
@@ -420,6 +424,7 @@ impl Settings {
             return Err("engines_file must name a file".into());
         }
         self.proxy.validate()?;
+        self.admission.validate()?;
         if !crate::proxy::config::is_off(&self.proxy_addr) {
             let a = self
                 .proxy_addr

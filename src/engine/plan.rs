@@ -111,6 +111,16 @@ pub fn to_output(
                 })
                 .collect()
         }),
+        local_prefill: d.local_prefill.map(|l| l.name().to_string()),
+        affinity: d.affinity.map(|a| super::request::AffinityOut {
+            worker: worker_id(reg, a.worker),
+            source: match a.source {
+                crate::select::AffinitySource::Session => "session",
+                crate::select::AffinitySource::Prefix => "prefix",
+            }
+            .to_string(),
+            kept: a.kept,
+        }),
     }
 }
 

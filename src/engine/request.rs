@@ -71,6 +71,11 @@ pub struct RouteRequest {
     /// `tokens`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_salt: Option<String>,
+    /// The request's session (`admission::hints`: a hash of its session key within its
+    /// tenant), set by the proxy: its next turns go back to the same worker under the
+    /// affinity slack (`select::Sessions`). Not part of the JSON API.
+    #[serde(skip)]
+    pub session: Option<u64>,
 }
 
 mod mode_opt {
@@ -124,6 +129,25 @@ pub struct RouteDecision {
     pub fallback: String,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub candidates: Option<Vec<CandidateOut>>,
+    /// A disaggregated request that prefills on its decode worker (no prefill leg),
+    /// and why: `short` (little of the prompt uncached there) or `cached` (it holds
+    /// enough of it); see `local_prefill_*`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub local_prefill: Option<String>,
+    /// The affinity worker (a session's or a prefix's) the decision was offered, and
+    /// whether it got the request.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub affinity: Option<AffinityOut>,
+}
+
+/// [`RouteDecision::affinity`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AffinityOut {
+    pub worker: String,
+    /// `session` or `prefix`.
+    pub source: String,
+    /// The request went to it (its cost was within the affinity slack).
+    pub kept: bool,
 }
 
 /// A request reduced to what scoring needs.
@@ -133,6 +157,8 @@ pub struct Prepared {
     pub input_tokens: u32,
     pub prompt_blocks: u32,
     pub filters: Filters,
+    /// [`RouteRequest::session`].
+    pub session: Option<u64>,
 }
 
 /// Why a request was refused before scoring (HTTP 400).
@@ -264,6 +290,7 @@ impl RouteRequest {
                 dp,
                 tolerations: self.tolerations.clone().unwrap_or_default(),
             },
+            session: self.session,
         })
     }
 }

@@ -42,7 +42,10 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+mod admit;
 mod ends;
+
+use admit::Turn;
 
 pub type Resp = Response<ProxyBody>;
 
@@ -122,13 +125,24 @@ async fn pipeline(
     let sh = core.shared.clone();
     let ps = &sh.settings.proxy;
     let started = Instant::now();
-    let Some(admitted) = ProxyShared::admit(&sh, ps.max_concurrent) else {
-        refused(&core, "too_many");
-        return overloaded(
-            "too_many_requests",
-            &format!("more than {} proxied requests in flight", ps.max_concurrent),
-            1,
-        );
+    let admitted = match ProxyShared::admit(&sh, ps.max_concurrent) {
+        Some(a) => a,
+        // At the cap: wait for a slot in the queue, if it is on (`queued`).
+        None => match super::queued::wait_for_slot(&sh, req.headers(), &watch).await {
+            super::queued::Slot::Admitted(a) => a,
+            super::queued::Slot::Answer(r) => {
+                refused(&core, "too_many");
+                return r;
+            }
+            super::queued::Slot::Off => {
+                refused(&core, "too_many");
+                return overloaded(
+                    "too_many_requests",
+                    &format!("more than {} proxied requests in flight", ps.max_concurrent),
+                    1,
+                );
+            }
+        },
     };
     let limit = ps.max_body_bytes;
     let too_large = |core: &Core| {
@@ -153,7 +167,8 @@ async fn pipeline(
         req.headers().get("x-request-id").map(|v| v.as_bytes()),
         || format!("kvr-{:016x}", rand::random::<u64>()),
     );
-    let raw = match Limited::new(req.into_body(), limit).collect().await {
+    let (parts, body) = req.into_parts();
+    let raw = match Limited::new(body, limit).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(&core),
         Err(e) => {
@@ -221,6 +236,14 @@ async fn pipeline(
     if tokens.is_none() && !super::agents::passthrough(endpoint) {
         m.untokenized.inc();
     }
+    let prompt_tokens = tokens.as_ref().map_or(raw.len() / 4, Vec::len) as u64;
+    let front = match super::policies::front_door(&sh, &parts.headers, &creq.body, prompt_tokens) {
+        Ok(f) => f,
+        Err(r) => {
+            refused(&core, "policy");
+            return *r;
+        }
+    };
     let job = Job {
         core: core.clone(),
         endpoint,
@@ -231,6 +254,7 @@ async fn pipeline(
         tokens,
         started,
         watch,
+        front,
         pinned,
         fwd_headers,
         trace,
@@ -288,6 +312,8 @@ struct Job {
     tokens: Option<Vec<u32>>,
     started: Instant,
     watch: Rc<ClientWatch>,
+    /// Hints and tenant (`policies`), if the service has policies.
+    front: Option<super::policies::Front>,
     /// The only worker this request may go to (`agents::front::pin`).
     pinned: Option<String>,
     /// Client headers sent on to the worker (`agents::front::forwarded_headers`).
@@ -315,6 +341,8 @@ impl Job {
         let mut last: Option<(String, Failure)> = None;
         // Every wait on a worker below ends as soon as the client goes away (`watch`).
         let mut gone = self.watch.gone();
+        // A grant from the admission queue, until the request is routed (`queued`).
+        let mut turn = None;
         loop {
             let allow = match self.allow_list(&excluded) {
                 Some(a) => a,
@@ -328,11 +356,27 @@ impl Job {
                 attempt,
             );
             let rr = self.route_request(&rid, allow);
+            let seen = self.queue_epoch(&rr);
             let span = self.trace.borrow().route();
-            let mut d = match router::route_proxied(&self.core, &rr).await {
-                Ok(d) => d,
-                Err(e) => return self.route_failed(&e, last.as_ref()),
+            let routed = match self.queued_before(&rr, &turn) {
+                true => Err(None),
+                false => router::route_proxied(&self.core, &rr).await.map_err(Some),
             };
+            let mut d = match routed {
+                Ok(d) => d,
+                Err(e) if self.waits(e.as_ref(), &rr) => {
+                    drop(span);
+                    match self.wait_turn(&rr, seen, turn.take(), &mut gone).await {
+                        Turn::Go(g) => turn = Some(g),
+                        Turn::Answer(r) => return r,
+                        Turn::Left => return self.client_left(None, ""),
+                    }
+                    continue;
+                }
+                Err(Some(e)) => return self.route_failed(&e, last.as_ref()),
+                Err(None) => return self.gave_up(last.as_ref()),
+            };
+            self.served(turn.take());
             let blocks = self.tokens.as_ref().map_or(0, |t| t.len() as u64)
                 / u64::from(sh.settings.router.block_size.max(1));
             ReqTrace::decision(&span, &d, blocks, sh.settings.router.mode.name());
@@ -374,7 +418,9 @@ impl Job {
             match sent {
                 Ok(a) => {
                     breaker_success(&self.core, &w);
-                    return self.respond(a, &rid, &w, attempt, fallback, (admitted, gone));
+                    let mut r = self.respond(a, &rid, &w, attempt, fallback, (admitted, gone));
+                    self.prefill_path(&mut r, &d);
+                    return r;
                 }
                 Err(f) => {
                     self.upstream_failed(&w, f);
@@ -400,14 +446,20 @@ impl Job {
     }
 
     fn route_request(&self, rid: &str, allow: Vec<String>) -> RouteRequest {
-        route_request(
+        let mut r = route_request(
             &self.core.shared,
             &self.creq,
             self.tokens.as_deref(),
             self.raw.len(),
             rid,
             allow,
-        )
+        );
+        if let Some(f) = &self.front {
+            // Dynamo's `nvext.agent_hints.osl` is the expected length; `max_tokens` a cap.
+            r.expected_output_tokens = f.hints.osl.or(r.expected_output_tokens);
+            r.session = f.hints.session;
+        }
+        r
     }
 
     /// Workers with a URL, not failed for this request, whose breaker is closed here

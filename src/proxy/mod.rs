@@ -24,7 +24,8 @@
 //! streamed response and its lifecycle), `forward` (route → legs → retries), `health` (breakers per core, probes), `server`
 //! (the listener's routes and auth), `spans` (the request's OpenTelemetry spans), `state` (metrics and the shared admission count),
 //! `refuse` (a 429 for a connection the listener has no slot for), `watch` (a client
-//! that went away, noticed while its request waits).
+//! that went away, noticed while its request waits), `policies` and `queued` (the
+//! front door's hints, tenants and admission queue: docs/POLICIES.md).
 
 pub mod agents;
 pub mod args;
@@ -54,7 +55,11 @@ pub mod io;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod offload;
 #[cfg(all(target_os = "linux", feature = "service"))]
+pub mod policies;
+#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod pool;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod queued;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod refuse;
 #[cfg(all(target_os = "linux", feature = "service"))]

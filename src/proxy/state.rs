@@ -186,6 +186,8 @@ pub struct ProxyShared {
     /// Drawn at start: part of every routed request's id (`request::router_id`), so
     /// two replicas never mint the same one.
     pub nonce: String,
+    /// The front door's policies: queue, tenants (set once at start).
+    pub policies: OnceLock<super::policies::Policies>,
     /// Which worker stored each OpenAI Responses answer (`agents`).
     pub responses: super::agents::Responses,
     /// The OpenTelemetry tracer (set once at start; off without `trace.otlp_endpoint`).
@@ -201,6 +203,7 @@ impl ProxyShared {
             upstream_auth: OnceLock::new(),
             draining: AtomicBool::new(false),
             nonce: super::request::new_nonce(),
+            policies: OnceLock::new(),
             responses: Default::default(),
             tracing: OnceLock::new(),
         };
@@ -270,5 +273,8 @@ impl Drop for Admitted {
     fn drop(&mut self) {
         self.0.proxy.inflight.fetch_sub(1, Ordering::AcqRel);
         self.0.proxy.metrics.active.dec();
+        if let Some(p) = self.0.proxy.policies.get() {
+            p.freed();
+        }
     }
 }

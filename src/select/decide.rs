@@ -15,6 +15,9 @@
 //!      request's mode, the pin, and the topology policy relative to the chosen
 //!      prefill worker's domain (a prefill worker without a domain imposes none;
 //!      a decode worker without a domain is outside every domain).
+//!   3. Conditional disaggregation (`local.rs`): if the chosen decode worker holds
+//!      enough of the prompt, or little is left to compute, it prefills locally:
+//!      no prefill worker in the decision, [`Decision::local_prefill`] says why.
 //! - Otherwise one stage among `Aggregated` workers with the base config.
 //!
 //! Allow-list, dp bounds, taints and busy apply to every stage; the pin applies to the
@@ -36,6 +39,7 @@ use super::fleet::{Fleet, UNKNOWN};
 use super::hits::Hits;
 use super::kernel::KernelScratch;
 use super::loads::Loads;
+use super::local::local_prefill;
 use super::pick::{run_stage, Dense, Outcome, Pick, StageRun};
 use super::routed::Routed;
 use super::{Fig, RequestShape, Rows, Stage, WorkerRow};
@@ -288,6 +292,8 @@ fn single<R: Rows + ?Sized>(
         cost: t.cost,
         prefill_cost: None,
         fallback,
+        local_prefill: None,
+        affinity: None,
         candidates: records.candidates,
         rejected: records.rejected,
     }
@@ -341,6 +347,17 @@ pub fn decide(
     run(&common, fleet, rows, &mut dense, rng, rr)
 }
 
+/// The affinity worker `hits` offered the decision, and whether `d` went to it.
+fn affinity_use(fleet: &Fleet, hits: &Hits, d: &Decision) -> Option<super::AffinityUse> {
+    let row = *fleet.order.get(hits.affinity()?)? as usize;
+    let worker = *fleet.slot.get(row)?;
+    Some(super::AffinityUse {
+        worker,
+        source: hits.affinity_source(),
+        kept: d.decode_worker == worker || d.prefill_worker == Some(worker),
+    })
+}
+
 /// Routes one request. See the module docs for the exact rules.
 ///
 /// `rng` breaks ties and samples (random, softmax); `rr` is the round-robin cursor.
@@ -388,7 +405,8 @@ pub fn decide_view(
         prefill_failed: input.prefill_failed,
         explain: input.explain,
     };
-    let d = run(&common, fleet, &rows, &mut dense, rng, rr)?;
+    let mut d = run(&common, fleet, &rows, &mut dense, rng, rr)?;
+    d.affinity = affinity_use(fleet, req, &d);
     for w in std::iter::once(d.decode_worker).chain(d.prefill_worker) {
         if let Some(p) = fleet.position(w) {
             routed.note(p);
@@ -512,15 +530,45 @@ fn disaggregated<R: Rows + ?Sized>(
         explain_stage(&drun, rows, &mut records);
     }
     let drow = &rows.fig(dp.index);
+    let cost = drun.scorer.terms(dp.index, drow).cost;
+    if let Some(why) = local_prefill(
+        input.cfg,
+        input.req.input_tokens,
+        &drow.overlap,
+        drow.suspect,
+    ) {
+        // Conditional disaggregation: the decode worker runs the prompt itself.
+        let overlap = if drow.suspect {
+            Overlap::default()
+        } else {
+            drow.overlap
+        };
+        return Ok(Decision {
+            decode_worker: drow.slot,
+            prefill_worker: None,
+            dp_rank: dp.dp_rank,
+            prefill_dp_rank: None,
+            overlap,
+            cost,
+            prefill_cost: None,
+            fallback: Fallback::None,
+            local_prefill: Some(why),
+            affinity: None,
+            candidates: records.candidates,
+            rejected: records.rejected,
+        });
+    }
     Ok(Decision {
         decode_worker: drow.slot,
         prefill_worker: Some(prow.slot),
         dp_rank: dp.dp_rank,
         prefill_dp_rank: Some(pp.dp_rank),
         overlap: pterms.overlap,
-        cost: drun.scorer.terms(dp.index, drow).cost,
+        cost,
         prefill_cost: Some(pterms.cost),
         fallback: Fallback::None,
+        local_prefill: None,
+        affinity: None,
         candidates: records.candidates,
         rejected: records.rejected,
     })

@@ -21,6 +21,46 @@ pub enum Fallback {
     PrefillFailed,
 }
 
+/// Where a request's affinity worker came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AffinitySource {
+    /// The worker its prompt's prefix was last routed to ([`super::Affinity`]).
+    #[default]
+    Prefix,
+    /// The worker its session's last turn went to ([`super::Sessions`]).
+    Session,
+}
+
+/// The affinity worker a decision was offered, and whether it got the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct AffinityUse {
+    pub worker: WorkerSlot,
+    pub source: AffinitySource,
+    /// The request went to it (its cost was within the affinity slack).
+    pub kept: bool,
+}
+
+/// Why a disaggregated request prefills on its decode worker (no prefill leg).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LocalPrefill {
+    /// At most `local_prefill_max_uncached_tokens` of its prompt are not cached there.
+    Short,
+    /// The decode worker holds at least `local_prefill_min_cached_fraction` of it.
+    Cached,
+}
+
+impl LocalPrefill {
+    /// Metric label / header value.
+    pub fn name(self) -> &'static str {
+        match self {
+            LocalPrefill::Short => "short",
+            LocalPrefill::Cached => "cached",
+        }
+    }
+}
+
 /// The cost terms of one scored candidate (`explain`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Explain {
@@ -63,6 +103,11 @@ pub struct Decision {
     /// Cost of the prefill worker under the prefill-stage config.
     pub prefill_cost: Option<f64>,
     pub fallback: Fallback,
+    /// A disaggregated request that prefills on its decode worker, and why
+    /// (`local_prefill_*`; `prefill_worker` is then `None`).
+    pub local_prefill: Option<LocalPrefill>,
+    /// The affinity worker (session or prefix) the decision was offered, if any.
+    pub affinity: Option<AffinityUse>,
     /// With `explain`: every scored candidate of every stage that ran, in row order.
     pub candidates: Vec<Explain>,
     /// With `explain`: every worker of a stage's pool removed by a filter.

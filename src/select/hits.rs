@@ -55,6 +55,8 @@ pub struct Hits {
     /// Position of the worker the request's prefix was last routed to
     /// ([`super::Affinity`]), preferred among near ties.
     affinity: Option<usize>,
+    /// Where the affinity worker comes from.
+    affinity_source: super::AffinitySource,
     /// Largest `Overlap::own` written (or the base's).
     max_own: u32,
 }
@@ -115,12 +117,30 @@ impl Hits {
             .and_then(|s| fleet.position(s))
             .filter(|&p| p < self.n)
             .filter(|&p| self.ov.get(p).is_some_and(|o| o.own() >= self.max_own));
+        self.affinity_source = super::AffinitySource::Prefix;
+    }
+
+    /// The request's session last went to the worker in `slot` (see
+    /// [`super::Sessions`]): it becomes the affinity worker, in place of any prefix
+    /// affinity, whatever other workers hold of this prompt. `None`, or a slot not in
+    /// `fleet`, leaves the affinity as it is. Call after [`Hits::set_affinity`].
+    #[inline]
+    pub fn set_session(&mut self, fleet: &Fleet, slot: Option<WorkerSlot>) {
+        if let Some(p) = slot.and_then(|s| fleet.position(s)).filter(|&p| p < self.n) {
+            self.affinity = Some(p);
+            self.affinity_source = super::AffinitySource::Session;
+        }
     }
 
     /// Position of the affinity worker, if any.
     #[inline]
     pub(crate) fn affinity(&self) -> Option<usize> {
         self.affinity
+    }
+
+    /// Where the affinity worker comes from (meaningful with an affinity).
+    pub(crate) fn affinity_source(&self) -> super::AffinitySource {
+        self.affinity_source
     }
 
     /// Number of positions.
@@ -137,6 +157,7 @@ impl Hits {
     pub(crate) fn reset(&mut self, n: usize, base: Overlap) {
         self.n = n;
         self.affinity = None;
+        self.affinity_source = super::AffinitySource::Prefix;
         let base = saturated(&base);
         self.max_own = base.own();
         if self.zeros.len() < n {

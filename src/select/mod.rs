@@ -22,8 +22,9 @@
 //! Layout: [`cost`](cost_terms) computes the per-worker terms, `filter` holds the hard
 //! filters, `pick` the per-mode selection algorithms over one stage (row by row),
 //! `kernel` the dense `kv` selection, `fleet` and `loads` the struct-of-arrays inputs,
-//! `decide` the orchestration of stages, fallbacks and errors, and `decision` what a
-//! decision answers.
+//! `decide` the orchestration of stages, fallbacks and errors, `decision` what a
+//! decision answers, `local` the conditional-disaggregation rule, and `affinity` /
+//! `session` the route-time prefix and session affinity tables.
 
 mod affinity;
 #[cfg(target_arch = "x86_64")]
@@ -37,8 +38,10 @@ mod fleet;
 mod hits;
 mod kernel;
 mod loads;
+mod local;
 mod pick;
 mod routed;
+mod session;
 #[cfg(test)]
 mod tests;
 
@@ -48,10 +51,13 @@ pub use decide::{
     decide, decide_view, Decision, Explain, Fallback, Rejected, RouteError, RouteInput, RrState,
     Scratch, ViewInput,
 };
+pub use decision::{AffinitySource, AffinityUse, LocalPrefill};
 pub use filter::{DpBounds, Filters, Rejection, RejectionCounts};
 pub use fleet::Fleet;
 pub use hits::Hits;
 pub use loads::Loads;
+pub use local::local_prefill;
+pub use session::Sessions;
 
 use crate::types::{Overlap, WorkerSlot, WorkerSpec};
 use serde::Serialize;

@@ -56,6 +56,7 @@ pub fn to_route_request(r: codec::Route) -> RouteRequest {
         explain: r.explain,
         lora_name: r.lora_name,
         cache_salt: r.cache_salt,
+        session: None,
     }
 }
 

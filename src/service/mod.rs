@@ -296,6 +296,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     // The OpenAI proxy's listener (`crate::proxy`), unless `proxy_addr` is off.
     let proxy_keys = settings.proxy.resolve_keys()?;
     let upstream_key = settings.proxy.resolve_upstream_key()?;
+    let tenants = settings.admission.resolve_tenants()?;
     let proxy_l = if crate::proxy::config::is_off(&settings.proxy_addr) {
         None
     } else {
@@ -344,6 +345,13 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         .set(i64::try_from(limit).unwrap_or(i64::MAX));
     let _ = shared.proxy.keys.set(proxy_keys);
     shared.proxy.set_upstream_key(upstream_key.as_deref());
+    let policies = crate::proxy::policies::Policies::new(
+        &shared.settings.admission,
+        &shared.settings.router,
+        tenants,
+        &shared.metrics,
+    );
+    let _ = shared.proxy.policies.set(policies);
     let tracing = crate::trace::Tracing::start(&shared.settings.trace)?;
     shared.metrics.with_registry(|r| tracing.register(r));
     let _ = shared.proxy.tracing.set(tracing);

@@ -144,6 +144,7 @@ pub fn restore_requests(core: &Core, restored: &[Restored]) {
                     input_tokens: c.input_tokens,
                     prompt_blocks: c.prompt_blocks,
                     filters: r.filters.clone(),
+                    session: None,
                 },
                 mode: r.mode,
                 expected_output_tokens: c.expected_output_tokens,

@@ -325,6 +325,12 @@ async fn route_prepared(
         // different cores; slots are stable across registry changes).
         v.hits
             .set_affinity(&v.fleet, sh.affinity.lookup(&prepared.hashes));
+        // A session's next turn: back to its last worker, under the same slack.
+        let session = prepared.session.filter(|_| sh.sessions.enabled());
+        v.hits.set_session(
+            &v.fleet,
+            session.and_then(|s| sh.sessions.lookup(s, now_us / 1000)),
+        );
         let input = ViewInput {
             cfg,
             mode,
@@ -347,6 +353,9 @@ async fn route_prepared(
         )?;
         sh.affinity
             .note_decision(&prepared.hashes, prepared.filters.pin.is_some(), &d);
+        if let Some(s) = session {
+            sh.sessions.note(s, d.decode_worker, now_us / 1000);
+        }
         Ok(d)
     });
     let d = match decided {

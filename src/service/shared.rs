@@ -94,6 +94,8 @@ pub struct Shared {
     pub rr: AtomicU64,
     /// Route-time prefix affinity shared by all cores (`affinity_max_entries`).
     pub affinity: crate::select::Affinity,
+    /// Session affinity shared by all cores (`session_max_entries`).
+    pub sessions: crate::select::Sessions,
     pub started: Instant,
     /// Status page counters, history and cached document (`status`).
     pub status: super::status::StatusState,
@@ -165,6 +167,10 @@ impl Shared {
             inflight: AtomicUsize::new(0),
             rr: AtomicU64::new(0),
             affinity: crate::select::Affinity::new(settings.router.affinity_max_entries),
+            sessions: crate::select::Sessions::new(
+                settings.router.session_max_entries,
+                settings.router.session_ttl_ms,
+            ),
             started: Instant::now(),
             status: super::status::StatusState::new(cores, max_workers),
             recorder: std::sync::OnceLock::new(),

@@ -361,6 +361,7 @@ impl<R: RouterApi> Run<'_, R> {
             }
             Outcome::PrefillDone { id, at } => {
                 if let Some((ri, d)) = self.handoff.remove(&id) {
+                    self.rec.transfer(self.reqs[ri].hashes.len());
                     self.sims[d].submit_stage(&self.reqs[ri], Stage::DecodeOnly, at);
                     self.rec.job(self.sims[d].id());
                 }

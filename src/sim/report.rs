@@ -149,6 +149,12 @@ pub struct Report {
     pub decision_us: Option<Percentiles>,
     pub events: u64,
     pub events_per_s: f64,
+    /// Disaggregated fleets: requests whose prefill ran on a prefill worker, and the
+    /// prompt blocks their KV transfers moved to the decode workers.
+    #[serde(default)]
+    pub remote_prefills: u64,
+    #[serde(default)]
+    pub transferred_blocks: u64,
     /// Per request that got its first token: arrival and tokens (for windowed hit
     /// rates, e.g. around a router restart). Not serialized.
     #[serde(skip)]
@@ -229,6 +235,8 @@ pub struct Recorder {
     events: u64,
     decisions: Vec<f64>,
     hits: Vec<HitSample>,
+    remote_prefills: u64,
+    transferred_blocks: u64,
 }
 
 impl Recorder {
@@ -293,6 +301,12 @@ impl Recorder {
         if self.error_samples.len() < ERROR_SAMPLES {
             self.error_samples.push(msg);
         }
+    }
+
+    /// A remote prefill handed `blocks` prompt blocks to its decode worker.
+    pub fn transfer(&mut self, blocks: usize) {
+        self.remote_prefills += 1;
+        self.transferred_blocks += blocks as u64;
     }
 
     /// A cache event was forwarded to the router.
@@ -366,6 +380,8 @@ impl Recorder {
             decision_us: (!self.decisions.is_empty()).then(|| Percentiles::of(&self.decisions)),
             events: self.events,
             events_per_s: per_s(self.events),
+            remote_prefills: self.remote_prefills,
+            transferred_blocks: self.transferred_blocks,
             hit_samples: self.hits,
         }
     }

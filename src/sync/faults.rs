@@ -21,6 +21,10 @@ pub enum Fault {
     FlagBeforePush,
     /// `LoadBoard::publish` zeroes a row before writing it (a transient, invented value).
     BoardResetFirst,
+    /// `admission::SharedQueue` never asks a new waiter to recheck the epoch.
+    AdmissionSkipRecheck,
+    /// `admission::SharedQueue::leave` drops a grant that reached a leaving waiter.
+    AdmissionDropGrant,
 }
 
 thread_local! {

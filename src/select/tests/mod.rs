@@ -5,6 +5,7 @@ mod cost;
 mod disagg;
 mod filter;
 mod modes;
+mod policies;
 mod routed;
 mod view;
 

@@ -278,6 +278,8 @@ mod tests {
                     cost: 0.0,
                     fallback: "none".into(),
                     candidates: Some(Vec::new()),
+                    local_prefill: None,
+                    affinity: None,
                 },
             });
         }

@@ -218,6 +218,14 @@ fn disaggregated_requests_prefill_then_decode() {
     assert!(multi < 60, "the slice has a single-token request");
     assert_eq!(jobs[0] + jobs[1], 60);
     assert_eq!(jobs[2] + jobs[3], multi);
+    // Each hand-off moved its prompt's blocks.
+    assert_eq!(rep.remote_prefills, multi);
+    let blocks: usize = reqs
+        .iter()
+        .filter(|r| r.output_tokens > 1)
+        .map(|r| r.hashes.len())
+        .sum();
+    assert_eq!(rep.transferred_blocks, blocks as u64);
     // Decode workers received the KV: their mirrors hold prompt blocks too.
     assert!(!rr.mirror["w2"].is_empty() && !rr.mirror["w3"].is_empty());
     assert!(

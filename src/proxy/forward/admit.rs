@@ -1,0 +1,105 @@
+//! Where a proxied request meets the admission queue (`proxy::queued`): before its
+//! first routing attempt when others of its model already wait (it queues behind
+//! them), and when routing finds every eligible worker busy (it waits for capacity
+//! instead of an immediate answer); and, once it is answered, which prefill path a
+//! disaggregated request took.
+
+use super::super::policies::{PathLabel, Policies, Queue};
+use super::super::queued;
+use super::super::watch::Gone;
+use super::Job;
+use crate::engine::{EngineError, RouteDecision, RouteRequest};
+use crate::select::RouteError;
+use crate::service::router::ApiError;
+use std::sync::Arc;
+
+pub(super) use super::super::queued::Turn;
+
+impl Job {
+    fn policies(&self) -> Option<&Policies> {
+        let p = self.core.shared.proxy.policies.get()?;
+        (p.queueing() && self.front.is_some()).then_some(p)
+    }
+
+    fn model_of(rr: &RouteRequest) -> &str {
+        rr.model.as_deref().unwrap_or("")
+    }
+
+    /// The epoch of the request's queue, read before a routing attempt.
+    pub(super) fn queue_epoch(&self, rr: &RouteRequest) -> u64 {
+        self.policies().map_or(0, |p| p.epoch(Self::model_of(rr)))
+    }
+
+    /// Whether the request goes to the queue without trying to route: others of its
+    /// model wait, and it has no grant of its own (`turn`).
+    pub(super) fn queued_before(&self, rr: &RouteRequest, turn: &Option<queued_grant::G>) -> bool {
+        turn.is_none()
+            && self
+                .policies()
+                .is_some_and(|p| p.waiting(Self::model_of(rr)).is_some())
+    }
+
+    /// Whether a routing failure `e` (`None`: not tried, others wait) means waiting
+    /// in the queue: every eligible worker is busy and the queue is on.
+    pub(super) fn waits(&self, e: Option<&ApiError>, rr: &RouteRequest) -> bool {
+        let busy = match e {
+            None => true,
+            Some(ApiError::Engine(EngineError::Route(RouteError::AllBusy { .. }))) => true,
+            Some(_) => false,
+        };
+        busy && self.queue_of(rr).is_some()
+    }
+
+    fn queue_of(&self, rr: &RouteRequest) -> Option<Arc<Queue>> {
+        self.policies()?.queue(Self::model_of(rr))
+    }
+
+    /// The request was routed: a grant it held is used up (its wait measured).
+    pub(super) fn served(&self, turn: Option<queued_grant::G>) {
+        if let (Some(g), Some(p)) = (turn, self.policies()) {
+            p.admitted(&g);
+        }
+    }
+
+    /// On a disaggregated fleet, says where the request's prefill ran: header
+    /// `x-kvroute-prefill` (`remote`, `local-short`, `local-cached`) and the
+    /// `proxy_prefill_path` metric. Nothing for an aggregated worker.
+    pub(super) fn prefill_path(&self, r: &mut super::Resp, d: &RouteDecision) {
+        let (path, header) = match (&d.local_prefill, &d.prefill_worker) {
+            (Some(why), _) if why == "short" => ("local", "local-short"),
+            (Some(_), _) => ("local", "local-cached"),
+            (None, Some(_)) => ("remote", "remote"),
+            (None, None) => return,
+        };
+        r.headers_mut().insert(
+            "x-kvroute-prefill",
+            hyper::header::HeaderValue::from_static(header),
+        );
+        if let Some(p) = self.core.shared.proxy.policies.get() {
+            p.metrics
+                .prefill_path
+                .get_or_create(&PathLabel { path })
+                .inc();
+        }
+    }
+
+    /// Waits for the request's turn (see `proxy::queued`).
+    pub(super) async fn wait_turn(
+        &self,
+        rr: &RouteRequest,
+        seen: u64,
+        prior: Option<queued_grant::G>,
+        gone: &mut Gone,
+    ) -> Turn {
+        let (Some(p), Some(q), Some(front)) = (self.policies(), self.queue_of(rr), &self.front)
+        else {
+            return Turn::Left;
+        };
+        queued::wait_turn(p, Self::model_of(rr), &q, front, seen, prior, gone).await
+    }
+}
+
+pub(super) mod queued_grant {
+    /// A grant from the admission queue.
+    pub type G = crate::admission::shared::Grant<super::super::super::policies::Wake>;
+}

@@ -1,0 +1,270 @@
+//! A proxied request waiting in its model's admission queue for a worker below its
+//! busy threshold (docs/POLICIES.md "The queue"), on the core that accepted it.
+//!
+//! [`wait_turn`] enqueues the request (or puts a granted one that found every worker
+//! busy again back in its place) and waits for the first of:
+//! - a grant (capacity freed, `policies::Policies::freed`): [`Turn::Go`], route again;
+//! - a displacement by a better request on a full queue: 429 `queue_full`;
+//! - its time limit (`max_wait_ms`, or its deadline header if sooner): it leaves the
+//!   queue, 429 `queue_timeout` with `retry-after`;
+//! - its client going away (`watch`): it leaves the queue at once ([`Turn::Left`]);
+//! - a periodic tick ([`TICK`]) that grants the queue's best waiter a try, in case
+//!   capacity freed without a proxied request ending on this replica.
+//!
+//! [`wait_for_slot`] does the same for a request that found the proxy at
+//! `proxy.max_concurrent`, in the replica's slot queue.
+//!
+//! A grant that reaches a request as it leaves is passed on to the next waiter
+//! (`SharedQueue::leave`), so no freed capacity is lost. Every path out of the queue
+//! updates the depth gauge and counts its reason.
+
+use super::forward::{overloaded, Resp};
+use super::policies::{Front, Policies, Queue, Wake};
+use super::watch::Gone;
+use crate::admission::queue::{Entry, Refusal};
+use crate::admission::shared::{Grant, Leave, Waiter, WaiterState, Waiting};
+use crate::admission::Ticket;
+use futures_lite::FutureExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often a waiting request checks that the queue's best waiter got a try.
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// How a wait ended.
+pub enum Turn {
+    /// Capacity freed for this request: route it again (give the grant back to
+    /// [`wait_turn`] if every worker is busy after all).
+    Go(Grant<Wake>),
+    /// Answer this (429).
+    Answer(Resp),
+    /// The client went away; the request left the queue.
+    Left,
+}
+
+enum Event {
+    Woken,
+    Gone,
+    Tick,
+}
+
+fn full() -> Resp {
+    overloaded(
+        "queue_full",
+        "every worker is busy and the admission queue is full; retry later",
+        1,
+    )
+}
+
+fn timed_out(waited_ms: u64) -> Resp {
+    overloaded(
+        "queue_timeout",
+        &format!(
+            "every worker stayed busy for the {waited_ms} ms this request waited; retry later"
+        ),
+        1,
+    )
+}
+
+/// Waits for this request's turn in `q` (the queue of `model`): enqueued anew, or back
+/// in its place with `prior` (a grant that found every worker busy). `seen`: the
+/// queue's epoch read before the routing attempt that found every worker busy.
+pub async fn wait_turn(
+    p: &Policies,
+    model: &str,
+    q: &Arc<Queue>,
+    front: &Front,
+    seen: u64,
+    prior: Option<Grant<Wake>>,
+    gone: &mut Gone,
+) -> Turn {
+    let wake: Wake;
+    let waiter: Arc<Waiter>;
+    let ticket: Ticket;
+    match prior {
+        Some(g) => {
+            wake = g.item.item.clone();
+            waiter = g.item.waiter.clone();
+            ticket = g.ticket;
+            match q.retry(g, seen) {
+                Ok(r) => {
+                    p.deliver(r.displaced);
+                    if r.recheck {
+                        p.deliver(q.kick(p.now_us()));
+                    }
+                }
+                Err(r) => return refused(p, model, q, r.reason),
+            }
+        }
+        None => {
+            wake = Arc::new(tokio::sync::Notify::new());
+            let e = Entry {
+                item: wake.clone(),
+                priority: front.hints.priority,
+                deadline_us: front.hints.deadline_us,
+                tenant: front.tenant.map(|t| t.id),
+                arrival_us: p.now_us(),
+            };
+            match q.enqueue(e, seen) {
+                Ok(enq) => {
+                    p.metrics.queued.inc();
+                    p.deliver(enq.displaced);
+                    if enq.recheck {
+                        p.deliver(q.kick(p.now_us()));
+                    }
+                    waiter = enq.waiter;
+                    ticket = enq.ticket;
+                }
+                Err(r) => return refused(p, model, q, r.reason),
+            }
+        }
+    }
+    p.show_depth(model, q);
+    let max_wait = p.settings.max_wait_ms.saturating_mul(1000);
+    let until_us = ticket
+        .arrival_us
+        .saturating_add(max_wait)
+        .min(ticket.deadline_us);
+    loop {
+        match waiter.state() {
+            WaiterState::Granted => {
+                let g = Grant {
+                    ticket,
+                    item: Waiting { waiter, item: wake },
+                    tenant: front.tenant.map(|t| t.id),
+                    waited_us: p.now_us().saturating_sub(ticket.arrival_us),
+                };
+                p.show_depth(model, q);
+                return Turn::Go(g);
+            }
+            WaiterState::Refused => {
+                p.metrics.drop_reason("full");
+                p.show_depth(model, q);
+                return Turn::Answer(full());
+            }
+            WaiterState::Expired => return expired(p, model, q, ticket),
+            WaiterState::Gone => return Turn::Left,
+            WaiterState::Waiting => {}
+        }
+        let now = p.now_us();
+        if now >= until_us {
+            return match q.leave(ticket, &waiter, now) {
+                Leave::Removed => expired(p, model, q, ticket),
+                Leave::PassedOn(g) => {
+                    p.deliver(g);
+                    expired(p, model, q, ticket)
+                }
+                Leave::AlreadyOut(WaiterState::Refused) => {
+                    p.metrics.drop_reason("full");
+                    Turn::Answer(full())
+                }
+                Leave::AlreadyOut(_) => expired(p, model, q, ticket),
+            };
+        }
+        let nap = Duration::from_micros(until_us - now).min(TICK);
+        let ev = async {
+            wake.notified().await;
+            Event::Woken
+        }
+        .or(async {
+            (&mut *gone).await;
+            Event::Gone
+        })
+        .or(async {
+            glommio::timer::sleep(nap).await;
+            Event::Tick
+        })
+        .await;
+        match ev {
+            Event::Woken => {}
+            Event::Tick => p.tick(q, TICK.as_micros() as u64),
+            Event::Gone => {
+                match q.leave(ticket, &waiter, p.now_us()) {
+                    Leave::PassedOn(g) => p.deliver(g),
+                    Leave::Removed | Leave::AlreadyOut(_) => {}
+                }
+                p.metrics.drop_reason("client_gone");
+                p.show_depth(model, q);
+                return Turn::Left;
+            }
+        }
+    }
+}
+
+fn refused(p: &Policies, model: &str, q: &Queue, why: Refusal) -> Turn {
+    p.metrics.drop_reason(why.name());
+    p.show_depth(model, q);
+    Turn::Answer(match why {
+        Refusal::Full => full(),
+        Refusal::TenantShare => overloaded(
+            "queue_tenant_share",
+            "every worker is busy and this tenant already holds its share of the admission queue; retry later",
+            1,
+        ),
+    })
+}
+
+fn expired(p: &Policies, model: &str, q: &Queue, ticket: Ticket) -> Turn {
+    p.metrics.drop_reason("timeout");
+    p.show_depth(model, q);
+    let waited = p.now_us().saturating_sub(ticket.arrival_us) / 1000;
+    Turn::Answer(timed_out(waited))
+}
+
+/// The depth gauge's label of the slot queue (`proxy.max_concurrent`).
+pub const SLOTS_LABEL: &str = "(proxy.max_concurrent)";
+
+/// How waiting for a proxied-request slot ended.
+pub enum Slot {
+    Admitted(super::state::Admitted),
+    /// Answer this (429, or nothing to read: the client left).
+    Answer(Resp),
+    /// No queueing (off, or a malformed hint): the usual immediate 429.
+    Off,
+}
+
+/// `proxy.max_concurrent` is reached (and `admission.queue_at_max_concurrent` is on):
+/// the request waits for a slot in the replica's
+/// slot queue, ordered by the hints of its headers (the body is not read yet, so it
+/// holds no memory beyond its connection), with the bounds and answers of the model
+/// queues. A slot freed when a proxied request ends goes to the best waiter.
+pub async fn wait_for_slot(
+    sh: &std::sync::Arc<crate::service::shared::Shared>,
+    headers: &hyper::HeaderMap,
+    watch: &super::watch::ClientWatch,
+) -> Slot {
+    let on = |p: &&Policies| p.queueing() && p.settings.queue_at_max_concurrent;
+    let Some(p) = sh.proxy.policies.get().filter(on) else {
+        return Slot::Off;
+    };
+    let Some(front) = p.front_of_headers(headers) else {
+        return Slot::Off;
+    };
+    let max = sh.settings.proxy.max_concurrent;
+    let q = p.slots().clone();
+    let mut gone = watch.gone();
+    let mut prior: Option<Grant<Wake>> = None;
+    loop {
+        let seen = q.epoch();
+        if prior.is_some() || q.is_empty() {
+            if let Some(a) = super::state::ProxyShared::admit(sh, max) {
+                if let Some(g) = prior.take() {
+                    p.admitted(&g);
+                }
+                return Slot::Admitted(a);
+            }
+        }
+        match wait_turn(p, SLOTS_LABEL, &q, &front, seen, prior.take(), &mut gone).await {
+            Turn::Go(g) => prior = Some(g),
+            Turn::Answer(r) => return Slot::Answer(r),
+            Turn::Left => {
+                return Slot::Answer(super::forward::error(
+                    hyper::StatusCode::from_u16(499).unwrap_or(hyper::StatusCode::BAD_REQUEST),
+                    "invalid_request_error",
+                    "client_closed_request",
+                    "the client closed the connection",
+                ))
+            }
+        }
+    }
+}
