@@ -476,6 +476,27 @@ impl Settings {
         Ok(())
     }
 
+    /// The tokenizers of `tokenizers`, bounded by `limits.max_prompt_tokens` and
+    /// `limits.chat_template_fuel`, with `lora_adapters` (loaded from disk: any
+    /// unreadable or broken file is an error naming the model and file).
+    pub fn load_tokenizers(&self) -> Result<crate::tokenize::Tokenizers, String> {
+        let models: Vec<(String, std::path::PathBuf)> = self
+            .tokenizers
+            .iter()
+            .map(|(m, d)| (m.clone(), std::path::PathBuf::from(d)))
+            .collect();
+        let adapters: Vec<(String, String)> = self
+            .lora_adapters
+            .iter()
+            .map(|(a, b)| (a.clone(), b.clone()))
+            .collect();
+        crate::tokenize::Tokenizers::load(&models)?
+            .with_max_prompt_tokens(self.limits.max_prompt_tokens)
+            .with_template_fuel(self.limits.chat_template_fuel)
+            .with_lean(self.tokenize_lean)
+            .with_adapters(&adapters)
+    }
+
     /// The effective shared secret: `auth_token`, or the first line of
     /// `auth_token_file`.
     pub fn resolve_token(&self) -> Result<Option<String>, String> {
@@ -532,33 +553,4 @@ fn validate_doors(hosts: &[String], origins: &[String]) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_are_valid_and_match_the_documented_ports() {
-        let s = Settings::default();
-        s.validate().unwrap();
-        assert_eq!(s.events_addr, "127.0.0.1:7400");
-        assert_eq!(s.api_addr, "127.0.0.1:7401");
-        assert_eq!(s.http_addr, "127.0.0.1:7480");
-    }
-
-    #[test]
-    fn toml_layers_over_defaults() {
-        let s = Settings::from_toml(
-            "cores = 1\n[router]\noverlap_score_credit = 0.25\n[limits]\nmax_workers = 8\n",
-        )
-        .unwrap();
-        assert_eq!(s.cores, Some(1));
-        assert_eq!(s.router.overlap_score_credit, 0.25);
-        assert_eq!(s.limits.max_workers, 8);
-        assert_eq!(s.limits.queue_depth, 8192);
-        assert!(Settings::from_toml("bogus = 1").is_err());
-        let bad = Settings {
-            http_addr: "nope".into(),
-            ..Default::default()
-        };
-        assert!(bad.validate().is_err());
-    }
-}
+mod tests;

@@ -219,7 +219,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     // (a refusal is one line naming the fix, not a panic inside glommio).
     preflight::check()?;
     // Before anything is bound: a missing or broken tokenizer directory stops the start.
-    let tokenizers = Arc::new(crate::tokenize::Tokenizers::from_settings(&settings)?);
+    let tokenizers = Arc::new(settings.load_tokenizers()?);
     for m in tokenizers.models() {
         let how = if tokenizers.is_lean(m) {
             "lean walk of its pipeline"

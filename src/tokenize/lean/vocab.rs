@@ -277,7 +277,7 @@ mod tests {
     use tokenizers::Model as _;
 
     fn model() -> tokenizers::models::wordlevel::WordLevel {
-        let tok = crate::tokenize::testing::build_tokenizer(2000).unwrap();
+        let tok = crate::tokenize::fixture::build_tokenizer(2000).unwrap();
         match tok.get_model() {
             tokenizers::ModelWrapper::WordLevel(wl) => wl.clone(),
             _ => unreachable!("the test tokenizer is word-level"),
@@ -367,7 +367,7 @@ mod tests {
     fn the_hash_spreads_a_large_vocabulary() {
         // 32k words like the simulated fleet's; linear probing at load 1/2 averages
         // 1.5 slots per hit when the hash spreads the keys.
-        let tok = crate::tokenize::testing::build_tokenizer(32_000).unwrap();
+        let tok = crate::tokenize::fixture::build_tokenizer(32_000).unwrap();
         let words = tok.get_vocab(false);
         let v = Vocab::new(&words).unwrap();
         let avg = v.probes(&words) as f64 / words.len() as f64;
