@@ -39,6 +39,7 @@ mod kernel;
 mod loads;
 mod pick;
 mod routed;
+mod stage;
 #[cfg(test)]
 mod tests;
 
