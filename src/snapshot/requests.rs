@@ -9,7 +9,7 @@
 //! µs, then if flagged: u32 OSL, u64 first-token age µs, u32 length + JSON
 //! `{"filters", "mode"}`; last u32 hash count + the hashes as u64.
 
-use super::SnapshotError;
+use super::error::{bad, SnapshotError};
 use crate::config::Mode;
 use crate::load::CarriedRequest;
 use crate::select::Filters;
@@ -45,10 +45,6 @@ impl<W> SavedRequest<W> {
 pub struct SavedReroute {
     pub filters: Filters,
     pub mode: Mode,
-}
-
-pub(super) fn bad(m: &str) -> SnapshotError {
-    SnapshotError::Corrupt(m.to_string())
 }
 
 /// A bounds-checked little-endian cursor.
