@@ -249,7 +249,7 @@ pub struct ServeArgs {
     pub max_preauth_connections: Option<usize>,
     #[arg(long, env = "KVROUTE_MAX_HELLO_BYTES")]
     pub max_hello_bytes: Option<usize>,
-    // The OpenAI proxy (README "Proxy").
+    // The OpenAI proxy (docs/PROXY.md).
     /// Proxy listen address; empty or `off` disables the proxy.
     #[arg(long, env = "KVROUTE_PROXY_ADDR")]
     pub proxy_addr: Option<String>,

@@ -106,7 +106,7 @@ pub struct Settings {
     pub limits: Limits,
     pub router: RouterConfig,
     /// vLLM / SGLang engines to subscribe to over ZMQ (`[[engines]]`), each bound to a
-    /// worker (README "Pointing kvroute at a vLLM fleet").
+    /// worker (README "Pointing kvroute at a vLLM or SGLang fleet").
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
     /// A file of more `[[engines]]`, followed while kvroute runs: re-read every second
@@ -156,7 +156,7 @@ pub struct Settings {
     /// Most distinct hash ids the trace renumbers (its id map's size); the recording
     /// stops when a request needs more. Default 4,194,304.
     pub record_max_ids: usize,
-    /// OpenAI-compatible proxy listener (`crate::proxy`, README "Proxy"); empty or
+    /// OpenAI-compatible proxy listener (`crate::proxy`, docs/PROXY.md); empty or
     /// `off` = none. Default 127.0.0.1:8000.
     pub proxy_addr: String,
     /// The proxy's timeouts, limits, retries, breaker and client keys (`[proxy]`).

@@ -7,7 +7,7 @@
 //! Model: each replica publishes what its own ingest accepted, per worker in order,
 //! to one JetStream stream; every replica applies that stream in order (its own
 //! records were applied when accepted and are skipped), so all indexes converge. The
-//! registry is a JetStream KV bucket. See README "Router replicas".
+//! registry is a JetStream KV bucket. See docs/OPERATIONS.md "Router replicas".
 
 pub mod auth;
 pub mod config;

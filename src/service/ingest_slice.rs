@@ -1,6 +1,6 @@
 //! Preemptible application of one index batch: a cursor that hands a shard at most
 //! `ingest_slice_hashes` of its block hashes at a time, so the run loop can look at
-//! its urgent inbox (routing queries, answers) between two slices (issue 16, item 2).
+//! its urgent inbox (routing queries, answers) between two slices.
 //!
 //! Why: a batch holds up to `index_batch::BATCH_HASHES` hashes (~25–50 µs of shard
 //! work). Applied in one go, a routing query arriving meanwhile waits for all of it;

@@ -1,7 +1,7 @@
 //! Warm-restart snapshots: the worker registry (specs, epochs, sequence resume points),
 //! every live index entry and the in-flight requests, in one file written atomically.
 //!
-//! Format version 3 (all integers little-endian; README "Warm restart" has the table):
+//! Format version 3 (all integers little-endian; docs/OPERATIONS.md "Warm restart" has the table):
 //! magic `KVRS`, version u16 (3), the hash parameters that give the saved hashes their
 //! meaning (u32 block size, u64 hash seed, u8 length + ASCII name of the hash scheme),
 //! u32 length + JSON of the saved workers, then per saved worker: u64 count and

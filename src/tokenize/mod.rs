@@ -1,5 +1,5 @@
 //! Prompt token ids of OpenAI requests, computed as the inference engine computes them,
-//! so the router hashes the same blocks the engine will cache (issue 18).
+//! so the router hashes the same blocks the engine will cache.
 //!
 //! Per model, a HuggingFace tokenizer directory (`tokenizer.json`, optionally
 //! `tokenizer_config.json` and `chat_template.jinja`) is loaded once at start

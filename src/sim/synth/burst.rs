@@ -1,5 +1,5 @@
 //! Bursty synthetic load: groups of requests sharing a prefix nobody has seen yet,
-//! arriving together (issue 15 item 5).
+//! arriving together.
 //!
 //! Bursts start as a Poisson process of `rate_per_s / burst_size` (so requests still
 //! arrive at `rate_per_s` on average). Each burst draws a fresh prefix of

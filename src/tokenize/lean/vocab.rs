@@ -10,7 +10,7 @@
 //! arena of the words) took SipHash and the allocations away, but each lookup still
 //! read three scattered lines (the control bytes, the entry, the word in the arena):
 //! a profile put two thirds of the walk's time on those loads (docs/PERFORMANCE.md,
-//! "Session 14"). Here a word of at most [`INLINE`] bytes — nearly every word of a
+//! "Tokenization"). Here a word of at most [`INLINE`] bytes — nearly every word of a
 //! vocabulary — is compared inside its slot as two integers, and linear probing keeps
 //! a collision's next slot on the same line most of the time.
 //!
