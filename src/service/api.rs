@@ -15,20 +15,22 @@
 //! requests is being answered is closed; while its answers are being computed it is
 //! busy and never idle (pipelined clients waiting for answers stay).
 
-use super::conn::{
-    error_kind, read_for, read_hello, yield_to_poll, FramedReader, Stop, READ_CHUNK,
-};
-use super::conn_slot::Slot;
-use super::core::Core;
-use super::msg::LifeOp;
-use super::router::{self, ApiError};
-use super::{batch, control, errors};
 use crate::codec::{
     self, ErrorCode, LifecycleOp, Prompt, RequestMsg, ResponseMsg, PROTOCOL_VERSION,
 };
 use crate::credentials::Principal;
 use crate::engine::{DpRankSpec, RouteDecision, RouteRequest};
 use crate::registry::Origin;
+use crate::service::batch;
+use crate::service::conn::{
+    error_kind, read_for, read_hello, yield_to_poll, FramedReader, Stop, READ_CHUNK,
+};
+use crate::service::conn_slot::Slot;
+use crate::service::control;
+use crate::service::core::Core;
+use crate::service::errors;
+use crate::service::msg::LifeOp;
+use crate::service::router::{self, ApiError};
 use bytes::BytesMut;
 use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;

@@ -12,12 +12,12 @@
 //! registry entries, echoed back by the bucket, are skipped (it applied them when its
 //! door accepted them).
 
-use super::cluster_bridge::{Apply, Cluster, Out};
-use super::shared::Shared;
 use crate::cluster::auth::Kind;
 use crate::cluster::entry::{By, RegEntry};
 use crate::cluster::names::worker_key;
 use crate::credentials::Principal;
+use crate::service::cluster_bridge::{Apply, Cluster, Out};
+use crate::service::shared::Shared;
 use prometheus_client::encoding::EncodeLabelSet;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -15,13 +15,15 @@
 //!
 //! Without `--cluster` none of this exists: every hook is one `OnceLock` load.
 
-use super::cluster_load::{apply_load, load_sync};
-pub use super::cluster_load::{carried_ops, carry_all, publish_life, publish_route, ReplicaOp};
-use super::control;
-use super::msg::{Hashes, IndexOp, Msg};
-use super::shared::Shared;
 use crate::cluster::state::{Health, Verdict};
 use crate::cluster::wire::{EventRecord, RecOp};
+use crate::service::cluster_load::{apply_load, load_sync};
+pub use crate::service::cluster_load::{
+    carried_ops, carry_all, publish_life, publish_route, ReplicaOp,
+};
+use crate::service::control;
+use crate::service::msg::{Hashes, IndexOp, Msg};
+use crate::service::shared::Shared;
 use crate::types::{WorkerSlot, WorkerSpec};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -92,7 +94,7 @@ pub struct ClusterMetrics {
     /// Messages refused by kind (record, registry, load, sync_request, sync_answer,
     /// lease) and reason (missing_tag, bad_tag, origin, key, owner, stale,
     /// undecodable): `cluster_auth`.
-    pub refused: Family<super::cluster_auth::RefusedLabel, Counter>,
+    pub refused: Family<crate::service::cluster_auth::RefusedLabel, Counter>,
 }
 
 impl ClusterMetrics {
@@ -326,7 +328,7 @@ pub fn start(
     }
     // Sent once NATS is reached (the load publisher starts then).
     for id in orphans {
-        publish_life(sh, super::msg::LifeOp::Finish, &id);
+        publish_life(sh, crate::service::msg::LifeOp::Finish, &id);
     }
     eprintln!(
         "kvroute: cluster {:?} via {}: replica {}, resuming the log after sequence {start_after}",
@@ -339,7 +341,7 @@ pub fn start(
         let (sh, cl) = (sh.clone(), cluster.clone());
         std::thread::Builder::new()
             .name("kvroute-cluster".into())
-            .spawn(move || super::cluster_nats::run(sh, cl, rx, load_rx, apply_tx))
+            .spawn(move || crate::service::cluster_nats::run(sh, cl, rx, load_rx, apply_tx))
             .map_err(|e| format!("cluster thread: {e}"))?
     };
     let apply = {

@@ -23,11 +23,11 @@
 mod consume;
 mod publish;
 
-use super::cluster_bridge::{Apply, Cluster, Out};
-use super::cluster_peers as peers;
-use super::shared::Shared;
 use crate::cluster::load::LoadOp;
 use crate::cluster::names::Names;
+use crate::service::cluster_bridge::{Apply, Cluster, Out};
+use crate::service::cluster_peers as peers;
+use crate::service::shared::Shared;
 use async_nats::jetstream::{self, kv, stream};
 use consume::{consume, registry_sync, watch_registry};
 use publish::publisher;
@@ -142,7 +142,7 @@ fn republish_own(sh: &Shared) {
     let reg = sh.registry.load();
     for e in reg.iter() {
         if e.origin != crate::registry::Origin::Restored {
-            super::cluster_bridge::publish_worker(sh, &e.spec);
+            crate::service::cluster_bridge::publish_worker(sh, &e.spec);
         }
     }
 }

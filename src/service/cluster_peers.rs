@@ -10,12 +10,12 @@
 //! another), a lease with its key (a lease held by a value that does not verify is
 //! taken over).
 
-use super::cluster_auth as auth;
-use super::cluster_bridge::{Apply, Cluster};
-use super::shared::Shared;
 use crate::cluster::auth::Kind;
 use crate::cluster::load::{Batcher, LoadBatch, LoadOp, SeqGuard};
 use crate::cluster::names::{worker_key, Names};
+use crate::service::cluster_auth as auth;
+use crate::service::cluster_bridge::{Apply, Cluster};
+use crate::service::shared::Shared;
 use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
 use futures_lite::StreamExt;
@@ -169,8 +169,8 @@ pub(super) async fn sync_responder(
         }
         let s = sh.clone();
         let ops = tokio::task::spawn_blocking(move || {
-            super::cluster_bridge::carry_all(&s)
-                .map(|all| super::cluster_bridge::carried_ops(&s, all))
+            crate::service::cluster_bridge::carry_all(&s)
+                .map(|all| crate::service::cluster_bridge::carried_ops(&s, all))
         })
         .await
         .ok()

@@ -8,8 +8,8 @@
 //! buffers come with [`FramedReader::authenticated`]. Every wait for the peer goes
 //! through [`read_for`], which also ends when the connection's slot is told to close.
 
-use super::conn_slot::Slot;
 use crate::codec::{CodecError, Frame, FrameDecoder};
+use crate::service::conn_slot::Slot;
 use bytes::BytesMut;
 use futures_lite::{AsyncRead, AsyncReadExt};
 use std::time::Duration;

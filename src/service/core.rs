@@ -17,10 +17,10 @@ mod wait;
 pub use requests::expiry_loop;
 pub use wait::WaitReply;
 
-use super::msg::{Msg, QueryAnswer, Reply, Retained, SpecAdd};
-use super::shared::Shared;
 use crate::index::{IndexShard, PendingShard, ShardAnswer};
 use crate::load::{ActiveBlocksShard, LoadTracker, NewRequest};
+use crate::service::msg::{Msg, QueryAnswer, Reply, Retained, SpecAdd};
+use crate::service::shared::Shared;
 use crate::sync::board::Published;
 use crate::types::{Tier, WorkerSlot};
 use rand::rngs::SmallRng;
@@ -227,7 +227,7 @@ impl Core {
                 items,
                 check_id,
             } => {
-                super::answer_spin::query_arrived();
+                crate::service::answer_spin::query_arrived();
                 let answer = self.local_query(&items, check_id.as_deref());
                 self.post(
                     from,
@@ -249,16 +249,16 @@ impl Core {
                 self.post(from, Msg::LifecycleDone { qid, result });
             }
             Msg::LifecycleDone { qid, result } => self.complete(qid, Reply::Lifecycle(result)),
-            Msg::Snapshot(collect) => collect.put(self.id, super::persist::dump(self)),
+            Msg::Snapshot(collect) => collect.put(self.id, crate::service::persist::dump(self)),
             Msg::Barrier { from, qid } => self.post(from, Msg::Applied { qid }),
             Msg::Applied { qid } => self.complete(qid, Reply::Applied),
             Msg::Replica(op) => self.apply_replica(*op),
             Msg::Expect => {
                 let waits = &self.shared.metrics.answer_waits;
                 waits
-                    .get_or_create(&super::metrics::KindLabel { kind: "expected" })
+                    .get_or_create(&crate::service::metrics::KindLabel { kind: "expected" })
                     .inc();
-                super::answer_spin::expect(Duration::from_micros(
+                crate::service::answer_spin::expect(Duration::from_micros(
                     self.shared.settings.answer_spin_us,
                 ));
             }

@@ -20,8 +20,8 @@
 //! The watcher thread stops, with every thread it started, within about a second of
 //! shutdown.
 
-use super::shared::Shared;
 use crate::engines::config::EngineEndpoint;
+use crate::service::shared::Shared;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -200,7 +200,7 @@ fn watch(sh: Arc<Shared>, path: String, first: Loaded, reload: Arc<AtomicBool>) 
 fn reloaded(sh: &Shared, kind: &'static str) {
     sh.metrics
         .engines_file_reloads
-        .get_or_create(&super::metrics::KindLabel { kind })
+        .get_or_create(&crate::service::metrics::KindLabel { kind })
         .inc();
 }
 
@@ -230,7 +230,7 @@ fn apply(
             changed.push(id);
         } else {
             // Already gone (removed over HTTP) is fine.
-            let _ = super::control::deregister_blocking(sh, &id);
+            let _ = crate::service::control::deregister_blocking(sh, &id);
             removed.push(id);
         }
     }
@@ -239,7 +239,7 @@ fn apply(
             added.push(id.clone());
         }
         let stop = Arc::new(AtomicBool::new(false));
-        match super::zmq_ingest::spawn(sh, cfg.clone(), stop.clone()) {
+        match crate::service::zmq_ingest::spawn(sh, cfg.clone(), stop.clone()) {
             Ok(t) => {
                 running.insert(
                     id,

@@ -1,11 +1,11 @@
 //! One mapping from service errors to wire error codes (binary) and HTTP statuses, so
 //! both APIs answer the same failure the same way.
 
-use super::router::ApiError;
 use crate::codec::ErrorCode;
 use crate::engine::EngineError;
 use crate::registry::RegistryError;
 use crate::select::RouteError;
+use crate::service::router::ApiError;
 
 /// The error code of a service error.
 pub fn code(e: &ApiError) -> ErrorCode {

@@ -12,13 +12,14 @@
 //! type; CORS for listed origins); then which token may call which route is decided by
 //! `check_auth` with the rules of `credentials`.
 
-use super::core::Core;
-use super::doors::{self, Door, Pass};
-use super::msg::LifeOp;
-use super::router::{self, ApiError};
-use super::{control, errors};
 use crate::engine::{EventBatch, RouteRequest};
 use crate::registry::{Origin, Upsert};
+use crate::service::control;
+use crate::service::core::Core;
+use crate::service::doors::{self, Door, Pass};
+use crate::service::errors;
+use crate::service::msg::LifeOp;
+use crate::service::router::{self, ApiError};
 use crate::types::WorkerSpec;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -174,7 +175,7 @@ async fn answer(core: Rc<Core>, req: Request<Incoming>) -> Resp {
     }
     if let Some(refused) = check_auth(&core, &method, &parts, &presented) {
         if ui && method == Method::GET {
-            return html(StatusCode::UNAUTHORIZED, super::status::LOGIN_HTML);
+            return html(StatusCode::UNAUTHORIZED, crate::service::status::LOGIN_HTML);
         }
         return refused;
     }
@@ -225,9 +226,12 @@ async fn route_http(
     let core = core.clone();
     let method = method.clone();
     let resp = match (&method, parts) {
-        (&Method::GET, ["healthz"]) => json(StatusCode::OK, &super::persist::healthz(&core.shared)),
+        (&Method::GET, ["healthz"]) => json(
+            StatusCode::OK,
+            &crate::service::persist::healthz(&core.shared),
+        ),
         (&Method::GET, ["readyz"]) => {
-            let (ready, body) = super::cluster_bridge::readyz(&core.shared);
+            let (ready, body) = crate::service::cluster_bridge::readyz(&core.shared);
             let code = if ready {
                 StatusCode::OK
             } else {
@@ -236,18 +240,18 @@ async fn route_http(
             json(code, &body)
         }
         (&Method::GET, ["metrics"]) => {
-            let text = super::scrape(&core);
+            let text = crate::service::scrape(&core);
             Response::builder()
                 .header("content-type", "text/plain; version=0.0.4")
                 .body(Full::new(Bytes::from(text)))
                 .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
         }
-        (&Method::GET, ["ui"]) => html(StatusCode::OK, super::status::INDEX_HTML),
+        (&Method::GET, ["ui"]) => html(StatusCode::OK, crate::service::status::INDEX_HTML),
         (&Method::GET, ["v1", "status"]) => Response::builder()
             .header("content-type", "application/json")
             .header("cache-control", "no-store")
             .body(Full::new(
-                super::status::status_body(core.shared.clone()).await,
+                crate::service::status::status_body(core.shared.clone()).await,
             ))
             .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
         (&Method::GET, ["v1", "workers"]) => json(StatusCode::OK, &control::workers(&core)),

@@ -11,9 +11,9 @@
 //! (owned lists of more than one batch are copied once, into one `Arc` per part).
 //! Pure: no I/O; callers send each batch as it comes out.
 
-use super::msg::{Hashes, IndexOp};
 use crate::codec::HashList;
 use crate::engines::adapter::Change;
+use crate::service::msg::{Hashes, IndexOp};
 
 /// Most block hashes in one index batch. 1,024 hashes are about 25–50 µs of shard work
 /// split over the cores, and still amortise the per-batch cost (one `Arc` and one

@@ -2,7 +2,7 @@
 //!
 //! Per connection: the worker's `Hello` registers it (heartbeat-tracked) and binds the
 //! connection to it exclusively; then every decoded read's events become batches of
-//! index operations fanned out to all shards, in order, cut by [`super::index_batch`]
+//! index operations fanned out to all shards, in order, cut by [`crate::service::index_batch`]
 //! (at most 1,024 hashes per batch, long events split zero-copy), which bounds how
 //! long a routing query can wait behind one. Sequence numbers are checked:
 //! a gap marks the worker suspect (overlap counted as zero) and asks it to resync; a
@@ -10,15 +10,17 @@
 //! A malformed, oversized or out-of-protocol frame closes only this connection, with
 //! an `Error` frame, a log line and a counted protocol error.
 
-use super::conn::{error_kind, read_for, read_hello, yield_to_poll, FramedReader, READ_CHUNK};
-use super::conn_slot::Slot;
-use super::control;
-use super::core::Core;
-use super::errors;
-use super::index_batch::Batch;
-use super::msg::IndexOp;
 use crate::codec::{resync_reason, ErrorCode, EventMsg, WorkerBound, PROTOCOL_VERSION};
 use crate::registry::Origin;
+use crate::service::conn::{
+    error_kind, read_for, read_hello, yield_to_poll, FramedReader, READ_CHUNK,
+};
+use crate::service::conn_slot::Slot;
+use crate::service::control;
+use crate::service::core::Core;
+use crate::service::errors;
+use crate::service::index_batch::Batch;
+use crate::service::msg::IndexOp;
 use bytes::BytesMut;
 use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
@@ -155,7 +157,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream, conn: Rc<Slot>) {
 struct Session<'a> {
     core: Rc<Core>,
     conn: &'a Slot,
-    cells: &'a super::shared::WorkerCells,
+    cells: &'a crate::service::shared::WorkerCells,
     slot: crate::types::WorkerSlot,
     gen: u64,
     worker_id: &'a str,
@@ -216,7 +218,7 @@ async fn events(
         cells.last_seen_ms.store(sh.now_ms(), Ordering::Release);
         // `--cluster`: records of this worker were dropped (publish buffer full), so
         // the peers' view of it is stale; a re-announce republishes all of it.
-        if super::cluster_bridge::take_lost(sh, slot) && !resync_asked {
+        if crate::service::cluster_bridge::take_lost(sh, slot) && !resync_asked {
             resync_asked = true;
             WorkerBound::Resync {
                 reason: resync_reason::SEQUENCE_GAP,

@@ -21,12 +21,12 @@
 //! of `/healthz` (`degraded` while the last attempt failed); the shutdown snapshot's
 //! failure makes `kvroute serve` exit non-zero.
 
-use super::core::Core;
-use super::msg::{Msg, Retained};
-use super::shared::Shared;
 use crate::engine::Prepared;
 use crate::index::IndexShard;
 use crate::registry::Registry;
+use crate::service::core::Core;
+use crate::service::msg::{Msg, Retained};
+use crate::service::shared::Shared;
 use crate::snapshot::{
     self, Expect, RestoreError, SavedRequest, SavedReroute, SavedWorker, Snapshot,
 };
@@ -256,10 +256,10 @@ pub fn take(sh: &Shared, dir: &Path) -> Result<Taken, String> {
 
 /// [`take`], with its outcome recorded in the metrics (and so in `/healthz`).
 pub fn take_recorded(sh: &Shared, dir: &Path) -> Result<Taken, String> {
-    let cluster_seq = super::cluster_bridge::seq_before_snapshot(sh);
+    let cluster_seq = crate::service::cluster_bridge::seq_before_snapshot(sh);
     let mut r = take(sh, dir);
     if let (Ok(_), Some(seq)) = (&r, cluster_seq) {
-        if let Err(e) = super::cluster_bridge::save_seq(dir, seq) {
+        if let Err(e) = crate::service::cluster_bridge::save_seq(dir, seq) {
             r = Err(e);
         }
     }

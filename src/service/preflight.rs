@@ -152,7 +152,7 @@ fn refused(call: &str, e: io::Error) -> String {
 /// Raises the soft locked-memory limit to the hard one (and the hard one to
 /// [`MIN_MEMLOCK_BYTES`] when the process may), then checks it.
 fn memlock() -> Result<(), String> {
-    super::raise_memlock();
+    crate::service::raise_memlock();
     let (soft, hard) = memlock_limits();
     if soft >= MIN_MEMLOCK_BYTES {
         return Ok(());

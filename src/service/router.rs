@@ -18,8 +18,6 @@
 //! The steps are the engine's (`engine::Engine::route`), so the in-process engine and
 //! the service give the same decisions for the same state.
 
-use super::core::Core;
-use super::msg::{LifeOp, LifeOutcome, Msg, Reply, Retained};
 use crate::config::Mode;
 use crate::config::PrefillLoadModel;
 use crate::engine::plan;
@@ -30,6 +28,8 @@ use crate::select::{
     decide_view, Decision, Fleet, Hits, Loads, RequestShape, RouteError, RrState, Scratch,
     ViewInput,
 };
+use crate::service::core::Core;
+use crate::service::msg::{LifeOp, LifeOutcome, Msg, Reply, Retained};
 use crate::types::{Role, WorkerSlot};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
@@ -230,7 +230,7 @@ async fn route_prepared(
     let ask_others = sh.cores > 1 && !sh.replicated;
     // Until the answers are in, this core's run loop stays awake for them
     // (`answer_spin_us`): parking now would add its own wake-up to the round trip.
-    let awaiting = ask_others.then(super::answer_spin::awaiting);
+    let awaiting = ask_others.then(crate::service::answer_spin::awaiting);
     let mut items: Vec<Vec<(u32, u64)>> = vec![Vec::new(); sh.cores];
     let mine = sh.shard_index(core.id);
     for (i, &h) in prepared.hashes.iter().enumerate() {
@@ -358,7 +358,7 @@ async fn route_prepared(
     };
     let mut out = plan::to_output(&reg, id, &d, explain || sampled, &spec);
     let (sw, from) = plan::speculative_target(&d, &merged);
-    let spec_add = (from < n).then_some(super::msg::SpecAdd {
+    let spec_add = (from < n).then_some(crate::service::msg::SpecAdd {
         slot: sw,
         from: from as u32,
         now_us,
@@ -393,7 +393,7 @@ fn record_for_status(
     sampled: bool,
     explain: bool,
 ) {
-    use super::status::model::{keep_candidates, DecisionRecord, MAX_CANDIDATES};
+    use crate::service::status::model::{keep_candidates, DecisionRecord, MAX_CANDIDATES};
     let c = &core.shared.status.counters;
     c.routed(d.decode_worker);
     let prefill = d.prefill_worker.filter(|&p| p != d.decode_worker);
@@ -406,7 +406,7 @@ fn record_for_status(
         .chain(prefill.zip(out.prefill_worker.as_ref()));
     for (slot, id) in workers {
         if let Some(warn) = c.routed_silent(slot, now_ms) {
-            let label = super::metrics::WorkerLabel { worker: id.clone() };
+            let label = crate::service::metrics::WorkerLabel { worker: id.clone() };
             core.shared
                 .metrics
                 .routed_without_events
@@ -419,7 +419,7 @@ fn record_for_status(
                     None => "since it registered".to_string(),
                     Some(_) => format!(
                         "in the last {} s",
-                        super::status::model::SILENT_AFTER_MS / 1000
+                        crate::service::status::model::SILENT_AFTER_MS / 1000
                     ),
                 };
                 eprintln!(
@@ -476,7 +476,7 @@ pub async fn lifecycle(
         r => r,
     };
     if result.is_ok() {
-        super::cluster_bridge::publish_life(&core.shared, op, id);
+        crate::service::cluster_bridge::publish_life(&core.shared, op, id);
     }
     match result? {
         LifeOutcome::Done => Ok(None),
@@ -513,7 +513,7 @@ async fn lifecycle_elsewhere(
         _ => None,
     };
     let mut qids = Vec::with_capacity(core.shared.cores - 1);
-    let _awaiting = super::answer_spin::awaiting();
+    let _awaiting = crate::service::answer_spin::awaiting();
     let others = (0..core.shared.cores).filter(|&c| c != core.id);
     for to in others.filter(|&c| only.is_none_or(|o| o == c)) {
         let qid = core.new_wait();

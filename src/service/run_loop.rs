@@ -27,10 +27,10 @@
 //!   the spin ends at the bound whatever happens;
 //! - at shutdown it returns once in-flight work is done (or after 5 s).
 
-use super::answer_spin;
-use super::core::Core;
-use super::metrics::KindLabel;
-use super::msg::{Lane, Msg};
+use crate::service::answer_spin;
+use crate::service::core::Core;
+use crate::service::metrics::KindLabel;
+use crate::service::msg::{Lane, Msg};
 use crate::sync::lanes::{awake_both, try_sleep_both};
 use crate::sync::mailbox::Mailbox;
 use futures_lite::AsyncReadExt;
@@ -122,7 +122,7 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
                         if slice.elapsed() >= BULK_SLICE {
                             core.publish();
                             core.flush();
-                            super::conn::yield_to_poll().await;
+                            crate::service::conn::yield_to_poll().await;
                             slice = Instant::now();
                         }
                     }
@@ -136,7 +136,7 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
             futures_lite::future::yield_now().await;
             if slice.elapsed() >= BULK_SLICE {
                 // While this loop stays runnable glommio never polls its rings.
-                super::conn::yield_to_poll().await;
+                crate::service::conn::yield_to_poll().await;
                 slice = Instant::now();
             } else {
                 glommio::yield_if_needed().await;
@@ -171,7 +171,7 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
             // reactor costs system calls (io_uring submissions).
             spinning = true;
             if spin_poll.elapsed() >= SPIN_POLL {
-                super::conn::yield_to_poll().await;
+                crate::service::conn::yield_to_poll().await;
                 spin_poll = Instant::now();
             } else {
                 futures_lite::future::yield_now().await;

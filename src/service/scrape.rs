@@ -3,8 +3,8 @@
 //! and the status counters at the moment of the scrape. Reads only; costs nothing on
 //! the hot path.
 
-use super::core::Core;
-use super::metrics;
+use crate::service::core::Core;
+use crate::service::metrics;
 
 /// `/metrics` text, with scrape-time gauges filled from the board.
 pub fn scrape(core: &Core) -> String {

@@ -8,11 +8,11 @@
 //! The core's run loop drains the urgent inbox before every bulk message, so a backlog
 //! of index work never sits in front of a routing query.
 
-use super::metrics::Metrics;
-use super::msg::{Lane, Msg};
 use crate::credentials::Credentials;
 use crate::index::Budget;
 use crate::registry::Registry;
+use crate::service::metrics::Metrics;
+use crate::service::msg::{Lane, Msg};
 use crate::settings::Settings;
 use crate::sync::board::LoadBoard;
 use crate::sync::mailbox::Mailbox;
@@ -65,7 +65,7 @@ pub struct Shared {
     /// Replicated: the service-wide request-id register (`claims`), so a route need
     /// not ask the other cores whether they know its id. `None` when sharded or on
     /// one core.
-    pub claims: Option<super::claims::Claims>,
+    pub claims: Option<crate::service::claims::Claims>,
     /// Per core: `[urgent, bulk]` inboxes, indexed by [`Lane`].
     mailboxes: Vec<[Mailbox<Msg>; 2]>,
     /// Per core: the doorbell write end (one for both inboxes).
@@ -92,16 +92,16 @@ pub struct Shared {
     pub affinity: crate::select::Affinity,
     pub started: Instant,
     /// Status page counters, history and cached document (`status`).
-    pub status: super::status::StatusState,
+    pub status: crate::service::status::StatusState,
     /// `--record`: the trace writer (set once at start).
-    pub recorder: std::sync::OnceLock<super::recorder::Recorder>,
+    pub recorder: std::sync::OnceLock<crate::service::recorder::Recorder>,
     /// The OpenAI proxy's metrics, admission count and client keys (`crate::proxy`).
     pub proxy: crate::proxy::state::ProxyShared,
     /// The models' tokenizers (`settings.tokenizers`, loaded once at start; set before
     /// any core runs, so `get()` is Some on every core).
     pub tokenizers: std::sync::OnceLock<Arc<crate::tokenize::Tokenizers>>,
     /// `--cluster`: the bridge to the other replicas (set once at start).
-    pub cluster: std::sync::OnceLock<Arc<super::cluster_bridge::Cluster>>,
+    pub cluster: std::sync::OnceLock<Arc<crate::service::cluster_bridge::Cluster>>,
 }
 
 impl Shared {
@@ -142,7 +142,7 @@ impl Shared {
             cores,
             shard_bits,
             replicated,
-            claims: replicated.then(super::claims::Claims::new),
+            claims: replicated.then(crate::service::claims::Claims::new),
             mailboxes: (0..cores)
                 .map(|_| [Mailbox::new(depth), Mailbox::new(depth)])
                 .collect(),
@@ -162,7 +162,7 @@ impl Shared {
             rr: AtomicU64::new(0),
             affinity: crate::select::Affinity::new(settings.router.affinity_max_entries),
             started: Instant::now(),
-            status: super::status::StatusState::new(cores, max_workers),
+            status: crate::service::status::StatusState::new(cores, max_workers),
             recorder: std::sync::OnceLock::new(),
             proxy,
             tokenizers: std::sync::OnceLock::new(),

@@ -3,7 +3,7 @@
 //! snapshot that cannot come back whole stops the start (exit 2) with a message saying
 //! what and how to proceed, instead of failing every snapshot later or restoring part.
 
-use super::persist::{restore, RestoredState};
+use crate::service::persist::{restore, RestoredState};
 use crate::snapshot::{self, Expect};
 use std::io::Write;
 use std::path::Path;
@@ -96,7 +96,7 @@ pub fn load_at_start(
     let entries: usize = snap.entries.iter().map(|e| e.len()).sum();
     let legacy = snap.params.is_none();
     let restored = restore(snap, &expect, cores, shard_bits, replicated, |c| {
-        super::control::cap_per_shard(c, limits.max_blocks_per_worker, cores)
+        crate::service::control::cap_per_shard(c, limits.max_blocks_per_worker, cores)
     })
     .map_err(|e| format!("cannot restore {}: {e} (or {cold})", file.display()))?;
     if legacy {

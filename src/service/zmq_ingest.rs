@@ -24,16 +24,16 @@
 //! `heartbeat_timeout_ms` takes its worker out of routing until it answers again
 //! (`zmq_reach`); a thread the engines file started also stops when its entry goes.
 
-use super::control;
-use super::index_batch::Batch;
-use super::metrics::EngineStreamLabels;
-use super::msg::{IndexOp, Msg};
-use super::shared::Shared;
-use super::zmq_reach::Reach;
 use crate::engines::adapter::{Adapter, AdapterStats, Change};
 use crate::engines::config::EngineEndpoint;
 use crate::engines::notes::LogLimiter;
 use crate::engines::stream::{parse_multipart, replay_request, Session, Step, END_SEQ};
+use crate::service::control;
+use crate::service::index_batch::Batch;
+use crate::service::metrics::EngineStreamLabels;
+use crate::service::msg::{IndexOp, Msg};
+use crate::service::shared::Shared;
+use crate::service::zmq_reach::Reach;
 use crate::types::WorkerSlot;
 use crate::zmtp::{codec, Conn, ConnError, Limits, ZmtpError};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -478,7 +478,7 @@ impl Stream {
         }
         // `--cluster`: the replica holding this engine's lease ingests it; a standby
         // stays subscribed (in sequence) and discards, ready to take over.
-        if !super::cluster_bridge::engine_may_ingest(&self.sh, &self.cfg.worker_id) {
+        if !crate::service::cluster_bridge::engine_may_ingest(&self.sh, &self.cfg.worker_id) {
             self.out.clear();
             return true;
         }
@@ -495,7 +495,7 @@ impl Stream {
         }
         full.push(batch.take());
         for ops in full.into_iter().filter(|ops| !ops.is_empty()) {
-            super::cluster_bridge::publish_ops(sh, self.slot, &ops);
+            crate::service::cluster_bridge::publish_ops(sh, self.slot, &ops);
             let ops: Arc<[IndexOp]> = ops.into();
             for to in 0..sh.cores {
                 let m = Msg::Index {
