@@ -141,12 +141,12 @@ pub struct Settings {
     /// (`slots`). 0 = no rate rule (the stall timeout alone). Default 1024.
     pub http_body_min_rate: u64,
     /// Host names (besides IP literals, `localhost` and `*.localhost`) the HTTP doors
-    /// answer to, against DNS rebinding (`service::doors`): exact names, `*.domain`
+    /// answer to, against DNS rebinding (`service::net::doors`): exact names, `*.domain`
     /// for a domain's subdomains, `*` for any. Default none.
     pub http_allowed_hosts: Vec<String>,
     /// Origins (`scheme://host[:port]`, `null`, or `*`) whose browser pages may call
     /// the HTTP doors besides the router's own, with CORS answers
-    /// (`service::doors`). Default none.
+    /// (`service::net::doors`). Default none.
     pub http_allowed_origins: Vec<String>,
     /// Write the routed requests as a Mooncake-format trace to this file (truncated at
     /// start; `crate::record`). Default none.

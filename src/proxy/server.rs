@@ -6,17 +6,17 @@
 //! `service::Running::drain`). When the service has a token or the proxy has
 //! client API keys, every other route needs `Authorization: Bearer <token or key>`
 //! (compared in constant time); otherwise 401 in OpenAI's error shape. Requests a
-//! browser sent first pass the door rules of `service::doors` (`Host`, `Origin`, JSON
+//! browser sent first pass the door rules of `service::net::doors` (`Host`, `Origin`, JSON
 //! content type; CORS for listed origins).
 
 use super::body::ProxyBody;
 use super::forward::{self, error, Resp};
 use super::request::Endpoint;
 use super::watch::ClientWatch;
-use crate::service::conn_slot::Slot;
 use crate::service::core::Core;
-use crate::service::doors::{self, Door, Pass};
-use crate::service::hyper_io;
+use crate::service::net::conn_slot::Slot;
+use crate::service::net::doors::{self, Door, Pass};
+use crate::service::net::hyper_io;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
@@ -158,13 +158,13 @@ async fn answer(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatch>) 
 }
 
 /// How long after its last response a proxy client's keep-alive connection is still
-/// in use, so never displaced for a new connection (`service::slots`). A client under
+/// in use, so never displaced for a new connection (`service::net::slots`). A client under
 /// load sends its next request within this; displacing it at once (as the JSON API
 /// may) closed keep-alive connections with a request already on the wire, which the
 /// client saw as a connection error instead of an answer.
 pub const KEEPALIVE_IN_USE_MS: u64 = 2_000;
 
-/// One client connection on the proxy port: hyper over `service::hyper_io` (the
+/// One client connection on the proxy port: hyper over `service::net::hyper_io` (the
 /// listener's header, idle and write deadlines and its connection slot), like the
 /// JSON API's, except that a keep-alive connection is not displaced while in use
 /// ([`KEEPALIVE_IN_USE_MS`]), and that its requests watch for the client going away

@@ -22,14 +22,14 @@ use crate::credentials::Principal;
 use crate::engine::{DpRankSpec, RouteDecision, RouteRequest};
 use crate::registry::Origin;
 use crate::service::batch;
-use crate::service::conn::{
-    error_kind, read_for, read_hello, yield_to_poll, FramedReader, Stop, READ_CHUNK,
-};
-use crate::service::conn_slot::Slot;
 use crate::service::control;
 use crate::service::core::Core;
 use crate::service::errors;
 use crate::service::msg::LifeOp;
+use crate::service::net::conn::{
+    error_kind, read_for, read_hello, yield_to_poll, FramedReader, Stop, READ_CHUNK,
+};
+use crate::service::net::conn_slot::Slot;
 use crate::service::router::{self, ApiError};
 use bytes::BytesMut;
 use futures_lite::AsyncWriteExt;

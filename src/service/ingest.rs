@@ -12,15 +12,15 @@
 
 use crate::codec::{resync_reason, ErrorCode, EventMsg, WorkerBound, PROTOCOL_VERSION};
 use crate::registry::Origin;
-use crate::service::conn::{
-    error_kind, read_for, read_hello, yield_to_poll, FramedReader, READ_CHUNK,
-};
-use crate::service::conn_slot::Slot;
 use crate::service::control;
 use crate::service::core::Core;
 use crate::service::errors;
 use crate::service::index_batch::Batch;
 use crate::service::msg::IndexOp;
+use crate::service::net::conn::{
+    error_kind, read_for, read_hello, yield_to_poll, FramedReader, READ_CHUNK,
+};
+use crate::service::net::conn_slot::Slot;
 use bytes::BytesMut;
 use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;

@@ -24,23 +24,18 @@ pub mod cluster_bridge;
 pub mod cluster_load;
 pub mod cluster_nats;
 pub mod cluster_peers;
-pub mod conn;
-pub mod conn_slot;
 pub mod control;
 pub mod core;
 pub mod core_start;
-pub mod doors;
 pub mod engines_file;
 pub mod errors;
 pub mod http;
-pub mod http_clock;
-pub mod hyper_io;
 pub mod index_batch;
 pub mod ingest;
 pub mod ingest_slice;
-pub mod listeners;
 pub mod metrics;
 pub mod msg;
+pub mod net;
 pub mod persist;
 pub mod pinning;
 pub mod preflight;
@@ -49,7 +44,6 @@ pub mod router;
 pub mod run_loop;
 pub mod scrape;
 pub mod shared;
-pub mod slots;
 pub mod state_dir;
 pub mod status;
 pub mod zmq_ingest;
@@ -102,10 +96,10 @@ pub struct Running {
     /// The state dir's lock (`state_dir::StateDir`), held until the process exits.
     _state_lock: Option<std::fs::File>,
     /// The listening sockets (every core accepts on duplicates), stopped first thing at
-    /// shutdown (`listeners::Bound::stop_listening`).
-    listeners: listeners::Bound,
+    /// shutdown (`net::listeners::Bound::stop_listening`).
+    listeners: net::listeners::Bound,
     /// The proxy's listening socket (`proxy_addr`), stopped with the others.
-    proxy_listener: Option<listeners::Extra>,
+    proxy_listener: Option<net::listeners::Extra>,
     /// `engines_file`: the thread following it (and the engine threads it started).
     engines_file: Option<engines_file::Watcher>,
 }
@@ -266,7 +260,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     let creds = crate::credentials::Credentials::new(token, worker_tokens);
     // Bound here, once per address, before anything slow: a port held by another
     // process stops the start at once (see `listeners`).
-    let bound = listeners::Bound::bind(
+    let bound = net::listeners::Bound::bind(
         &settings.events_addr,
         &settings.api_addr,
         &settings.http_addr,
@@ -281,7 +275,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     let proxy_l = if crate::proxy::config::is_off(&settings.proxy_addr) {
         None
     } else {
-        let l = listeners::Extra::bind("proxy_addr", &settings.proxy_addr)?;
+        let l = net::listeners::Extra::bind("proxy_addr", &settings.proxy_addr)?;
         settings.proxy_addr = l.addr()?.to_string();
         Some(l)
     };
@@ -472,13 +466,13 @@ async fn accept_loop<F, Fut>(
     name: &'static str,
     serve: F,
 ) where
-    F: Fn(Rc<Core>, glommio::net::TcpStream, Rc<conn_slot::Slot>) -> Fut + 'static,
+    F: Fn(Rc<Core>, glommio::net::TcpStream, Rc<net::conn_slot::Slot>) -> Fut + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
 {
-    let table = conn_slot::Table::new();
+    let table = net::conn_slot::Table::new();
     let labels = metrics::ListenerLabel { listener: name };
     let limits = &core.shared.settings.limits;
-    let caps = slots::Caps {
+    let caps = net::slots::Caps {
         max_connections: limits.max_connections,
         max_preauth: limits.max_preauth_connections,
     };
@@ -504,7 +498,7 @@ async fn accept_loop<F, Fut>(
             .inc();
         let now = core.shared.now_ms();
         match table.admit(caps, now) {
-            slots::Admission::Refuse => {
+            net::slots::Admission::Refuse => {
                 core.shared.metrics.protocol_error("connection_limit");
                 // The proxy answers 429 (`proxy::refuse`); the others drop it.
                 if name == "proxy" {
@@ -518,10 +512,10 @@ async fn accept_loop<F, Fut>(
                 }
                 continue;
             }
-            slots::Admission::Displace { why, .. } => {
+            net::slots::Admission::Displace { why, .. } => {
                 core.shared.metrics.protocol_error(why.label());
             }
-            slots::Admission::Admit => {}
+            net::slots::Admission::Admit => {}
         }
         let _ = stream.set_nodelay(true);
         let guard = table.insert(now);
@@ -542,23 +536,29 @@ async fn accept_loop<F, Fut>(
         // backlog is non-empty, but a new socket's first read waits for the rings: in a
         // reconnect storm the loop would accept the whole backlog before any Hello is
         // read, and displace those connections as pre-handshake.
-        conn::yield_to_poll().await;
+        net::conn::yield_to_poll().await;
     }
 }
 
-/// One HTTP connection: hyper over [`hyper_io::HyperIo`], which enforces the header,
+/// One HTTP connection: hyper over [`net::hyper_io::HyperIo`], which enforces the header,
 /// keep-alive idle and body deadlines and the slot's displacement. `half_close` keeps
 /// hyper from reading while a handler runs (it would only look for an early EOF), so a
 /// read waiting during a request is a body read, timed as such.
-async fn serve_http(core: Rc<Core>, stream: glommio::net::TcpStream, slot: Rc<conn_slot::Slot>) {
-    let conn = hyper_io::HttpConn::new(core.shared.clone(), slot);
-    let io = hyper_io::HyperIo::new(stream, conn.clone());
+async fn serve_http(
+    core: Rc<Core>,
+    stream: glommio::net::TcpStream,
+    slot: Rc<net::conn_slot::Slot>,
+) {
+    let conn = net::hyper_io::HttpConn::new(core.shared.clone(), slot);
+    let io = net::hyper_io::HyperIo::new(stream, conn.clone());
     let svc = hyper::service::service_fn(move |req| {
         let (core, conn) = (core.clone(), conn.clone());
         async move {
             conn.request_started();
             let resp = http::handle(core, req).await?;
-            Ok::<_, std::convert::Infallible>(resp.map(|b| hyper_io::TrackedBody::new(b, conn)))
+            Ok::<_, std::convert::Infallible>(
+                resp.map(|b| net::hyper_io::TrackedBody::new(b, conn)),
+            )
         }
     });
     let _ = hyper::server::conn::http1::Builder::new()

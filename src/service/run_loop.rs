@@ -122,7 +122,7 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
                         if slice.elapsed() >= BULK_SLICE {
                             core.publish();
                             core.flush();
-                            crate::service::conn::yield_to_poll().await;
+                            crate::service::net::conn::yield_to_poll().await;
                             slice = Instant::now();
                         }
                     }
@@ -136,7 +136,7 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
             futures_lite::future::yield_now().await;
             if slice.elapsed() >= BULK_SLICE {
                 // While this loop stays runnable glommio never polls its rings.
-                crate::service::conn::yield_to_poll().await;
+                crate::service::net::conn::yield_to_poll().await;
                 slice = Instant::now();
             } else {
                 glommio::yield_if_needed().await;
@@ -171,7 +171,7 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
             // reactor costs system calls (io_uring submissions).
             spinning = true;
             if spin_poll.elapsed() >= SPIN_POLL {
-                crate::service::conn::yield_to_poll().await;
+                crate::service::net::conn::yield_to_poll().await;
                 spin_poll = Instant::now();
             } else {
                 futures_lite::future::yield_now().await;

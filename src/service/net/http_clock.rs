@@ -23,7 +23,7 @@
 //! A read waiting while a request is in progress, before its response exists, is a
 //! read of the request body: the servers run hyper with `half_close(true)`, so hyper
 //! reads nothing else until the response is written. Such a connection is
-//! [`Activity::Body`](crate::service::slots::Activity::Body) for its slot, displaceable for a
+//! [`Activity::Body`](crate::service::net::slots::Activity::Body) for its slot, displaceable for a
 //! new connection (`slots`).
 
 /// The three timeouts, in milliseconds, and the body rate.

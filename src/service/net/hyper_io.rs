@@ -1,6 +1,6 @@
 //! Adapter from glommio's futures-io streams to hyper's I/O traits, and the place
-//! where an HTTP connection's deadlines ([`crate::service::http_clock`]) and slot
-//! ([`crate::service::conn_slot`]) are enforced.
+//! where an HTTP connection's deadlines ([`crate::service::net::http_clock`]) and slot
+//! ([`crate::service::net::conn_slot`]) are enforced.
 //!
 //! hyper 1 defines its own `Read`/`Write`; glommio streams implement the futures-io
 //! ones. Reads go through a per-thread scratch buffer (`ReadBufCursor::put_slice`,
@@ -15,10 +15,10 @@
 //! connection through its own error path: nothing is dropped from outside with a
 //! handler half done.
 
-use crate::service::conn_slot::Slot;
-use crate::service::http_clock::{Clock, Phase, Timeouts};
+use crate::service::net::conn_slot::Slot;
+use crate::service::net::http_clock::{Clock, Phase, Timeouts};
+use crate::service::net::slots::Activity;
 use crate::service::shared::Shared;
-use crate::service::slots::Activity;
 use futures_lite::{AsyncRead, AsyncWrite};
 use std::cell::Cell;
 use std::future::Future;

@@ -9,7 +9,7 @@
 //! through [`read_for`], which also ends when the connection's slot is told to close.
 
 use crate::codec::{CodecError, Frame, FrameDecoder};
-use crate::service::conn_slot::Slot;
+use crate::service::net::conn_slot::Slot;
 use bytes::BytesMut;
 use futures_lite::{AsyncRead, AsyncReadExt};
 use std::time::Duration;

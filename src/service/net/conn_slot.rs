@@ -1,4 +1,4 @@
-//! Runtime side of [`crate::service::slots`]: the open connections of one listener on one core,
+//! Runtime side of [`crate::service::net::slots`]: the open connections of one listener on one core,
 //! what each is doing, and how a connection is told to close.
 //!
 //! Each connection task holds a [`Slot`] and keeps its activity current (pre-handshake,
@@ -10,7 +10,7 @@
 //!
 //! Single-threaded (one table per listener per executor), hence `Cell`/`RefCell`.
 
-use crate::service::slots::{self, Activity, Admission, Caps, Occupant};
+use crate::service::net::slots::{self, Activity, Admission, Caps, Occupant};
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
