@@ -249,7 +249,9 @@ impl Core {
                 self.post(from, Msg::LifecycleDone { qid, result });
             }
             Msg::LifecycleDone { qid, result } => self.complete(qid, Reply::Lifecycle(result)),
-            Msg::Snapshot(collect) => collect.put(self.id, crate::service::persist::dump(self)),
+            Msg::Snapshot(collect) => {
+                collect.put(self.id, crate::service::state::persist::dump(self))
+            }
             Msg::Barrier { from, qid } => self.post(from, Msg::Applied { qid }),
             Msg::Applied { qid } => self.complete(qid, Reply::Applied),
             Msg::Replica(op) => self.apply_replica(*op),

@@ -228,10 +228,10 @@ async fn route_http(
     let resp = match (&method, parts) {
         (&Method::GET, ["healthz"]) => json(
             StatusCode::OK,
-            &crate::service::persist::healthz(&core.shared),
+            &crate::service::state::persist::healthz(&core.shared),
         ),
         (&Method::GET, ["readyz"]) => {
-            let (ready, body) = crate::service::cluster_bridge::readyz(&core.shared);
+            let (ready, body) = crate::service::cluster::bridge::readyz(&core.shared);
             let code = if ready {
                 StatusCode::OK
             } else {

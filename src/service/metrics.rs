@@ -109,7 +109,7 @@ pub struct Metrics {
     pub record_dropped: Counter,
     pub record_stopped: Gauge,
     /// `--cluster`: `kvroute_cluster_*` (`cluster_bridge`).
-    pub cluster: crate::service::cluster_bridge::ClusterMetrics,
+    pub cluster: crate::service::cluster::bridge::ClusterMetrics,
     /// Run-loop parks and spins while an answer from another core was outstanding
     /// (`answer_spin`): `parked`, `parked_long` (longer than `spin_before_park_us`,
     /// so the executor likely slept), `spin_expired` (`answer_spin_us` ran out);

@@ -19,11 +19,7 @@ pub mod api;
 pub mod batch;
 pub mod blocking;
 pub mod claims;
-pub mod cluster_auth;
-pub mod cluster_bridge;
-pub mod cluster_load;
-pub mod cluster_nats;
-pub mod cluster_peers;
+pub mod cluster;
 pub mod control;
 pub mod core;
 pub mod core_start;
@@ -36,15 +32,13 @@ pub mod ingest_slice;
 pub mod metrics;
 pub mod msg;
 pub mod net;
-pub mod persist;
 pub mod pinning;
 pub mod preflight;
-pub mod recorder;
 pub mod router;
 pub mod run_loop;
 pub mod scrape;
 pub mod shared;
-pub mod state_dir;
+pub mod state;
 pub mod status;
 pub mod zmq_ingest;
 pub mod zmq_reach;
@@ -93,7 +87,7 @@ pub struct Running {
     handles: Vec<glommio::ExecutorJoinHandle<()>>,
     snapshotter: Option<std::thread::JoinHandle<()>>,
     engines: Vec<std::thread::JoinHandle<()>>,
-    /// The state dir's lock (`state_dir::StateDir`), held until the process exits.
+    /// The state dir's lock (`state::state_dir::StateDir`), held until the process exits.
     _state_lock: Option<std::fs::File>,
     /// The listening sockets (every core accepts on duplicates), stopped first thing at
     /// shutdown (`net::listeners::Bound::stop_listening`).
@@ -174,7 +168,7 @@ impl Running {
             if left > 0 {
                 eprintln!("kvroute: shutdown: {left} calls still running after 2 s; snapshot taken without them");
             }
-            match persist::take_recorded(&self.shared, std::path::Path::new(dir)) {
+            match state::persist::take_recorded(&self.shared, std::path::Path::new(dir)) {
                 Ok(t) => eprintln!(
                     "kvroute: shutdown snapshot: {} index entries, {} in-flight requests in {dir}",
                     t.entries, t.requests
@@ -282,15 +276,15 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     let cores = effective_cores(settings.cores);
     let (shard_bits, replicated) = Shared::layout(&settings, cores);
     let limits = settings.limits.clone();
-    let state = state_dir::load_at_start(&settings, cores, shard_bits, replicated)?;
+    let state = state::state_dir::load_at_start(&settings, cores, shard_bits, replicated)?;
     let restored = state.restored;
     let restored_state = restored.is_some();
-    let persist::RestoredState {
+    let state::persist::RestoredState {
         mut registry,
         mut shards,
         saved,
         requests,
-    } = restored.unwrap_or_else(|| persist::RestoredState {
+    } = restored.unwrap_or_else(|| state::persist::RestoredState {
         registry: crate::registry::Registry::new(limits.max_workers),
         shards: Vec::new(),
         saved: Vec::new(),
@@ -321,14 +315,18 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     shared.proxy.set_upstream_key(upstream_key.as_deref());
     let _ = shared.tokenizers.set(tokenizers);
     if let Some(path) = shared.settings.record.clone() {
-        let cfg = recorder::RecordConfig {
+        let cfg = state::recorder::RecordConfig {
             path,
             block_size: shared.settings.router.block_size,
             max_bytes: shared.settings.record_max_bytes,
             max_ids: shared.settings.record_max_ids,
         };
         let m = &shared.metrics;
-        let r = recorder::Recorder::start(cfg, m.record_lines.clone(), m.record_stopped.clone())?;
+        let r = state::recorder::Recorder::start(
+            cfg,
+            m.record_lines.clone(),
+            m.record_stopped.clone(),
+        )?;
         let _ = shared.recorder.set(r);
     }
     for (slot, w) in &saved {
@@ -340,14 +338,14 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             c.last_seen_ms.store(0, Ordering::Release);
         }
     }
-    let (requests, orphans) = persist::drop_orphans(&shared, requests);
+    let (requests, orphans) = state::persist::drop_orphans(&shared, requests);
     let requests = Arc::new(requests);
     let allowed = pinning::allowed_cpus();
     let cpus = pinning::plan(cores, shared.settings.pin_cores, &allowed);
     eprintln!("kvroute: {}", pinning::describe(&cpus, &allowed));
     let mut placements = pinning::placements(&cpus)?.into_iter();
     // Before the cores accept anything, so every accepted event is published.
-    let cluster_threads = cluster_bridge::start(&shared, restored_state, orphans)?;
+    let cluster_threads = cluster::bridge::start(&shared, restored_state, orphans)?;
     let reports = core_start::Reports::default();
     let mut handles = Vec::new();
     let mut first_err = None;
@@ -384,7 +382,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         }
         let spawned = b.spawn(move || async move {
             let core = Rc::new(Core::new(id, sh.clone(), shard));
-            persist::restore_requests(&core, &requests);
+            state::persist::restore_requests(&core, &requests);
             drop(requests);
             let (ev, api_l, http_l) = mine.into_glommio();
             ready.started();
@@ -436,7 +434,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     }
     if let Some(dir) = running.shared.settings.state_dir.clone() {
         let every = Duration::from_millis(running.shared.settings.snapshot_interval_ms);
-        running.snapshotter = Some(persist::spawn_periodic(
+        running.snapshotter = Some(state::persist::spawn_periodic(
             running.shared.clone(),
             dir.into(),
             every,

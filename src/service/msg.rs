@@ -162,7 +162,7 @@ pub enum Msg {
         result: Result<LifeOutcome, EngineError>,
     },
     /// Dump this core's shard into the collector (warm-restart snapshot).
-    Snapshot(Arc<crate::service::persist::Collect>),
+    Snapshot(Arc<crate::service::state::persist::Collect>),
     /// Read-your-writes barrier: travels in the bulk lane behind the index batches the
     /// sender queued before it, so when the receiver handles it every one of those
     /// batches is applied; it answers `Applied { qid }` to `from`.
@@ -170,7 +170,7 @@ pub enum Msg {
     /// Answer to a `Barrier`: the receiver applied everything queued before it.
     Applied { qid: u64 },
     /// `--cluster`: a peer replica's routing or lifecycle call (`cluster_bridge`).
-    Replica(Box<crate::service::cluster_bridge::ReplicaOp>),
+    Replica(Box<crate::service::cluster::bridge::ReplicaOp>),
     /// A route on the sender will query this core soon (a proxied request is being
     /// tokenized there): stay awake for it (`answer_spin`). A hint; nothing answers it.
     Expect,

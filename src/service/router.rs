@@ -476,7 +476,7 @@ pub async fn lifecycle(
         r => r,
     };
     if result.is_ok() {
-        crate::service::cluster_bridge::publish_life(&core.shared, op, id);
+        crate::service::cluster::bridge::publish_life(&core.shared, op, id);
     }
     match result? {
         LifeOutcome::Done => Ok(None),

@@ -94,14 +94,14 @@ pub struct Shared {
     /// Status page counters, history and cached document (`status`).
     pub status: crate::service::status::StatusState,
     /// `--record`: the trace writer (set once at start).
-    pub recorder: std::sync::OnceLock<crate::service::recorder::Recorder>,
+    pub recorder: std::sync::OnceLock<crate::service::state::recorder::Recorder>,
     /// The OpenAI proxy's metrics, admission count and client keys (`crate::proxy`).
     pub proxy: crate::proxy::state::ProxyShared,
     /// The models' tokenizers (`settings.tokenizers`, loaded once at start; set before
     /// any core runs, so `get()` is Some on every core).
     pub tokenizers: std::sync::OnceLock<Arc<crate::tokenize::Tokenizers>>,
     /// `--cluster`: the bridge to the other replicas (set once at start).
-    pub cluster: std::sync::OnceLock<Arc<crate::service::cluster_bridge::Cluster>>,
+    pub cluster: std::sync::OnceLock<Arc<crate::service::cluster::bridge::Cluster>>,
 }
 
 impl Shared {

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 /// An in-flight request as saved: its load-tracker state, with workers as indices
 /// into `Snapshot::workers` (the default `W`; a running router holds the same record
-/// with its slots while dumping or restoring, `service::persist`).
+/// with its slots while dumping or restoring, `service::state::persist`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SavedRequest<W = u32> {
     pub request: CarriedRequest<W>,
@@ -25,7 +25,7 @@ pub struct SavedRequest<W = u32> {
     pub reroute: Option<SavedReroute>,
     /// Routed by the OpenAI proxy of the router that wrote the snapshot: its client
     /// and upstream connections live in that process only, so a restart leaves
-    /// nobody to end it (`service::persist::drop_orphans`).
+    /// nobody to end it (`service::state::persist::drop_orphans`).
     pub proxied_here: bool,
 }
 

@@ -46,7 +46,7 @@ impl Core {
         retained: Option<Box<Retained>>,
         spec: Option<SpecAdd>,
     ) {
-        crate::service::cluster_bridge::publish_route(&self.shared, &req);
+        crate::service::cluster::bridge::publish_route(&self.shared, &req);
         let hashes: Arc<[u64]> = Arc::from(req.hashes.as_slice());
         let slot = req.decode_worker;
         let id = req.id.clone();
@@ -146,8 +146,8 @@ impl Core {
     /// shard its active blocks); a lifecycle call runs wherever the record lives (the
     /// other cores answer `UnknownRequest` without side effects). Nothing is
     /// published again.
-    pub(super) fn apply_replica(&self, op: crate::service::cluster_bridge::ReplicaOp) {
-        use crate::service::cluster_bridge::ReplicaOp;
+    pub(super) fn apply_replica(&self, op: crate::service::cluster::bridge::ReplicaOp) {
+        use crate::service::cluster::bridge::ReplicaOp;
         match op {
             ReplicaOp::Route(c) => {
                 let (slot, prefill) = (c.decode_worker, c.prefill_worker);

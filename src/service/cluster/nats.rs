@@ -25,8 +25,8 @@ mod publish;
 
 use crate::cluster::load::LoadOp;
 use crate::cluster::names::Names;
-use crate::service::cluster_bridge::{Apply, Cluster, Out};
-use crate::service::cluster_peers as peers;
+use crate::service::cluster::bridge::{Apply, Cluster, Out};
+use crate::service::cluster::peers;
 use crate::service::shared::Shared;
 use async_nats::jetstream::{self, kv, stream};
 use consume::{consume, registry_sync, watch_registry};
@@ -142,7 +142,7 @@ fn republish_own(sh: &Shared) {
     let reg = sh.registry.load();
     for e in reg.iter() {
         if e.origin != crate::registry::Origin::Restored {
-            crate::service::cluster_bridge::publish_worker(sh, &e.spec);
+            crate::service::cluster::bridge::publish_worker(sh, &e.spec);
         }
     }
 }

@@ -3,7 +3,7 @@
 //! snapshot that cannot come back whole stops the start (exit 2) with a message saying
 //! what and how to proceed, instead of failing every snapshot later or restoring part.
 
-use crate::service::persist::{restore, RestoredState};
+use crate::service::state::persist::{restore, RestoredState};
 use crate::snapshot::{self, Expect};
 use std::io::Write;
 use std::path::Path;

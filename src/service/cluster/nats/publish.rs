@@ -13,7 +13,7 @@ use super::log;
 use crate::cluster::auth::Kind;
 use crate::cluster::names::Names;
 use crate::cluster::wire::EventRecord;
-use crate::service::cluster_bridge::{Cluster, Out};
+use crate::service::cluster::bridge::{Cluster, Out};
 use crate::service::shared::Shared;
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
@@ -49,7 +49,8 @@ pub(super) async fn publisher(
     loop {
         while queue.len() < 512 {
             let Ok(out) = rx.try_recv() else { break };
-            if let Some((key, value)) = crate::service::cluster_auth::registry_value(sh, cl, &out) {
+            if let Some((key, value)) = crate::service::cluster::auth::registry_value(sh, cl, &out)
+            {
                 queue.push_back(Job::Put { key, value });
                 continue;
             }
@@ -109,7 +110,7 @@ pub(super) async fn publisher(
                 let backlog = (queue.len() + rx.len()) as u64;
                 let dropped = m
                     .records
-                    .get_or_create(&crate::service::cluster_bridge::OutcomeLabel {
+                    .get_or_create(&crate::service::cluster::bridge::OutcomeLabel {
                         outcome: "dropped",
                     })
                     .get();

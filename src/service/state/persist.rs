@@ -256,10 +256,10 @@ pub fn take(sh: &Shared, dir: &Path) -> Result<Taken, String> {
 
 /// [`take`], with its outcome recorded in the metrics (and so in `/healthz`).
 pub fn take_recorded(sh: &Shared, dir: &Path) -> Result<Taken, String> {
-    let cluster_seq = crate::service::cluster_bridge::seq_before_snapshot(sh);
+    let cluster_seq = crate::service::cluster::bridge::seq_before_snapshot(sh);
     let mut r = take(sh, dir);
     if let (Ok(_), Some(seq)) = (&r, cluster_seq) {
-        if let Err(e) = crate::service::cluster_bridge::save_seq(dir, seq) {
+        if let Err(e) = crate::service::cluster::bridge::save_seq(dir, seq) {
             r = Err(e);
         }
     }

@@ -6,15 +6,15 @@
 //! once, from the sequence after the restored snapshot's (or the start); after any
 //! error (NATS restart) the consumer is re-created from the next sequence. A record
 //! of a worker this replica does not know yet is preceded by its KV registration.
-//! Nothing is applied unless its tag verifies (`service::cluster_auth`); an
+//! Nothing is applied unless its tag verifies (`service::cluster::auth`); an
 //! undecodable, unsealed or foreign record is counted and skipped.
 
 use super::log;
 use crate::cluster::auth::Kind;
 use crate::cluster::names::{worker_key, Names};
 use crate::cluster::wire::EventRecord;
-use crate::service::cluster_auth::{self as auth, registry_delete, registry_item};
-use crate::service::cluster_bridge::{Apply, Cluster};
+use crate::service::cluster::auth::{self as auth, registry_delete, registry_item};
+use crate::service::cluster::bridge::{Apply, Cluster};
 use crate::service::shared::Shared;
 use async_nats::jetstream::{consumer, kv, stream};
 use futures_lite::StreamExt;

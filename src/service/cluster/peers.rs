@@ -13,8 +13,8 @@
 use crate::cluster::auth::Kind;
 use crate::cluster::load::{Batcher, LoadBatch, LoadOp, SeqGuard};
 use crate::cluster::names::{worker_key, Names};
-use crate::service::cluster_auth as auth;
-use crate::service::cluster_bridge::{Apply, Cluster};
+use crate::service::cluster::auth;
+use crate::service::cluster::bridge::{Apply, Cluster};
 use crate::service::shared::Shared;
 use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
@@ -32,7 +32,7 @@ fn log(msg: &str) {
 /// Batches this replica's load changes onto core NATS. While NATS is unreachable
 /// they are dropped (counted): load is transient, and each request's own record stays
 /// exact on the replica that holds it.
-pub(super) async fn load_publisher(
+pub(in crate::service) async fn load_publisher(
     sh: &Shared,
     cl: &Cluster,
     client: &async_nats::Client,
@@ -92,7 +92,7 @@ pub(super) async fn load_publisher(
 /// Asks the peers for their in-flight requests (a start's load sync): collects the
 /// answers until every answering peer has sent its last part and no new peer spoke
 /// for a moment (at most 10 s). Returns the ops and how many peers answered.
-pub(super) async fn sync_request(
+pub(in crate::service) async fn sync_request(
     sh: &Shared,
     cl: &Cluster,
     client: &async_nats::Client,
@@ -150,7 +150,7 @@ pub(super) async fn sync_request(
 
 /// Answers peers' load-sync requests with this replica's in-flight requests, in
 /// parts under the NATS payload limit.
-pub(super) async fn sync_responder(
+pub(in crate::service) async fn sync_responder(
     sh: &Arc<Shared>,
     cl: &Cluster,
     client: &async_nats::Client,
@@ -169,8 +169,8 @@ pub(super) async fn sync_responder(
         }
         let s = sh.clone();
         let ops = tokio::task::spawn_blocking(move || {
-            crate::service::cluster_bridge::carry_all(&s)
-                .map(|all| crate::service::cluster_bridge::carried_ops(&s, all))
+            crate::service::cluster::bridge::carry_all(&s)
+                .map(|all| crate::service::cluster::bridge::carried_ops(&s, all))
         })
         .await
         .ok()
@@ -188,7 +188,7 @@ pub(super) async fn sync_responder(
 
 /// Peers' load changes, in arrival order, to the apply thread: only sealed batches
 /// of a replica incarnation, each at most once ([`SeqGuard`]).
-pub(super) async fn load_subscriber(
+pub(in crate::service) async fn load_subscriber(
     sh: &Shared,
     cl: &Cluster,
     mut sub: async_nats::Subscriber,
@@ -225,7 +225,7 @@ const LEASE_REFRESH: Duration = Duration::from_secs(2);
 /// [`LEASE_TTL`]): a holder refreshes it (a revision-checked update, so a lease
 /// taken over meanwhile is noticed), a standby tries to create it, which succeeds
 /// only once the holder's entry expired (it died or lost NATS).
-pub(super) async fn engine_leases(
+pub(in crate::service) async fn engine_leases(
     sh: &Shared,
     cl: &Cluster,
     client: &async_nats::Client,

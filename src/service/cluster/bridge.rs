@@ -17,8 +17,8 @@
 
 use crate::cluster::state::{Health, Verdict};
 use crate::cluster::wire::{EventRecord, RecOp};
-use crate::service::cluster_load::{apply_load, load_sync};
-pub use crate::service::cluster_load::{
+use crate::service::cluster::load::{apply_load, load_sync};
+pub use crate::service::cluster::load::{
     carried_ops, carry_all, publish_life, publish_route, ReplicaOp,
 };
 use crate::service::control;
@@ -94,7 +94,7 @@ pub struct ClusterMetrics {
     /// Messages refused by kind (record, registry, load, sync_request, sync_answer,
     /// lease) and reason (missing_tag, bad_tag, origin, key, owner, stale,
     /// undecodable): `cluster_auth`.
-    pub refused: Family<crate::service::cluster_auth::RefusedLabel, Counter>,
+    pub refused: Family<crate::service::cluster::auth::RefusedLabel, Counter>,
 }
 
 impl ClusterMetrics {
@@ -163,7 +163,7 @@ pub struct Cluster {
     pub sealer: crate::cluster::auth::Sealer,
     tx: crossbeam::channel::Sender<Out>,
     /// Load changes to publish (core NATS, batched); full = dropped and counted.
-    pub(super) load_tx: crossbeam::channel::Sender<crate::cluster::load::LoadOp>,
+    pub(in crate::service) load_tx: crossbeam::channel::Sender<crate::cluster::load::LoadOp>,
     /// Woken after every send, so the publisher need not poll.
     pub wake: Arc<tokio::sync::Notify>,
     /// The same for the load publisher (one `Notify` per waiter: `notify_one` wakes
@@ -341,7 +341,7 @@ pub fn start(
         let (sh, cl) = (sh.clone(), cluster.clone());
         std::thread::Builder::new()
             .name("kvroute-cluster".into())
-            .spawn(move || crate::service::cluster_nats::run(sh, cl, rx, load_rx, apply_tx))
+            .spawn(move || crate::service::cluster::nats::run(sh, cl, rx, load_rx, apply_tx))
             .map_err(|e| format!("cluster thread: {e}"))?
     };
     let apply = {

@@ -8,7 +8,7 @@
 //! takes the peers' in-flight requests over at start.
 //! The wire format is `cluster::load`; the NATS side is `cluster_peers`.
 
-use crate::service::cluster_bridge::Cluster;
+use crate::service::cluster::bridge::Cluster;
 use crate::service::control;
 use crate::service::msg::Msg;
 use crate::service::shared::Shared;
@@ -89,7 +89,7 @@ fn to_replica(sh: &Shared, op: crate::cluster::load::LoadOp) -> Option<(ReplicaO
     })
 }
 
-pub(super) fn apply_load(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
+pub(in crate::service) fn apply_load(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
     for op in ops {
         let Some((rop, to)) = to_replica(sh, op) else {
             sh.metrics.cluster.load("unknown_worker", 1);
@@ -158,7 +158,7 @@ pub fn carried_ops(
 /// before they applied their finish), and the ones held here (restored from a
 /// snapshot) that no peer holds any more ended while this replica was away, so they
 /// are released.
-pub(super) fn load_sync(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
+pub(in crate::service) fn load_sync(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
     use crate::cluster::load::LoadOp;
     let Some(mine) = carry_all(sh) else {
         return;

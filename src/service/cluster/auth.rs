@@ -16,7 +16,7 @@ use crate::cluster::auth::Kind;
 use crate::cluster::entry::{By, RegEntry};
 use crate::cluster::names::worker_key;
 use crate::credentials::Principal;
-use crate::service::cluster_bridge::{Apply, Cluster, Out};
+use crate::service::cluster::bridge::{Apply, Cluster, Out};
 use crate::service::shared::Shared;
 use prometheus_client::encoding::EncodeLabelSet;
 
