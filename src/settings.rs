@@ -110,7 +110,7 @@ pub struct Settings {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
     /// A file of more `[[engines]]`, followed while kvroute runs: re-read every second
-    /// and on SIGHUP, its changes applied without a restart (`service::engines_file`).
+    /// and on SIGHUP, its changes applied without a restart (`service::ingest::engines_file`).
     /// With `[cluster]` it is read once at start, its entries added to `engines` (each
     /// replica ingests an engine only under the engine's lease, which covers the list
     /// it started with). Default none.
@@ -176,7 +176,7 @@ pub struct Settings {
     /// sampled prompts); `false` runs HF's pipeline for every prompt. Default true.
     pub tokenize_lean: bool,
     /// Most of a shard's block hashes applied between two looks at its urgent inbox
-    /// (routing queries wait behind at most this much ingest; `service::ingest_slice`).
+    /// (routing queries wait behind at most this much ingest; `service::ingest::slice`).
     pub ingest_slice_hashes: usize,
     /// Router replicas on NATS JetStream (`[cluster]`, `crate::cluster`). Default off.
     pub cluster: crate::cluster::config::ClusterSettings,

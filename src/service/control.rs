@@ -19,7 +19,7 @@ use crate::engine::{EngineError, KvEvent, WorkerState, WorkerStatus};
 use crate::engines::adapter::Change;
 use crate::registry::{Origin, Upsert};
 use crate::service::core::Core;
-use crate::service::index_batch::Batch;
+use crate::service::ingest::index_batch::Batch;
 use crate::service::msg::{IndexOp, Msg};
 use crate::service::router::ApiError;
 use crate::service::shared::Shared;

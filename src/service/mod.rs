@@ -16,19 +16,14 @@
 
 pub mod answer_spin;
 pub mod api;
-pub mod batch;
 pub mod blocking;
 pub mod claims;
 pub mod cluster;
 pub mod control;
 pub mod core;
 pub mod core_start;
-pub mod engines_file;
 pub mod errors;
-pub mod http;
-pub mod index_batch;
 pub mod ingest;
-pub mod ingest_slice;
 pub mod metrics;
 pub mod msg;
 pub mod net;
@@ -36,17 +31,13 @@ pub mod pinning;
 pub mod preflight;
 pub mod router;
 pub mod run_loop;
-pub mod scrape;
 pub mod shared;
 pub mod state;
-pub mod status;
-pub mod zmq_ingest;
-pub mod zmq_reach;
 
 use self::core::Core;
 use crate::settings::Settings;
+pub use api::scrape::scrape;
 use glommio::{LocalExecutorBuilder, Placement};
-pub use scrape::scrape;
 use shared::Shared;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -95,7 +86,7 @@ pub struct Running {
     /// The proxy's listening socket (`proxy_addr`), stopped with the others.
     proxy_listener: Option<net::listeners::Extra>,
     /// `engines_file`: the thread following it (and the engine threads it started).
-    engines_file: Option<engines_file::Watcher>,
+    engines_file: Option<ingest::engines_file::Watcher>,
 }
 
 impl Running {
@@ -230,7 +221,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     // An unusable engines file stops the start, like any setting. With `[cluster]` its
     // entries join the static list (the engine leases cover that list only).
     let mut first_engines = match &settings.engines_file {
-        Some(path) => Some(engines_file::load(
+        Some(path) => Some(ingest::engines_file::load(
             path,
             &settings.engines,
             settings.limits.max_workers,
@@ -386,8 +377,15 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             drop(requests);
             let (ev, api_l, http_l) = mine.into_glommio();
             ready.started();
-            glommio::spawn_local(accept_loop(core.clone(), ev, "events", ingest::serve)).detach();
-            glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::serve)).detach();
+            glommio::spawn_local(accept_loop(
+                core.clone(),
+                ev,
+                "events",
+                ingest::events::serve,
+            ))
+            .detach();
+            glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::binary::serve))
+                .detach();
             glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http)).detach();
             if let Some(l) = proxy_mine {
                 let l = l.into_glommio();
@@ -400,7 +398,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
                 .detach();
             }
             if id == 0 {
-                glommio::spawn_local(status::sample_loop(core.clone())).detach();
+                glommio::spawn_local(api::status::sample_loop(core.clone())).detach();
             }
             glommio::spawn_local(self::core::expiry_loop(core.clone())).detach();
             run_loop::run(core, bell).await;
@@ -440,10 +438,10 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             every,
         ));
     }
-    running.engines.extend(zmq_ingest::start(&running.shared));
+    running.engines.extend(ingest::zmq::start(&running.shared));
     if let (Some(path), Some(first)) = (running.shared.settings.engines_file.clone(), first_engines)
     {
-        match engines_file::Watcher::start(&running.shared, path, first) {
+        match ingest::engines_file::Watcher::start(&running.shared, path, first) {
             Ok(w) => running.engines_file = Some(w),
             Err(e) => {
                 let _ = running.stop(false);
@@ -553,7 +551,7 @@ async fn serve_http(
         let (core, conn) = (core.clone(), conn.clone());
         async move {
             conn.request_started();
-            let resp = http::handle(core, req).await?;
+            let resp = api::http::handle(core, req).await?;
             Ok::<_, std::convert::Infallible>(
                 resp.map(|b| net::hyper_io::TrackedBody::new(b, conn)),
             )

@@ -393,7 +393,7 @@ fn record_for_status(
     sampled: bool,
     explain: bool,
 ) {
-    use crate::service::status::model::{keep_candidates, DecisionRecord, MAX_CANDIDATES};
+    use crate::service::api::status::model::{keep_candidates, DecisionRecord, MAX_CANDIDATES};
     let c = &core.shared.status.counters;
     c.routed(d.decode_worker);
     let prefill = d.prefill_worker.filter(|&p| p != d.decode_worker);
@@ -419,7 +419,7 @@ fn record_for_status(
                     None => "since it registered".to_string(),
                     Some(_) => format!(
                         "in the last {} s",
-                        crate::service::status::model::SILENT_AFTER_MS / 1000
+                        crate::service::api::status::model::SILENT_AFTER_MS / 1000
                     ),
                 };
                 eprintln!(

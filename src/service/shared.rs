@@ -92,7 +92,7 @@ pub struct Shared {
     pub affinity: crate::select::Affinity,
     pub started: Instant,
     /// Status page counters, history and cached document (`status`).
-    pub status: crate::service::status::StatusState,
+    pub status: crate::service::api::status::StatusState,
     /// `--record`: the trace writer (set once at start).
     pub recorder: std::sync::OnceLock<crate::service::state::recorder::Recorder>,
     /// The OpenAI proxy's metrics, admission count and client keys (`crate::proxy`).
@@ -162,7 +162,7 @@ impl Shared {
             rr: AtomicU64::new(0),
             affinity: crate::select::Affinity::new(settings.router.affinity_max_entries),
             started: Instant::now(),
-            status: crate::service::status::StatusState::new(cores, max_workers),
+            status: crate::service::api::status::StatusState::new(cores, max_workers),
             recorder: std::sync::OnceLock::new(),
             proxy,
             tokenizers: std::sync::OnceLock::new(),

@@ -8,7 +8,7 @@
 //! ends the requests it held here.
 
 use super::Core;
-use crate::service::ingest_slice::{IngestCursor, Piece};
+use crate::service::ingest::slice::{IngestCursor, Piece};
 use crate::service::msg::{IndexOp, Msg};
 use crate::types::{Tier, WorkerSlot};
 use std::sync::atomic::Ordering;

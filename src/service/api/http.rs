@@ -175,7 +175,10 @@ async fn answer(core: Rc<Core>, req: Request<Incoming>) -> Resp {
     }
     if let Some(refused) = check_auth(&core, &method, &parts, &presented) {
         if ui && method == Method::GET {
-            return html(StatusCode::UNAUTHORIZED, crate::service::status::LOGIN_HTML);
+            return html(
+                StatusCode::UNAUTHORIZED,
+                crate::service::api::status::LOGIN_HTML,
+            );
         }
         return refused;
     }
@@ -240,18 +243,18 @@ async fn route_http(
             json(code, &body)
         }
         (&Method::GET, ["metrics"]) => {
-            let text = crate::service::scrape(&core);
+            let text = crate::service::api::scrape::scrape(&core);
             Response::builder()
                 .header("content-type", "text/plain; version=0.0.4")
                 .body(Full::new(Bytes::from(text)))
                 .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
         }
-        (&Method::GET, ["ui"]) => html(StatusCode::OK, crate::service::status::INDEX_HTML),
+        (&Method::GET, ["ui"]) => html(StatusCode::OK, crate::service::api::status::INDEX_HTML),
         (&Method::GET, ["v1", "status"]) => Response::builder()
             .header("content-type", "application/json")
             .header("cache-control", "no-store")
             .body(Full::new(
-                crate::service::status::status_body(core.shared.clone()).await,
+                crate::service::api::status::status_body(core.shared.clone()).await,
             ))
             .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
         (&Method::GET, ["v1", "workers"]) => json(StatusCode::OK, &control::workers(&core)),

@@ -21,7 +21,7 @@ use crate::codec::{
 use crate::credentials::Principal;
 use crate::engine::{DpRankSpec, RouteDecision, RouteRequest};
 use crate::registry::Origin;
-use crate::service::batch;
+use crate::service::api::batch;
 use crate::service::control;
 use crate::service::core::Core;
 use crate::service::errors;

@@ -2,7 +2,7 @@
 //!
 //! Per connection: the worker's `Hello` registers it (heartbeat-tracked) and binds the
 //! connection to it exclusively; then every decoded read's events become batches of
-//! index operations fanned out to all shards, in order, cut by [`crate::service::index_batch`]
+//! index operations fanned out to all shards, in order, cut by [`crate::service::ingest::index_batch`]
 //! (at most 1,024 hashes per batch, long events split zero-copy), which bounds how
 //! long a routing query can wait behind one. Sequence numbers are checked:
 //! a gap marks the worker suspect (overlap counted as zero) and asks it to resync; a
@@ -15,7 +15,7 @@ use crate::registry::Origin;
 use crate::service::control;
 use crate::service::core::Core;
 use crate::service::errors;
-use crate::service::index_batch::Batch;
+use crate::service::ingest::index_batch::Batch;
 use crate::service::msg::IndexOp;
 use crate::service::net::conn::{
     error_kind, read_for, read_hello, yield_to_poll, FramedReader, READ_CHUNK,

@@ -239,7 +239,7 @@ fn apply(
             added.push(id.clone());
         }
         let stop = Arc::new(AtomicBool::new(false));
-        match crate::service::zmq_ingest::spawn(sh, cfg.clone(), stop.clone()) {
+        match crate::service::ingest::zmq::spawn(sh, cfg.clone(), stop.clone()) {
             Ok(t) => {
                 running.insert(
                     id,
