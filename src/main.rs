@@ -3,7 +3,7 @@
 //!
 //! Exit codes: 0 stopped cleanly; 1 stopped, but the shutdown snapshot (`state_dir`)
 //! failed; 2 could not start (bad settings, unusable state dir, snapshot that cannot be
-//! restored, port taken, io_uring refused or locked memory too low (`service::preflight`),
+//! restored, port taken, io_uring refused or locked memory too low (`service::runtime::preflight`),
 //! a core that did not start, ...).
 
 #[cfg(all(target_os = "linux", feature = "service"))]

@@ -181,7 +181,7 @@ pub struct Settings {
     /// Router replicas on NATS JetStream (`[cluster]`, `crate::cluster`). Default off.
     pub cluster: crate::cluster::config::ClusterSettings,
     /// Pin executor N to the Nth CPU of the process's affinity mask (a cgroup cpuset,
-    /// `taskset`), wrapping around it (`service::pinning`). `false` leaves the cores' threads
+    /// `taskset`), wrapping around it (`service::runtime::pinning`). `false` leaves the cores' threads
     /// to the kernel's scheduler (`Placement::Unbound`): on a machine whose CPUs the
     /// router shares (with its workers, clients, other services) a pinned core must
     /// wait for its one CPU while another process runs there, even with the other CPU

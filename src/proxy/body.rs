@@ -12,7 +12,7 @@
 //!   client seen gone while the upstream is quiet (`watch`): `finish` runs and the
 //!   dropped connection aborts the upstream request.
 //!
-//! Lifecycle calls go through `service::router::lifecycle` like the HTTP and binary
+//! Lifecycle calls go through `service::routing::router::lifecycle` like the HTTP and binary
 //! APIs, in order: each is polled once where it is made, and a call for a request
 //! living on this core completes in that poll; one that must ask another core goes
 //! on as a local task, its messages already sent in order.
@@ -26,8 +26,8 @@ use super::pool::{self, Conn};
 use super::state::{Admitted, RequestLabels};
 use super::track::{Seen, Tracker};
 use super::watch::Gone;
-use crate::service::core::Core;
-use crate::service::msg::LifeOp;
+use crate::service::runtime::core::Core;
+use crate::service::runtime::msg::LifeOp;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use std::future::Future;
@@ -56,7 +56,7 @@ impl ProxyBody {
 pub fn life(core: &Rc<Core>, op: LifeOp, id: &str) {
     let (core, id) = (core.clone(), id.to_string());
     let mut call = Box::pin(async move {
-        let _ = crate::service::router::lifecycle(&core, op, &id).await;
+        let _ = crate::service::routing::router::lifecycle(&core, op, &id).await;
     });
     // A waker is registered again by the task's own poll if this one is pending.
     let mut cx = Context::from_waker(std::task::Waker::noop());

@@ -1,5 +1,5 @@
 //! One proxied completion, on the core that accepted it: admission, body limit,
-//! parsing, prompt tokens, routing (`service::router::route`), the prefill leg of a
+//! parsing, prompt tokens, routing (`service::routing::router::route`), the prefill leg of a
 //! disaggregated decision, the upstream request, and re-routing after failures before
 //! the first response byte (`retry`), with each worker's breaker (`breaker`) kept per
 //! core.
@@ -29,9 +29,9 @@ use super::state::{FieldLabel, KindLabel, ProxyShared};
 use super::url::UpstreamUrl;
 use super::watch::{unless_gone, ClientWatch};
 use crate::engine::RouteRequest;
-use crate::service::core::Core;
-use crate::service::msg::LifeOp;
-use crate::service::router;
+use crate::service::routing::router;
+use crate::service::runtime::core::Core;
+use crate::service::runtime::msg::LifeOp;
 use bytes::Bytes;
 use futures_lite::FutureExt;
 use http_body_util::{BodyExt, Full, Limited};

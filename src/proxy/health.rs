@@ -8,7 +8,7 @@ use super::breaker::{Allow, Breaker};
 use super::pool;
 use super::state::WorkerLabel;
 use super::url::UpstreamUrl;
-use crate::service::core::Core;
+use crate::service::runtime::core::Core;
 use bytes::Bytes;
 use futures_lite::FutureExt;
 use http_body_util::Full;

@@ -1,6 +1,6 @@
 //! The OpenAI-compatible proxy of `kvroute serve` (docs/PROXY.md): the router tier
 //! in the request path. A request on `proxy_addr` is parsed, routed with the usual cost
-//! (`service::router::route`), forwarded to the chosen worker's `url` on the same core,
+//! (`service::routing::router::route`), forwarded to the chosen worker's `url` on the same core,
 //! and its response streamed back chunk by chunk while the request's lifecycle
 //! (`first_token`, `progress`, `finish`) is read off the stream.
 //!

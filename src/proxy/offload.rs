@@ -1,6 +1,6 @@
 //! Where a proxied request's prompt is tokenized (`tokenize_inline_max_bytes`): on
 //! the core that accepted it, or, for a long body, on that core's blocking thread
-//! (`service::blocking`, below the executors' priority), so that a multi-millisecond tokenization does not
+//! (`service::runtime::blocking`, below the executors' priority), so that a multi-millisecond tokenization does not
 //! hold the core's other streams. The tokenization itself is `prompt`'s.
 //!
 //! A short body's chat template may still be costly: on the core it is rendered within
@@ -11,7 +11,7 @@
 //! Guarantees: the same token ids either way (one function computes them); the
 //! request body moves to the blocking thread and back, it is not copied. A prompt
 //! tokenized on the core is announced to the other cores first
-//! (`service::router::announce`), so that with `--cores` > 1 their wake-up for the
+//! (`service::routing::router::announce`), so that with `--cores` > 1 their wake-up for the
 //! route's shard query overlaps the tokenizing; one tokenized off the core is not
 //! (it takes long enough that they would spin for nothing).
 
@@ -19,7 +19,7 @@
 /// `tokenize_inline_max_bytes`, else on the core's blocking thread while the core
 /// keeps serving its other streams (the body travels there and back, not copied).
 pub async fn tokenize(
-    core: &crate::service::core::Core,
+    core: &crate::service::runtime::core::Core,
     endpoint: super::request::Endpoint,
     mut creq: super::request::ClientRequest,
     body_bytes: usize,
@@ -33,7 +33,7 @@ pub async fn tokenize(
         if tok.is_some() {
             // The route after tokenizing queries the other cores' shards: wake them
             // now, so their wake-up overlaps the tokenizing (`answer_spin`).
-            crate::service::router::announce(core);
+            crate::service::routing::router::announce(core);
         }
         let t = tok.map(|t| &**t);
         match super::prompt::prompt_tokens_quick(t, endpoint, &creq.model, &creq.body) {
@@ -44,7 +44,7 @@ pub async fn tokenize(
     let tok = tok.cloned();
     let body = std::mem::take(&mut creq.body);
     let model = creq.model.clone();
-    let (body, r) = crate::service::blocking::run(move || {
+    let (body, r) = crate::service::runtime::blocking::run(move || {
         let r = super::prompt::prompt_tokens(tok.as_deref(), endpoint, &model, &body);
         (body, r)
     })

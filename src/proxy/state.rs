@@ -12,7 +12,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::service::shared::Shared;
+use crate::service::runtime::shared::Shared;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {

@@ -14,31 +14,20 @@
 //!   pre-handshake and idle connections; `http_clock` (pure) / `hyper_io`: HTTP
 //!   header, idle and body deadlines.
 
-pub mod answer_spin;
 pub mod api;
-pub mod blocking;
-pub mod claims;
 pub mod cluster;
-pub mod control;
-pub mod core;
-pub mod core_start;
-pub mod errors;
 pub mod ingest;
 pub mod metrics;
-pub mod msg;
 pub mod net;
-pub mod pinning;
-pub mod preflight;
-pub mod router;
-pub mod run_loop;
-pub mod shared;
+pub mod routing;
+pub mod runtime;
 pub mod state;
 
-use self::core::Core;
+use self::runtime::core::Core;
 use crate::settings::Settings;
 pub use api::scrape::scrape;
 use glommio::{LocalExecutorBuilder, Placement};
-use shared::Shared;
+use runtime::shared::Shared;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -196,7 +185,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     settings.validate()?;
     // Before anything else: what the executors need from the kernel and the limits
     // (a refusal is one line naming the fix, not a panic inside glommio).
-    preflight::check()?;
+    runtime::preflight::check()?;
     // Before anything is bound: a missing or broken tokenizer directory stops the start.
     let tokenizers = Arc::new(settings.load_tokenizers()?);
     for m in tokenizers.models() {
@@ -331,13 +320,13 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     }
     let (requests, orphans) = state::persist::drop_orphans(&shared, requests);
     let requests = Arc::new(requests);
-    let allowed = pinning::allowed_cpus();
-    let cpus = pinning::plan(cores, shared.settings.pin_cores, &allowed);
-    eprintln!("kvroute: {}", pinning::describe(&cpus, &allowed));
-    let mut placements = pinning::placements(&cpus)?.into_iter();
+    let allowed = runtime::pinning::allowed_cpus();
+    let cpus = runtime::pinning::plan(cores, shared.settings.pin_cores, &allowed);
+    eprintln!("kvroute: {}", runtime::pinning::describe(&cpus, &allowed));
+    let mut placements = runtime::pinning::placements(&cpus)?.into_iter();
     // Before the cores accept anything, so every accepted event is published.
     let cluster_threads = cluster::bridge::start(&shared, restored_state, orphans)?;
-    let reports = core_start::Reports::default();
+    let reports = runtime::core_start::Reports::default();
     let mut handles = Vec::new();
     let mut first_err = None;
     for ((id, bell), shard) in doorbells.into_iter().enumerate().zip(shards) {
@@ -400,8 +389,8 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             if id == 0 {
                 glommio::spawn_local(api::status::sample_loop(core.clone())).detach();
             }
-            glommio::spawn_local(self::core::expiry_loop(core.clone())).detach();
-            run_loop::run(core, bell).await;
+            glommio::spawn_local(self::runtime::core::expiry_loop(core.clone())).detach();
+            runtime::run_loop::run(core, bell).await;
         });
         match spawned {
             Ok(h) => handles.push(h),
@@ -413,7 +402,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     }
     // The cores that were spawned report (a failed one with its error) even when a
     // later one could not be spawned, so every started core is stopped below.
-    if let Err(e) = reports.wait(&mut handles, core_start::TIMEOUT) {
+    if let Err(e) = reports.wait(&mut handles, runtime::core_start::TIMEOUT) {
         first_err.get_or_insert(e);
     }
     let mut running = Running {

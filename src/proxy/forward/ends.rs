@@ -10,8 +10,8 @@ use super::super::state::{Admitted, RequestLabels};
 use super::super::track::Tracker;
 use super::super::watch::Gone;
 use super::{error, overloaded, refused, worker_model, Answer, Job, Resp};
-use crate::service::msg::LifeOp;
-use crate::service::router;
+use crate::service::routing::router;
+use crate::service::runtime::msg::LifeOp;
 use hyper::{Response, StatusCode};
 use std::time::{Duration, Instant};
 
@@ -168,7 +168,7 @@ impl Job {
         if last.is_some() {
             return self.gave_up(last);
         }
-        let (status, code) = crate::service::errors::classify(e);
+        let (status, code) = crate::service::routing::errors::classify(e);
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         refused(&self.core, "no_worker");
         let kind = if status == StatusCode::TOO_MANY_REQUESTS {

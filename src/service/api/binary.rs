@@ -22,15 +22,15 @@ use crate::credentials::Principal;
 use crate::engine::{DpRankSpec, RouteDecision, RouteRequest};
 use crate::registry::Origin;
 use crate::service::api::batch;
-use crate::service::control;
-use crate::service::core::Core;
-use crate::service::errors;
-use crate::service::msg::LifeOp;
 use crate::service::net::conn::{
     error_kind, read_for, read_hello, yield_to_poll, FramedReader, Stop, READ_CHUNK,
 };
 use crate::service::net::conn_slot::Slot;
-use crate::service::router::{self, ApiError};
+use crate::service::routing::control;
+use crate::service::routing::errors;
+use crate::service::routing::router::{self, ApiError};
+use crate::service::runtime::core::Core;
+use crate::service::runtime::msg::LifeOp;
 use bytes::BytesMut;
 use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;

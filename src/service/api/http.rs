@@ -14,12 +14,12 @@
 
 use crate::engine::{EventBatch, RouteRequest};
 use crate::registry::{Origin, Upsert};
-use crate::service::control;
-use crate::service::core::Core;
-use crate::service::errors;
-use crate::service::msg::LifeOp;
 use crate::service::net::doors::{self, Door, Pass};
-use crate::service::router::{self, ApiError};
+use crate::service::routing::control;
+use crate::service::routing::errors;
+use crate::service::routing::router::{self, ApiError};
+use crate::service::runtime::core::Core;
+use crate::service::runtime::msg::LifeOp;
 use crate::types::WorkerSpec;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};

@@ -3,8 +3,8 @@
 //! and the status counters at the moment of the scrape. Reads only; costs nothing on
 //! the hot path.
 
-use crate::service::core::Core;
 use crate::service::metrics;
+use crate::service::runtime::core::Core;
 
 /// `/metrics` text, with scrape-time gauges filled from the board.
 pub fn scrape(core: &Core) -> String {

@@ -17,7 +17,7 @@ use crate::cluster::entry::{By, RegEntry};
 use crate::cluster::names::worker_key;
 use crate::credentials::Principal;
 use crate::service::cluster::bridge::{Apply, Cluster, Out};
-use crate::service::shared::Shared;
+use crate::service::runtime::shared::Shared;
 use prometheus_client::encoding::EncodeLabelSet;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

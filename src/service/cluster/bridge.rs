@@ -21,9 +21,9 @@ use crate::service::cluster::load::{apply_load, load_sync};
 pub use crate::service::cluster::load::{
     carried_ops, carry_all, publish_life, publish_route, ReplicaOp,
 };
-use crate::service::control;
-use crate::service::msg::{Hashes, IndexOp, Msg};
-use crate::service::shared::Shared;
+use crate::service::routing::control;
+use crate::service::runtime::msg::{Hashes, IndexOp, Msg};
+use crate::service::runtime::shared::Shared;
 use crate::types::{WorkerSlot, WorkerSpec};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -328,7 +328,7 @@ pub fn start(
     }
     // Sent once NATS is reached (the load publisher starts then).
     for id in orphans {
-        publish_life(sh, crate::service::msg::LifeOp::Finish, &id);
+        publish_life(sh, crate::service::runtime::msg::LifeOp::Finish, &id);
     }
     eprintln!(
         "kvroute: cluster {:?} via {}: replica {}, resuming the log after sequence {start_after}",

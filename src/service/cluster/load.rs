@@ -9,15 +9,15 @@
 //! The wire format is `cluster::load`; the NATS side is `cluster_peers`.
 
 use crate::service::cluster::bridge::Cluster;
-use crate::service::control;
-use crate::service::msg::Msg;
-use crate::service::shared::Shared;
+use crate::service::routing::control;
+use crate::service::runtime::msg::Msg;
+use crate::service::runtime::shared::Shared;
 use crate::types::WorkerSlot;
 
 /// A peer's routing or lifecycle call, resolved to this replica's slots, for a core.
 pub enum ReplicaOp {
     Route(crate::load::CarriedRequest),
-    Life(crate::service::msg::LifeOp, String),
+    Life(crate::service::runtime::msg::LifeOp, String),
     /// Send this core's in-flight requests (a load sync).
     Carry(tokio::sync::mpsc::UnboundedSender<Vec<crate::load::CarriedRequest>>),
 }
@@ -44,9 +44,9 @@ pub fn publish_route(sh: &Shared, req: &crate::load::NewRequest) {
 }
 
 /// Publishes a lifecycle call this replica answered.
-pub fn publish_life(sh: &Shared, op: crate::service::msg::LifeOp, id: &str) {
+pub fn publish_life(sh: &Shared, op: crate::service::runtime::msg::LifeOp, id: &str) {
     use crate::cluster::load::LoadOp;
-    use crate::service::msg::LifeOp as L;
+    use crate::service::runtime::msg::LifeOp as L;
     let Some(cl) = sh.cluster.get() else {
         return;
     };
@@ -66,7 +66,7 @@ pub fn publish_life(sh: &Shared, op: crate::service::msg::LifeOp, id: &str) {
 /// A peer's load change as a core message (`None`: a worker unknown here).
 fn to_replica(sh: &Shared, op: crate::cluster::load::LoadOp) -> Option<(ReplicaOp, Option<usize>)> {
     use crate::cluster::load::LoadOp;
-    use crate::service::msg::LifeOp as L;
+    use crate::service::runtime::msg::LifeOp as L;
     Some(match op {
         LoadOp::Route(r) => {
             crate::ids::check("request id", &r.id).ok()?;

@@ -27,7 +27,7 @@ use crate::cluster::load::LoadOp;
 use crate::cluster::names::Names;
 use crate::service::cluster::bridge::{Apply, Cluster, Out};
 use crate::service::cluster::peers;
-use crate::service::shared::Shared;
+use crate::service::runtime::shared::Shared;
 use async_nats::jetstream::{self, kv, stream};
 use consume::{consume, registry_sync, watch_registry};
 use publish::publisher;

@@ -15,7 +15,7 @@ use crate::cluster::load::{Batcher, LoadBatch, LoadOp, SeqGuard};
 use crate::cluster::names::{worker_key, Names};
 use crate::service::cluster::auth;
 use crate::service::cluster::bridge::{Apply, Cluster};
-use crate::service::shared::Shared;
+use crate::service::runtime::shared::Shared;
 use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
 use futures_lite::StreamExt;

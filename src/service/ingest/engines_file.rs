@@ -21,7 +21,7 @@
 //! shutdown.
 
 use crate::engines::config::EngineEndpoint;
-use crate::service::shared::Shared;
+use crate::service::runtime::shared::Shared;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -230,7 +230,7 @@ fn apply(
             changed.push(id);
         } else {
             // Already gone (removed over HTTP) is fine.
-            let _ = crate::service::control::deregister_blocking(sh, &id);
+            let _ = crate::service::routing::control::deregister_blocking(sh, &id);
             removed.push(id);
         }
     }

@@ -12,15 +12,15 @@
 
 use crate::codec::{resync_reason, ErrorCode, EventMsg, WorkerBound, PROTOCOL_VERSION};
 use crate::registry::Origin;
-use crate::service::control;
-use crate::service::core::Core;
-use crate::service::errors;
 use crate::service::ingest::index_batch::Batch;
-use crate::service::msg::IndexOp;
 use crate::service::net::conn::{
     error_kind, read_for, read_hello, yield_to_poll, FramedReader, READ_CHUNK,
 };
 use crate::service::net::conn_slot::Slot;
+use crate::service::routing::control;
+use crate::service::routing::errors;
+use crate::service::runtime::core::Core;
+use crate::service::runtime::msg::IndexOp;
 use bytes::BytesMut;
 use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
@@ -157,7 +157,7 @@ pub async fn serve(core: Rc<Core>, mut s: TcpStream, conn: Rc<Slot>) {
 struct Session<'a> {
     core: Rc<Core>,
     conn: &'a Slot,
-    cells: &'a crate::service::shared::WorkerCells,
+    cells: &'a crate::service::runtime::shared::WorkerCells,
     slot: crate::types::WorkerSlot,
     gen: u64,
     worker_id: &'a str,

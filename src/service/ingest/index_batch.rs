@@ -13,7 +13,7 @@
 
 use crate::codec::HashList;
 use crate::engines::adapter::Change;
-use crate::service::msg::{Hashes, IndexOp};
+use crate::service::runtime::msg::{Hashes, IndexOp};
 
 /// Most block hashes in one index batch. 1,024 hashes are about 25–50 µs of shard work
 /// split over the cores, and still amortise the per-batch cost (one `Arc` and one

@@ -17,7 +17,7 @@
 //!   in one bulk lane, in order) are never interleaved, and per-worker order is kept;
 //! - pure: no I/O, no clock; the caller decides what runs between slices.
 
-use crate::service::msg::{IndexOp, Msg};
+use crate::service::runtime::msg::{IndexOp, Msg};
 use crate::types::{Tier, WorkerSlot};
 use std::sync::Arc;
 
@@ -107,7 +107,7 @@ impl IngestCursor {
     pub fn step(
         &mut self,
         budget: usize,
-        mut select: impl FnMut(&crate::service::msg::Hashes, &mut Vec<u64>),
+        mut select: impl FnMut(&crate::service::runtime::msg::Hashes, &mut Vec<u64>),
         mut apply: impl FnMut(Piece<'_>),
     ) -> bool {
         let mut left = budget.max(1);
@@ -153,7 +153,7 @@ impl IngestCursor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::msg::Hashes;
+    use crate::service::runtime::msg::Hashes;
 
     fn stored(v: &[u64]) -> IndexOp {
         IndexOp::Stored {

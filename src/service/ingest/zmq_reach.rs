@@ -9,7 +9,7 @@
 //! why in `GET /v1/workers`) until a subscription is up again, which brings it back
 //! without anyone's help. Each transition is one log line.
 
-use crate::service::shared::Shared;
+use crate::service::runtime::shared::Shared;
 use crate::types::WorkerSlot;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

@@ -18,7 +18,7 @@
 use crate::service::net::conn_slot::Slot;
 use crate::service::net::http_clock::{Clock, Phase, Timeouts};
 use crate::service::net::slots::Activity;
-use crate::service::shared::Shared;
+use crate::service::runtime::shared::Shared;
 use futures_lite::{AsyncRead, AsyncWrite};
 use std::cell::Cell;
 use std::future::Future;

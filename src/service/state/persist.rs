@@ -24,9 +24,9 @@
 use crate::engine::Prepared;
 use crate::index::IndexShard;
 use crate::registry::Registry;
-use crate::service::core::Core;
-use crate::service::msg::{Msg, Retained};
-use crate::service::shared::Shared;
+use crate::service::runtime::core::Core;
+use crate::service::runtime::msg::{Msg, Retained};
+use crate::service::runtime::shared::Shared;
 use crate::snapshot::{
     self, Expect, RestoreError, SavedRequest, SavedReroute, SavedWorker, Snapshot,
 };

@@ -96,7 +96,7 @@ pub fn load_at_start(
     let entries: usize = snap.entries.iter().map(|e| e.len()).sum();
     let legacy = snap.params.is_none();
     let restored = restore(snap, &expect, cores, shard_bits, replicated, |c| {
-        crate::service::control::cap_per_shard(c, limits.max_blocks_per_worker, cores)
+        crate::service::routing::control::cap_per_shard(c, limits.max_blocks_per_worker, cores)
     })
     .map_err(|e| format!("cannot restore {}: {e} (or {cold})", file.display()))?;
     if legacy {

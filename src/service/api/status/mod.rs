@@ -15,8 +15,8 @@
 pub mod counters;
 pub mod model;
 
-use crate::service::core::Core;
-use crate::service::shared::Shared;
+use crate::service::runtime::core::Core;
+use crate::service::runtime::shared::Shared;
 use bytes::Bytes;
 use counters::Counters;
 use model::{DecisionRecord, History, Point, SlotCount, Totals, Window, REFRESH_MS};
@@ -213,7 +213,7 @@ fn build(sh: &Shared, now_ms: u64) -> Bytes {
     let workers: Vec<WorkerRow> = reg
         .iter()
         .map(|e| {
-            let status = crate::service::control::worker_status(sh, e, now_us);
+            let status = crate::service::routing::control::worker_status(sh, e, now_us);
             let count: SlotCount = c.slot_count(e.slot, gen_of(sh, e.slot));
             let f = window.figures(e.slot as usize, count, t.decisions);
             let age = c.last_event_ms(e.slot).map(|t| now_ms.saturating_sub(t));
@@ -277,7 +277,7 @@ pub async fn status_body(sh: Arc<Shared>) -> Bytes {
     // The blocking thread stores the document and clears the flag itself, so a
     // caller that goes away mid-build (client disconnected) leaves no stuck flag.
     let worker = sh.clone();
-    crate::service::blocking::run(move || {
+    crate::service::runtime::blocking::run(move || {
         let body = build(&worker, now);
         let st = &worker.status;
         if let Ok(mut c) = st.cache.lock() {

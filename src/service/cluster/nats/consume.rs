@@ -15,7 +15,7 @@ use crate::cluster::names::{worker_key, Names};
 use crate::cluster::wire::EventRecord;
 use crate::service::cluster::auth::{self as auth, registry_delete, registry_item};
 use crate::service::cluster::bridge::{Apply, Cluster};
-use crate::service::shared::Shared;
+use crate::service::runtime::shared::Shared;
 use async_nats::jetstream::{consumer, kv, stream};
 use futures_lite::StreamExt;
 use std::time::Duration;

@@ -14,7 +14,7 @@ use crate::cluster::auth::Kind;
 use crate::cluster::names::Names;
 use crate::cluster::wire::EventRecord;
 use crate::service::cluster::bridge::{Cluster, Out};
-use crate::service::shared::Shared;
+use crate::service::runtime::shared::Shared;
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};

@@ -27,10 +27,10 @@
 //!   the spin ends at the bound whatever happens;
 //! - at shutdown it returns once in-flight work is done (or after 5 s).
 
-use crate::service::answer_spin;
-use crate::service::core::Core;
 use crate::service::metrics::KindLabel;
-use crate::service::msg::{Lane, Msg};
+use crate::service::runtime::answer_spin;
+use crate::service::runtime::core::Core;
+use crate::service::runtime::msg::{Lane, Msg};
 use crate::sync::lanes::{awake_both, try_sleep_both};
 use crate::sync::mailbox::Mailbox;
 use futures_lite::AsyncReadExt;

@@ -9,7 +9,7 @@
 
 use super::Core;
 use crate::service::ingest::slice::{IngestCursor, Piece};
-use crate::service::msg::{IndexOp, Msg};
+use crate::service::runtime::msg::{IndexOp, Msg};
 use crate::types::{Tier, WorkerSlot};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

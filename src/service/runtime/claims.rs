@@ -9,7 +9,7 @@
 //! answers the same question with one short, striped critical section instead.
 //!
 //! Guarantees: an id is in the register exactly while one core has claimed it for a
-//! routing in progress or holds its request (`service::core` claims before routing,
+//! routing in progress or holds its request (`service::runtime::core` claims before routing,
 //! restoring or admitting a replica's request, and releases when the routing fails
 //! or the request ends: finish, prefill failure, its worker's removal); a second claim
 //! of a registered id fails, so of two cores routing one id at once exactly one wins.

@@ -12,7 +12,7 @@ use crate::credentials::Credentials;
 use crate::index::Budget;
 use crate::registry::Registry;
 use crate::service::metrics::Metrics;
-use crate::service::msg::{Lane, Msg};
+use crate::service::runtime::msg::{Lane, Msg};
 use crate::settings::Settings;
 use crate::sync::board::LoadBoard;
 use crate::sync::mailbox::Mailbox;
@@ -65,7 +65,7 @@ pub struct Shared {
     /// Replicated: the service-wide request-id register (`claims`), so a route need
     /// not ask the other cores whether they know its id. `None` when sharded or on
     /// one core.
-    pub claims: Option<crate::service::claims::Claims>,
+    pub claims: Option<crate::service::runtime::claims::Claims>,
     /// Per core: `[urgent, bulk]` inboxes, indexed by [`Lane`].
     mailboxes: Vec<[Mailbox<Msg>; 2]>,
     /// Per core: the doorbell write end (one for both inboxes).
@@ -142,7 +142,7 @@ impl Shared {
             cores,
             shard_bits,
             replicated,
-            claims: replicated.then(crate::service::claims::Claims::new),
+            claims: replicated.then(crate::service::runtime::claims::Claims::new),
             mailboxes: (0..cores)
                 .map(|_| [Mailbox::new(depth), Mailbox::new(depth)])
                 .collect(),

@@ -19,8 +19,8 @@ pub use wait::WaitReply;
 
 use crate::index::{IndexShard, PendingShard, ShardAnswer};
 use crate::load::{ActiveBlocksShard, LoadTracker, NewRequest};
-use crate::service::msg::{Msg, QueryAnswer, Reply, Retained, SpecAdd};
-use crate::service::shared::Shared;
+use crate::service::runtime::msg::{Msg, QueryAnswer, Reply, Retained, SpecAdd};
+use crate::service::runtime::shared::Shared;
 use crate::sync::board::Published;
 use crate::types::{Tier, WorkerSlot};
 use rand::rngs::SmallRng;
@@ -47,7 +47,7 @@ pub struct CoreState {
 
 impl CoreState {
     /// Marks `slot`'s load figures for republishing on the board.
-    pub(super) fn mark(&mut self, slot: WorkerSlot) {
+    pub(in crate::service) fn mark(&mut self, slot: WorkerSlot) {
         if let Some(m) = self.dirty_mark.get_mut(slot as usize) {
             if !*m {
                 *m = true;
@@ -227,7 +227,7 @@ impl Core {
                 items,
                 check_id,
             } => {
-                crate::service::answer_spin::query_arrived();
+                crate::service::runtime::answer_spin::query_arrived();
                 let answer = self.local_query(&items, check_id.as_deref());
                 self.post(
                     from,
@@ -260,7 +260,7 @@ impl Core {
                 waits
                     .get_or_create(&crate::service::metrics::KindLabel { kind: "expected" })
                     .inc();
-                crate::service::answer_spin::expect(Duration::from_micros(
+                crate::service::runtime::answer_spin::expect(Duration::from_micros(
                     self.shared.settings.answer_spin_us,
                 ));
             }

@@ -5,7 +5,7 @@ use crate::codec::ErrorCode;
 use crate::engine::EngineError;
 use crate::registry::RegistryError;
 use crate::select::RouteError;
-use crate::service::router::ApiError;
+use crate::service::routing::router::ApiError;
 
 /// The error code of a service error.
 pub fn code(e: &ApiError) -> ErrorCode {

@@ -6,7 +6,7 @@
 //! accumulate.
 
 use super::Core;
-use crate::service::msg::Reply;
+use crate::service::runtime::msg::Reply;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};

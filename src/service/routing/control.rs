@@ -18,11 +18,11 @@
 use crate::engine::{EngineError, KvEvent, WorkerState, WorkerStatus};
 use crate::engines::adapter::Change;
 use crate::registry::{Origin, Upsert};
-use crate::service::core::Core;
 use crate::service::ingest::index_batch::Batch;
-use crate::service::msg::{IndexOp, Msg};
-use crate::service::router::ApiError;
-use crate::service::shared::Shared;
+use crate::service::routing::router::ApiError;
+use crate::service::runtime::core::Core;
+use crate::service::runtime::msg::{IndexOp, Msg};
+use crate::service::runtime::shared::Shared;
 use crate::types::{WorkerSlot, WorkerSpec};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

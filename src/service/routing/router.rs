@@ -28,8 +28,8 @@ use crate::select::{
     decide_view, Decision, Fleet, Hits, Loads, RequestShape, RouteError, RrState, Scratch,
     ViewInput,
 };
-use crate::service::core::Core;
-use crate::service::msg::{LifeOp, LifeOutcome, Msg, Reply, Retained};
+use crate::service::runtime::core::Core;
+use crate::service::runtime::msg::{LifeOp, LifeOutcome, Msg, Reply, Retained};
 use crate::types::{Role, WorkerSlot};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
@@ -230,7 +230,7 @@ async fn route_prepared(
     let ask_others = sh.cores > 1 && !sh.replicated;
     // Until the answers are in, this core's run loop stays awake for them
     // (`answer_spin_us`): parking now would add its own wake-up to the round trip.
-    let awaiting = ask_others.then(crate::service::answer_spin::awaiting);
+    let awaiting = ask_others.then(crate::service::runtime::answer_spin::awaiting);
     let mut items: Vec<Vec<(u32, u64)>> = vec![Vec::new(); sh.cores];
     let mine = sh.shard_index(core.id);
     for (i, &h) in prepared.hashes.iter().enumerate() {
@@ -358,7 +358,7 @@ async fn route_prepared(
     };
     let mut out = plan::to_output(&reg, id, &d, explain || sampled, &spec);
     let (sw, from) = plan::speculative_target(&d, &merged);
-    let spec_add = (from < n).then_some(crate::service::msg::SpecAdd {
+    let spec_add = (from < n).then_some(crate::service::runtime::msg::SpecAdd {
         slot: sw,
         from: from as u32,
         now_us,
@@ -513,7 +513,7 @@ async fn lifecycle_elsewhere(
         _ => None,
     };
     let mut qids = Vec::with_capacity(core.shared.cores - 1);
-    let _awaiting = crate::service::answer_spin::awaiting();
+    let _awaiting = crate::service::runtime::answer_spin::awaiting();
     let others = (0..core.shared.cores).filter(|&c| c != core.id);
     for to in others.filter(|&c| only.is_none_or(|o| o == c)) {
         let qid = core.new_wait();

@@ -13,7 +13,7 @@
 use super::Core;
 use crate::engine::EngineError;
 use crate::load::{LifecycleError, NewRequest};
-use crate::service::msg::{LifeOp, LifeOutcome, Msg, Retained, SpecAdd};
+use crate::service::runtime::msg::{LifeOp, LifeOutcome, Msg, Retained, SpecAdd};
 use crate::types::WorkerSlot;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -124,7 +124,7 @@ impl Core {
         }
         // Branch-free: shard membership is a coin flip per hash with 2 cores, and the
         // filtering branch was ~8 % of a core's samples (`--cores 2`, 20k decisions/s).
-        crate::service::msg::select_slice(hashes, self.id, bits, &mut st.scratch);
+        crate::service::runtime::msg::select_slice(hashes, self.id, bits, &mut st.scratch);
         if add {
             st.active.add(slot, &st.scratch);
         } else {
@@ -132,7 +132,7 @@ impl Core {
         }
         if let Some(sp) = spec {
             let rest = hashes.get(sp.from as usize..).unwrap_or(&[]);
-            crate::service::msg::select_slice(rest, self.id, bits, &mut st.scratch);
+            crate::service::runtime::msg::select_slice(rest, self.id, bits, &mut st.scratch);
             if add {
                 st.speculative.add(sp.slot, &st.scratch, sp.now_us);
             } else if !st.speculative.is_empty() {
