@@ -1,18 +1,31 @@
 //! The running service (`kvroute serve`): glommio executors, one per core, each owning
-//! one index shard; cores talk only through the lock-free mailboxes in `mailbox`.
+//! one index shard; cores talk only through the lock-free mailboxes of
+//! `runtime::msg`. This file is the top: [`start`] wires the layers below into a
+//! [`Running`] service (and wires the OpenAI proxy, `crate::proxy`, onto the cores).
 //!
-//! This layer moves data between the pure modules and owns no routing logic:
-//! - `ingest`: binary event connections → index operations fanned out to shards;
-//! - `api` / `http`: binary and JSON request APIs → `router` (scatter/gather/decide);
-//! - `core`: per-core state and the cross-core message handler; `run_loop`: the loop
-//!   that feeds it from the core's urgent and bulk inboxes;
-//! - `control`: registry writes; `board`: lock-free per-worker load figures;
-//! - `listeners`: each listen address bound once (no `SO_REUSEPORT`) and shared by
-//!   the cores, so no other process can join a port;
-//! - `zmq_ingest`: OS threads subscribed to vLLM / SGLang KV events over ZMQ.
-//! - `slots` (pure policy) / `conn_slot`: per-listener connection slots, displacing
-//!   pre-handshake and idle connections; `http_clock` (pure) / `hyper_io`: HTTP
-//!   header, idle and body deadlines.
+//! The service moves data between the pure modules and owns no routing logic. Its
+//! layers, lowest first; a layer imports only from itself and the layers below
+//! (checked over the `use` graph by `tests/layers.rs`, whose `rules.rs` holds the
+//! same list):
+//! 1. the pure library (everything of `src/` outside `service/` and the proxy's
+//!    driver);
+//! 2. `metrics`: the Prometheus registry and the service's families; imports no
+//!    feature;
+//! 3. `net`: listeners, framed and HTTP connections, slots, deadlines, HTTP doors;
+//! 4. `runtime`: executors, per-core state `Core`, process-wide `Shared`, mailboxes
+//!    and messages, the run loop, start checks, blocking threads;
+//! 5. `routing`: route, lifecycle, the registry writes (`control`), error mapping;
+//! 6. `cluster`: the NATS bridge of router replicas;
+//! 7. `state`: snapshots, the state dir, the recorder;
+//! 8. `ingest`: binary event connections, ZMQ subscribers, the engines file;
+//! 9. `api`: the binary and JSON APIs, `/metrics`, the status window and page;
+//! 10. the proxy's driver (`crate::proxy`: server, forward, body, health, pool...),
+//!     which names of the service only `net`, `metrics` and the routing handle;
+//! 11. this file.
+//!
+//! Imports that still go up (the cores' shared state holding the features' state,
+//! registry writes publishing to replicas...) are listed in `tests/layers.rs` and may
+//! only go away.
 
 pub mod api;
 pub mod cluster;
@@ -27,26 +40,12 @@ use self::runtime::core::Core;
 use crate::settings::Settings;
 pub use api::scrape::scrape;
 use glommio::{LocalExecutorBuilder, Placement};
+pub use runtime::preflight::raise_memlock;
 use runtime::shared::Shared;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Raises RLIMIT_MEMLOCK's soft limit to the hard limit (io_uring registers memory).
-pub fn raise_memlock() {
-    // SAFETY: plain libc calls on a stack-allocated struct.
-    unsafe {
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim);
-        }
-    }
-}
 
 /// Executors to run: `--cores` or all online cores, rounded down to a power of two (the
 /// shard of a block is the top bits of its hash).

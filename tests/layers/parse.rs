@@ -278,7 +278,11 @@ pub fn parse(src: &str, module: &str, dir: &Path, file_dir: &Path) -> Parsed {
             }
             Tok::Ident(first) => {
                 *p.words.entry(first.clone()).or_default() += 1;
-                if !matches!(toks.get(i.wrapping_sub(1)), Some((Tok::Sep, _)))
+                // `pub(in crate::a)` names a visibility, not an import.
+                let visibility = is_word(toks.get(i.wrapping_sub(1)), "in")
+                    && matches!(toks.get(i.wrapping_sub(2)), Some((Tok::Punct('('), _)));
+                if !visibility
+                    && !matches!(toks.get(i.wrapping_sub(1)), Some((Tok::Sep, _)))
                     && matches!(toks.get(i + 1), Some((Tok::Sep, _)))
                 {
                     let line = toks[i].1;

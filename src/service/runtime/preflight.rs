@@ -152,7 +152,7 @@ fn refused(call: &str, e: io::Error) -> String {
 /// Raises the soft locked-memory limit to the hard one (and the hard one to
 /// [`MIN_MEMLOCK_BYTES`] when the process may), then checks it.
 fn memlock() -> Result<(), String> {
-    crate::service::raise_memlock();
+    raise_memlock();
     let (soft, hard) = memlock_limits();
     if soft >= MIN_MEMLOCK_BYTES {
         return Ok(());
@@ -206,6 +206,21 @@ pub fn memlock_refusal(soft: u64, hard: u64) -> String {
         MIN_MEMLOCK_BYTES,
         MIN_MEMLOCK_BYTES / 1024,
     )
+}
+
+/// Raises RLIMIT_MEMLOCK's soft limit to the hard limit (io_uring registers memory).
+pub fn raise_memlock() {
+    // SAFETY: plain libc calls on a stack-allocated struct.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim);
+        }
+    }
 }
 
 #[cfg(test)]
