@@ -73,7 +73,7 @@ fn serve(settings: kvroute::settings::Settings) -> ExitCode {
         }
     }
     let t0 = std::time::Instant::now();
-    let (active, drain_ms) = (running.shared.proxy.inflight(), s.proxy.drain_ms);
+    let (active, drain_ms) = (running.proxy_inflight(), s.proxy.drain_ms);
     if active > 0 && drain_ms > 0 {
         eprintln!(
             "kvroute: draining {active} proxied request(s), up to {drain_ms} ms (signal again to stop now)"

@@ -22,17 +22,16 @@
 //! what is left of `idle` after the last frame.
 
 use super::errors;
+use super::front::Front;
 use super::pool::{self, Conn};
 use super::state::{Admitted, RequestLabels};
 use super::track::{Seen, Tracker};
 use super::watch::Gone;
-use crate::service::runtime::core::Core;
-use crate::service::runtime::msg::LifeOp;
+use crate::engine::request::LifeOp;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
-use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -53,10 +52,10 @@ impl ProxyBody {
 /// for a request living on this core (the proxy's own: it was routed here) completes;
 /// only one still waiting for another core is left to a local task (see the module
 /// doc for ordering). Running it in place saves a task per streamed chunk.
-pub fn life(core: &Rc<Core>, op: LifeOp, id: &str) {
+pub fn life(core: &Front, op: LifeOp, id: &str) {
     let (core, id) = (core.clone(), id.to_string());
     let mut call = Box::pin(async move {
-        let _ = crate::service::routing::router::lifecycle(&core, op, &id).await;
+        let _ = core.handle.lifecycle(op, &id).await;
     });
     // A waker is registered again by the task's own poll if this one is pending.
     let mut cx = Context::from_waker(std::task::Waker::noop());
@@ -66,7 +65,7 @@ pub fn life(core: &Rc<Core>, op: LifeOp, id: &str) {
 }
 
 pub struct Streamed {
-    pub core: Rc<Core>,
+    pub core: Front,
     pub upstream: Incoming,
     pub conn: Option<Conn>,
     /// kvroute's id of the routed request.
@@ -90,7 +89,7 @@ pub struct Streamed {
 
 impl Streamed {
     fn on_seen(&mut self, seen: Seen) {
-        let m = &self.core.shared.proxy.metrics;
+        let m = &self.core.state.metrics;
         let now = Instant::now();
         if seen.first_output {
             m.ttft.observe(self.started.elapsed().as_secs_f64());
@@ -116,7 +115,7 @@ impl Streamed {
             return;
         }
         self.done = true;
-        let m = &self.core.shared.proxy.metrics;
+        let m = &self.core.state.metrics;
         m.e2e.observe(self.started.elapsed().as_secs_f64());
         let mut labels = self.labels.clone();
         labels.outcome = outcome;
@@ -137,7 +136,7 @@ impl Streamed {
         kind: &'static str,
         msg: &str,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let m = &self.core.shared.proxy.metrics;
+        let m = &self.core.state.metrics;
         m.upstream_errors
             .get_or_create(&super::state::KindLabel { kind })
             .inc();

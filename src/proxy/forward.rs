@@ -21,6 +21,7 @@
 use super::body::{self, ProxyBody};
 use super::breaker::Allow;
 use super::errors;
+use super::front::Front;
 use super::health::{self, breaker_failure, breaker_success, spawn_probe};
 use super::pool::{self, Conn};
 use super::request::{self, ClientRequest, Endpoint};
@@ -28,10 +29,8 @@ use super::retry::{self, Failure, Policy};
 use super::state::{FieldLabel, KindLabel, ProxyShared};
 use super::url::UpstreamUrl;
 use super::watch::{unless_gone, ClientWatch};
+use crate::engine::request::LifeOp;
 use crate::engine::RouteRequest;
-use crate::service::routing::router;
-use crate::service::runtime::core::Core;
-use crate::service::runtime::msg::LifeOp;
 use bytes::Bytes;
 use futures_lite::FutureExt;
 use http_body_util::{BodyExt, Full, Limited};
@@ -73,9 +72,8 @@ pub fn overloaded(code: &str, msg: &str, secs: u32) -> Resp {
     r
 }
 
-fn refused(core: &Core, kind: &'static str) {
-    core.shared
-        .proxy
+fn refused(core: &Front, kind: &'static str) {
+    core.state
         .metrics
         .refused
         .get_or_create(&KindLabel { kind })
@@ -93,15 +91,15 @@ fn next_counter() -> u64 {
 /// Handles `POST /v1/completions` / `POST /v1/chat/completions`; `watch`: the
 /// client's connection, whose closing aborts the request at once.
 pub async fn completions(
-    core: Rc<Core>,
+    core: Front,
     endpoint: Endpoint,
     req: Request<Incoming>,
     watch: Rc<ClientWatch>,
 ) -> Resp {
-    let sh = core.shared.clone();
-    let ps = &sh.settings.proxy;
+    let sh = core.clone();
+    let ps = &sh.handle.settings().proxy;
     let started = Instant::now();
-    let Some(admitted) = ProxyShared::admit(&sh, ps.max_concurrent) else {
+    let Some(admitted) = ProxyShared::admit(&sh.state, ps.max_concurrent) else {
         refused(&core, "too_many");
         return overloaded(
             "too_many_requests",
@@ -110,7 +108,7 @@ pub async fn completions(
         );
     };
     let limit = ps.max_body_bytes;
-    let too_large = |core: &Core| {
+    let too_large = |core: &Front| {
         refused(core, "too_large");
         error(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -163,7 +161,7 @@ pub async fn completions(
         raw
     } else {
         for field in stripped {
-            (sh.proxy.metrics.stripped)
+            (sh.state.metrics.stripped)
                 .get_or_create(&FieldLabel { field })
                 .inc();
         }
@@ -183,7 +181,7 @@ pub async fn completions(
             );
         }
     };
-    let m = &sh.proxy.metrics;
+    let m = &sh.state.metrics;
     m.tokenize_seconds.observe(t0.elapsed().as_secs_f64());
     if tokens.is_none() {
         m.untokenized.inc();
@@ -203,7 +201,7 @@ pub async fn completions(
 }
 
 struct Job {
-    core: Rc<Core>,
+    core: Front,
     endpoint: Endpoint,
     creq: ClientRequest,
     raw: Bytes,
@@ -222,8 +220,8 @@ struct Answer {
 
 impl Job {
     async fn run(self, admitted: super::state::Admitted) -> Resp {
-        let sh = self.core.shared.clone();
-        let ps = &sh.settings.proxy;
+        let sh = self.core.clone();
+        let ps = &sh.handle.settings().proxy;
         let policy = Policy {
             retries: ps.retries,
             backoff_ms: ps.retry_backoff_ms,
@@ -240,13 +238,13 @@ impl Job {
             };
             let rid = request::router_id(
                 &self.client_id,
-                &sh.proxy.nonce,
-                self.core.id,
+                &sh.state.nonce,
+                self.core.handle.core_id(),
                 self.counter,
                 attempt,
             );
             let rr = self.route_request(&rid, allow);
-            let mut d = match router::route_proxied(&self.core, &rr).await {
+            let mut d = match self.core.handle.route(&rr).await {
                 Ok(d) => d,
                 Err(e) => return self.route_failed(&e, last.as_ref()),
             };
@@ -263,14 +261,19 @@ impl Job {
                     }
                     Err(f) => {
                         self.upstream_failed(&p, f);
-                        sh.proxy
+                        sh.state
                             .metrics
                             .upstream_errors
                             .get_or_create(&KindLabel { kind: "prefill" })
                             .inc();
-                        sh.proxy.metrics.prefill_fallbacks.inc();
+                        sh.state.metrics.prefill_fallbacks.inc();
                         fallback = true;
-                        match router::lifecycle(&self.core, LifeOp::PrefillFailed, &rid).await {
+                        match self
+                            .core
+                            .handle
+                            .lifecycle(LifeOp::PrefillFailed, &rid)
+                            .await
+                        {
                             Ok(Some(d2)) => d = d2,
                             Ok(None) => {}
                             Err(e) => return self.route_failed(&e, Some(&(p, f))),
@@ -296,7 +299,7 @@ impl Job {
                     attempt += 1;
                     match policy.backoff(attempt) {
                         Some(wait) => {
-                            sh.proxy.metrics.retries.inc();
+                            sh.state.metrics.retries.inc();
                             let slept = glommio::timer::sleep(wait);
                             if unless_gone(&mut gone, slept).await.is_none() {
                                 let w = last.as_ref().map_or("", |(w, _)| w.as_str());
@@ -318,7 +321,7 @@ impl Job {
         };
         // A LoRA adapter named as the model: its base model's workers, in the
         // adapter's hash space (`tokenize::Tokenizers::route_request`).
-        let tok = self.core.shared.tokenizers.get();
+        let tok = self.core.handle.tokenizers();
         let model = tok.map_or(self.creq.model.as_str(), |t| t.base_model(&self.creq.model));
         let lora_name = match (&self.tokens, tok) {
             (Some(_), Some(t)) => t.lora_for(&self.creq.model).map(str::to_string),
@@ -346,10 +349,10 @@ impl Job {
     /// Workers with a URL, not failed for this request, whose breaker is closed here
     /// (starting the probe of one whose open interval is over). `None`: none.
     fn allow_list(&self, excluded: &[String]) -> Option<Vec<String>> {
-        let sh = &self.core.shared;
-        let reg = sh.registry.load();
-        let now = sh.now_ms();
-        let ps = &sh.settings.proxy;
+        let sh = &self.core;
+        let reg = sh.handle.registry();
+        let now = sh.handle.now_ms();
+        let ps = &sh.handle.settings().proxy;
         let mut out = Vec::new();
         for e in reg.iter() {
             let Some(url) = &e.spec.url else { continue };
@@ -367,8 +370,8 @@ impl Job {
     }
 
     fn upstream_failed(&self, worker: &str, f: Failure) {
-        let sh = &self.core.shared;
-        sh.proxy
+        let sh = &self.core;
+        sh.state
             .metrics
             .upstream_errors
             .get_or_create(&KindLabel { kind: f.label() })
@@ -387,7 +390,7 @@ impl Job {
     async fn send(&self, worker: &str, body: Bytes, stream: bool) -> Result<Answer, Failure> {
         let _ = stream;
         let url = worker_url(&self.core, worker).ok_or(Failure::NoUrl)?;
-        let ps = &self.core.shared.settings.proxy;
+        let ps = &self.core.handle.settings().proxy;
         let connect = Duration::from_millis(ps.connect_timeout_ms);
         let timeout = Duration::from_millis(ps.request_timeout_ms);
         for _ in 0..2 {
@@ -396,7 +399,7 @@ impl Job {
                 .header(hyper::header::HOST, url.authority.as_str())
                 .header(hyper::header::CONTENT_TYPE, "application/json")
                 .header("x-request-id", self.client_id.as_str());
-            let req = (self.core.shared.proxy)
+            let req = (self.core.state)
                 .authorize(head)
                 .body(Full::new(body.clone()))
                 .map_err(|_| Failure::NoUrl)?;
@@ -445,7 +448,7 @@ impl Job {
     /// The prefill leg: the NIXL prefill request, its answer read whole (bounded) for
     /// its `kv_transfer_params`.
     async fn prefill_leg(&self, worker: &str) -> Result<serde_json::Value, Failure> {
-        let ps = &self.core.shared.settings.proxy;
+        let ps = &self.core.handle.settings().proxy;
         let body = Bytes::from(super::pd::prefill_body(&self.creq.body));
         let a = self.send(worker, body, false).await?;
         if !a.resp.status().is_success() {
@@ -469,15 +472,15 @@ impl Job {
     }
 }
 
-fn worker_model(core: &Core, worker: &str) -> String {
-    (core.shared.registry.load())
+fn worker_model(core: &Front, worker: &str) -> String {
+    (core.handle.registry())
         .by_id(worker)
         .map(|e| e.spec.model.clone())
         .unwrap_or_default()
 }
 
-fn worker_url(core: &Core, worker: &str) -> Option<UpstreamUrl> {
-    let reg = core.shared.registry.load();
+fn worker_url(core: &Front, worker: &str) -> Option<UpstreamUrl> {
+    let reg = core.handle.registry();
     let u = reg.by_id(worker)?.spec.url.as_ref()?;
     UpstreamUrl::parse(u).ok()
 }

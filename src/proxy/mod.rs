@@ -20,7 +20,7 @@
 //!
 //! and the glommio/hyper driver (`service` feature): `io` (hyper over glommio streams,
 //! client side), `pool` (per-core keep-alive connections per worker), `body` (the
-//! streamed response and its lifecycle), `forward` (route → legs → retries), `health` (breakers per core, probes), `server`
+//! streamed response and its lifecycle), `forward` (route → legs → retries), `health` (breakers per core, probes), `front` (one core's routing handle and the shared state), `server`
 //! (the listener's routes and auth), `state` (metrics and the shared admission count),
 //! `refuse` (a 429 for a connection the listener has no slot for), `watch` (a client
 //! that went away, noticed while its request waits).
@@ -43,6 +43,8 @@ pub mod url;
 pub mod body;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod forward;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod front;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod health;
 #[cfg(all(target_os = "linux", feature = "service"))]

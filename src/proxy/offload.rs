@@ -15,11 +15,13 @@
 //! route's shard query overlaps the tokenizing; one tokenized off the core is not
 //! (it takes long enough that they would spin for nothing).
 
+use super::front::Front;
+
 /// The prompt's token ids (`prompt::prompt_tokens`): on this core for a body of up to
 /// `tokenize_inline_max_bytes`, else on the core's blocking thread while the core
 /// keeps serving its other streams (the body travels there and back, not copied).
 pub async fn tokenize(
-    core: &crate::service::runtime::core::Core,
+    core: &Front,
     endpoint: super::request::Endpoint,
     mut creq: super::request::ClientRequest,
     body_bytes: usize,
@@ -27,29 +29,31 @@ pub async fn tokenize(
     super::request::ClientRequest,
     Result<Option<Vec<u32>>, super::prompt::PromptError>,
 ) {
-    let sh = &core.shared;
-    let tok = sh.tokenizers.get();
-    if tok.is_none() || body_bytes <= sh.settings.proxy.tokenize_inline_max_bytes {
+    let sh = &core;
+    let tok = sh.handle.tokenizers();
+    if tok.is_none() || body_bytes <= sh.handle.settings().proxy.tokenize_inline_max_bytes {
         if tok.is_some() {
             // The route after tokenizing queries the other cores' shards: wake them
             // now, so their wake-up overlaps the tokenizing (`answer_spin`).
-            crate::service::routing::router::announce(core);
+            core.handle.announce();
         }
         let t = tok.map(|t| &**t);
         match super::prompt::prompt_tokens_quick(t, endpoint, &creq.model, &creq.body) {
             Some(r) => return (creq, r),
-            None => sh.proxy.metrics.renders_off_core.inc(),
+            None => sh.state.metrics.renders_off_core.inc(),
         };
     }
     let tok = tok.cloned();
     let body = std::mem::take(&mut creq.body);
     let model = creq.model.clone();
-    let (body, r) = crate::service::runtime::blocking::run(move || {
-        let r = super::prompt::prompt_tokens(tok.as_deref(), endpoint, &model, &body);
-        (body, r)
-    })
-    .await;
+    let (body, r) = core
+        .handle
+        .off_core(move || {
+            let r = super::prompt::prompt_tokens(tok.as_deref(), endpoint, &model, &body);
+            (body, r)
+        })
+        .await;
     creq.body = body;
-    sh.proxy.metrics.tokenized_off_core.inc();
+    sh.state.metrics.tokenized_off_core.inc();
     (creq, r)
 }

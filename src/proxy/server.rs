@@ -11,27 +11,21 @@
 
 use super::body::ProxyBody;
 use super::forward::{self, error, Resp};
+use super::front::Front;
 use super::request::Endpoint;
 use super::watch::ClientWatch;
 use crate::service::net::conn_slot::Slot;
 use crate::service::net::doors::{self, Door, Pass};
 use crate::service::net::hyper_io;
-use crate::service::runtime::core::Core;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use std::rc::Rc;
 use subtle::ConstantTimeEq;
 
-fn authorized(core: &Core, req: &Request<Incoming>) -> bool {
-    let keys = core
-        .shared
-        .proxy
-        .keys
-        .get()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    let creds = &core.shared.creds;
+fn authorized(core: &Front, req: &Request<Incoming>) -> bool {
+    let keys = core.state.keys.get().map(Vec::as_slice).unwrap_or(&[]);
+    let creds = &core.handle.credentials();
     if !creds.enabled() && keys.is_empty() {
         return true;
     }
@@ -57,8 +51,8 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Resp {
 }
 
 /// `GET /v1/models`: one entry per model of the workers that have a `url`.
-fn models(core: &Core) -> Resp {
-    let reg = core.shared.registry.load();
+fn models(core: &Front) -> Resp {
+    let reg = core.handle.registry();
     let mut names: Vec<&str> = reg
         .iter()
         .filter(|e| e.spec.url.is_some())
@@ -77,9 +71,9 @@ fn models(core: &Core) -> Resp {
 }
 
 /// Handles one request: the door rules for browsers ([`doors`]), then [`answer`].
-pub async fn handle(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatch>) -> Resp {
+pub async fn handle(core: Front, req: Request<Incoming>, watch: Rc<ClientWatch>) -> Resp {
     let pass = doors::check(
-        &core.shared.settings,
+        core.handle.settings(),
         Door::Proxy,
         req.method(),
         req.headers(),
@@ -87,7 +81,7 @@ pub async fn handle(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatc
     match pass {
         Err(r) => {
             let kind = super::state::KindLabel { kind: r.code() };
-            core.shared.proxy.metrics.refused.get_or_create(&kind).inc();
+            core.state.metrics.refused.get_or_create(&kind).inc();
             error(r.status(), "invalid_request_error", r.code(), r.message())
         }
         Ok(Pass::Preflight(origin)) => {
@@ -106,11 +100,11 @@ pub async fn handle(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatc
 }
 
 /// One request on the proxy port; `watch` tells when its client goes away.
-async fn answer(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatch>) -> Resp {
+async fn answer(core: Front, req: Request<Incoming>, watch: Rc<ClientWatch>) -> Resp {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     if method == Method::GET && path == "/health" {
-        if core.shared.proxy.is_draining() {
+        if core.handle.draining() {
             return json(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &serde_json::json!({"status": "draining"}),
@@ -119,8 +113,7 @@ async fn answer(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatch>) 
         return json(StatusCode::OK, &serde_json::json!({"status": "ok"}));
     }
     if !authorized(&core, &req) {
-        core.shared
-            .proxy
+        core.state
             .metrics
             .refused
             .get_or_create(&super::state::KindLabel {
@@ -169,8 +162,8 @@ pub const KEEPALIVE_IN_USE_MS: u64 = 2_000;
 /// JSON API's, except that a keep-alive connection is not displaced while in use
 /// ([`KEEPALIVE_IN_USE_MS`]), and that its requests watch for the client going away
 /// (`watch`).
-pub async fn serve(core: Rc<Core>, stream: glommio::net::TcpStream, slot: Rc<Slot>) {
-    let conn = hyper_io::HttpConn::new(core.shared.clone(), slot);
+pub async fn serve(core: Front, stream: glommio::net::TcpStream, slot: Rc<Slot>) {
+    let conn = core.handle.http_conn(slot);
     conn.set_min_idle_ms(KEEPALIVE_IN_USE_MS);
     // The watch borrows the descriptor; `svc`, which holds it, lives no longer than
     // the connection that owns the stream.
@@ -183,7 +176,7 @@ pub async fn serve(core: Rc<Core>, stream: glommio::net::TcpStream, slot: Rc<Slo
             let mut resp = handle(core.clone(), req, watch).await;
             // Draining: no further request on this connection (hyper closes it once
             // the response is written), so clients reconnect to another replica.
-            if core.shared.proxy.is_draining() {
+            if core.handle.draining() {
                 resp.headers_mut().insert(
                     hyper::header::CONNECTION,
                     hyper::header::HeaderValue::from_static("close"),

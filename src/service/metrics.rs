@@ -98,6 +98,9 @@ pub struct Metrics {
     pub index_budget_used: Gauge,
     /// `max_index_entries` (each copy's bound when replicated), for dashboards.
     pub index_budget_limit: Gauge,
+    /// Sampled prompts whose lean ids differed from HF's (`tokenize::lean`; set at
+    /// scrape time). Named `proxy_` since the proxy is where prompts are tokenized.
+    pub tokenize_lean_mismatches: Gauge,
     /// Sums over kinds of `events` and `protocol_errors`, for the status page.
     pub events_total: AtomicU64,
     pub protocol_errors_total: AtomicU64,
@@ -178,6 +181,7 @@ impl Metrics {
             index_refused: Family::default(),
             index_budget_used: Gauge::default(),
             index_budget_limit: Gauge::default(),
+            tokenize_lean_mismatches: Gauge::default(),
             events_total: AtomicU64::new(0),
             protocol_errors_total: AtomicU64::new(0),
             speculative_blocks: Counter::default(),
@@ -356,6 +360,11 @@ impl Metrics {
                 "index_budget_limit",
                 "max_index_entries: the index entries the budget allows (each copy's, with index_layout replicated)",
                 m.index_budget_limit.clone(),
+            );
+            r.register(
+                "proxy_tokenize_lean_mismatches",
+                "Sampled prompts whose token ids by the lean walk differed from the HF pipeline's (each turns the lean walk off for its model)",
+                m.tokenize_lean_mismatches.clone(),
             );
             r.register(
                 "speculative_blocks",

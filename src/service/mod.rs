@@ -73,6 +73,8 @@ pub struct Running {
     listeners: net::listeners::Bound,
     /// The proxy's listening socket (`proxy_addr`), stopped with the others.
     proxy_listener: Option<net::listeners::Extra>,
+    /// The proxy's state shared by the cores (admission count, keys, metrics).
+    proxy: Arc<crate::proxy::state::ProxyShared>,
     /// `engines_file`: the thread following it (and the engine threads it started).
     engines_file: Option<ingest::engines_file::Watcher>,
 }
@@ -100,6 +102,11 @@ impl Running {
         }
     }
 
+    /// Proxied requests in flight.
+    pub fn proxy_inflight(&self) -> usize {
+        self.proxy.inflight()
+    }
+
     /// The proxy's drain, before [`Running::shutdown`] (`[proxy] drain_ms`): new proxy
     /// connections are refused and proxied requests in flight run on until none is
     /// left, `drain_ms` has passed, or `interrupted` says to stop (a second signal).
@@ -107,14 +114,14 @@ impl Running {
     /// applies and the shutdown snapshot sees them end. Returns how many were still
     /// running.
     pub fn drain(&self, mut interrupted: impl FnMut() -> bool) -> usize {
-        let p = &self.shared.proxy;
+        let p = &self.proxy;
         let max = Duration::from_millis(self.shared.settings.proxy.drain_ms);
         let Some(l) = self.proxy_listener.as_ref().filter(|_| !max.is_zero()) else {
             return p.inflight();
         };
         // Listener first: whoever sees `draining` (`/readyz`) can rely on it being shut.
         l.stop_listening();
-        p.start_draining();
+        self.shared.draining.store(true, Ordering::SeqCst);
         let t0 = std::time::Instant::now();
         while p.inflight() > 0 && t0.elapsed() < max && !interrupted() {
             std::thread::sleep(Duration::from_millis(10));
@@ -290,8 +297,10 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         .metrics
         .index_budget_limit
         .set(i64::try_from(limit).unwrap_or(i64::MAX));
-    let _ = shared.proxy.keys.set(proxy_keys);
-    shared.proxy.set_upstream_key(upstream_key.as_deref());
+    // The proxy's state, its metric families registered into the service's registry.
+    let proxy = Arc::new(crate::proxy::state::ProxyShared::new(&shared.metrics));
+    let _ = proxy.keys.set(proxy_keys);
+    proxy.set_upstream_key(upstream_key.as_deref());
     let _ = shared.tokenizers.set(tokenizers);
     if let Some(path) = shared.settings.record.clone() {
         let cfg = state::recorder::RecordConfig {
@@ -330,6 +339,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     let mut first_err = None;
     for ((id, bell), shard) in doorbells.into_iter().enumerate().zip(shards) {
         let sh = shared.clone();
+        let proxy = proxy.clone();
         let ready = reports.guard(id);
         let requests = requests.clone();
         let spin = sh.settings.spin_before_park_us;
@@ -377,13 +387,15 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http)).detach();
             if let Some(l) = proxy_mine {
                 let l = l.into_glommio();
-                glommio::spawn_local(accept_loop(
-                    core.clone(),
-                    l,
-                    "proxy",
-                    crate::proxy::server::serve,
-                ))
-                .detach();
+                // The proxy reaches routing through this core's handle only.
+                let front = crate::proxy::front::Front {
+                    handle: routing::handle::Handle::new(core.clone()),
+                    state: proxy,
+                };
+                let serve = move |_core, stream, slot| {
+                    crate::proxy::server::serve(front.clone(), stream, slot)
+                };
+                glommio::spawn_local(accept_loop(core.clone(), l, "proxy", serve)).detach();
             }
             if id == 0 {
                 glommio::spawn_local(api::status::sample_loop(core.clone())).detach();
@@ -412,6 +424,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         _state_lock: state.lock,
         listeners: bound,
         proxy_listener: proxy_l,
+        proxy,
         engines_file: None,
     };
     if let Some(e) = first_err {
@@ -466,7 +479,7 @@ async fn accept_loop<F, Fut>(
             // Stopped listening (shutdown), or a transient error (EMFILE...).
             Err(_) if core.shared.stopping.load(Ordering::Relaxed) => break,
             // The proxy's listener alone stops first, when the proxy drains.
-            Err(_) if name == "proxy" && core.shared.proxy.is_draining() => break,
+            Err(_) if name == "proxy" && core.shared.draining.load(Ordering::Relaxed) => break,
             Err(_) => {
                 glommio::timer::sleep(Duration::from_millis(5)).await;
                 continue;

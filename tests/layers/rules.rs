@@ -38,10 +38,11 @@ pub const PROXY_DRIVER: &[&str] = &[
     "src/proxy/mod.rs",
 ];
 
-/// What of the service the proxy's driver may name: the routing handle, the network
-/// layer, the metrics registry.
+/// What of the service the proxy's driver may name: the routing handle (and its error
+/// type with the one mapping to statuses), the network layer, the metrics registry.
 pub const PROXY_DOORS: &[&str] = &[
     "src/service/routing/handle.rs",
+    "src/service/routing/errors.rs",
     "src/service/net/",
     "src/service/metrics.rs",
     "src/service/metrics/",

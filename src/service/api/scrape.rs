@@ -71,7 +71,7 @@ pub fn scrape(core: &Core) -> String {
         m.workers.set(reg.len() as i64);
         if let Some(t) = sh.tokenizers.get() {
             let n = i64::try_from(t.lean_mismatches()).unwrap_or(i64::MAX);
-            sh.proxy.metrics.tokenize_lean_mismatches.set(n);
+            m.tokenize_lean_mismatches.set(n);
         }
     })
 }

@@ -237,7 +237,7 @@ impl Cluster {
 /// (then 503), draining its proxy or stopping; the body says why, and how the cluster link is
 /// (`degraded` while NATS is unreachable: still ready, routing on local state).
 pub fn readyz(sh: &Shared) -> (bool, serde_json::Value) {
-    let draining = sh.proxy.is_draining();
+    let draining = sh.draining.load(Ordering::Relaxed);
     let stopping = sh.stopping.load(Ordering::Relaxed);
     let (cluster_ready, detail) = match sh.cluster.get() {
         Some(c) => {

@@ -1,11 +1,20 @@
 //! One mapping from service errors to wire error codes (binary) and HTTP statuses, so
-//! both APIs answer the same failure the same way.
+//! both APIs answer the same failure the same way, and the error type itself
+//! ([`ApiError`]). A leaf of `routing`.
 
 use crate::codec::ErrorCode;
 use crate::engine::EngineError;
 use crate::registry::RegistryError;
 use crate::select::RouteError;
-use crate::service::routing::router::ApiError;
+
+/// Errors of the service API: engine errors plus overload.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("overloaded: {0}")]
+    Overloaded(String),
+}
 
 /// The error code of a service error.
 pub fn code(e: &ApiError) -> ErrorCode {

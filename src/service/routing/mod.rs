@@ -5,4 +5,5 @@
 
 pub mod control;
 pub mod errors;
+pub mod handle;
 pub mod router;

@@ -36,14 +36,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Errors of the service API: engine errors plus overload.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ApiError {
-    #[error(transparent)]
-    Engine(#[from] EngineError),
-    #[error("overloaded: {0}")]
-    Overloaded(String),
-}
+pub use crate::service::routing::errors::ApiError;
 
 /// One core's decision inputs: the [`Fleet`] of a registry snapshot and its [`Loads`],
 /// kept current from the load board's change marks, plus reusable buffers.

@@ -96,14 +96,7 @@ pub struct SpecAdd {
     pub now_us: u64,
 }
 
-/// A lifecycle notification.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LifeOp {
-    FirstToken,
-    Progress(u32),
-    Finish,
-    PrefillFailed,
-}
+pub use crate::engine::request::LifeOp;
 
 /// What a disaggregated request keeps so it can be re-routed after a prefill failure.
 #[derive(Clone, Debug)]

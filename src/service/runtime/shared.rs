@@ -78,6 +78,10 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     /// Stop accepting connections and stop the snapshot thread.
     pub stopping: AtomicBool,
+    /// Set at the first shutdown signal (`service::Running::drain`): front ends drain
+    /// (`[proxy] drain_ms`: `/health` and `/readyz` say so, every answer closes its
+    /// connection, the proxy's listener stops accepting).
+    pub draining: AtomicBool,
     /// The shared token and the per-worker tokens (`credentials`).
     pub creds: Credentials,
     /// Entry counters a core's shard reserves from: exact per-worker caps and the
@@ -95,8 +99,6 @@ pub struct Shared {
     pub status: crate::service::api::status::StatusState,
     /// `--record`: the trace writer (set once at start).
     pub recorder: std::sync::OnceLock<crate::service::state::recorder::Recorder>,
-    /// The OpenAI proxy's metrics, admission count and client keys (`crate::proxy`).
-    pub proxy: crate::proxy::state::ProxyShared,
     /// The models' tokenizers (`settings.tokenizers`, loaded once at start; set before
     /// any core runs, so `get()` is Some on every core).
     pub tokenizers: std::sync::OnceLock<Arc<crate::tokenize::Tokenizers>>,
@@ -137,7 +139,6 @@ impl Shared {
         let max_workers = settings.limits.max_workers;
         let depth = settings.limits.queue_depth;
         let metrics = Metrics::new();
-        let proxy = crate::proxy::state::ProxyShared::new(&metrics);
         let shared = Shared {
             cores,
             shard_bits,
@@ -154,6 +155,7 @@ impl Shared {
             metrics,
             shutdown: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             creds,
             budgets: (0..if replicated { cores } else { 1 })
                 .map(|_| Arc::new(Budget::new(max_workers, settings.limits.max_index_entries)))
@@ -164,7 +166,6 @@ impl Shared {
             started: Instant::now(),
             status: crate::service::api::status::StatusState::new(cores, max_workers),
             recorder: std::sync::OnceLock::new(),
-            proxy,
             tokenizers: std::sync::OnceLock::new(),
             cluster: std::sync::OnceLock::new(),
             settings,
