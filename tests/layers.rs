@@ -34,12 +34,12 @@ const TANGLED: &[&str] = &[
     "src/service/cluster/auth.rs",
     "src/service/cluster/bridge.rs",
     "src/service/cluster/load.rs",
+    "src/service/cluster/metrics.rs",
     "src/service/cluster/nats.rs",
     "src/service/cluster/nats/consume.rs",
     "src/service/cluster/nats/publish.rs",
     "src/service/cluster/peers.rs",
     "src/service/ingest/index_batch.rs",
-    "src/service/metrics.rs",
     "src/service/routing/control.rs",
     "src/service/runtime/core.rs",
     "src/service/runtime/core/wait.rs",
@@ -53,7 +53,6 @@ const TANGLED: &[&str] = &[
 const KNOWN_UPWARD: &[(&str, &str)] = &[
     ("src/proxy/front.rs", "src/proxy/state.rs"),
     ("src/proxy/front.rs", "src/service/routing/handle.rs"),
-    ("src/service/metrics.rs", "src/service/cluster/bridge.rs"),
     (
         "src/service/net/hyper_io.rs",
         "src/service/runtime/shared.rs",

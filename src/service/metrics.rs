@@ -111,8 +111,6 @@ pub struct Metrics {
     pub record_lines: Counter,
     pub record_dropped: Counter,
     pub record_stopped: Gauge,
-    /// `--cluster`: `kvroute_cluster_*` (`cluster_bridge`).
-    pub cluster: crate::service::cluster::bridge::ClusterMetrics,
     /// Run-loop parks and spins while an answer from another core was outstanding
     /// (`answer_spin`): `parked`, `parked_long` (longer than `spin_before_park_us`,
     /// so the executor likely slept), `spin_expired` (`answer_spin_us` ran out);
@@ -188,7 +186,6 @@ impl Metrics {
             record_lines: Counter::default(),
             record_dropped: Counter::default(),
             record_stopped: Gauge::default(),
-            cluster: Default::default(),
             answer_waits: Family::default(),
             requests_expired: Family::default(),
             engines_file_reloads: Family::default(),
@@ -386,7 +383,6 @@ impl Metrics {
                 "1 once the --record trace stopped at a limit or a write error",
                 m.record_stopped.clone(),
             );
-            m.cluster.register(&mut r);
             r.register(
                 "answer_waits",
                 "Run-loop parks (parked, parked_long) and ended spins (spin_expired) while an answer from another core was outstanding; queries announced by other cores (expected) and announced queries that did not come in time (expect_expired)",

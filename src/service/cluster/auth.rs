@@ -17,20 +17,12 @@ use crate::cluster::entry::{By, RegEntry};
 use crate::cluster::names::worker_key;
 use crate::credentials::Principal;
 use crate::service::cluster::bridge::{Apply, Cluster, Out};
+use crate::service::cluster::metrics::RefusedLabel;
 use crate::service::runtime::shared::Shared;
-use prometheus_client::encoding::EncodeLabelSet;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RefusedLabel {
-    pub kind: &'static str,
-    pub reason: &'static str,
-}
 
 /// Counts (and now and then logs) one refused message.
 pub fn refuse(sh: &Shared, kind: &'static str, reason: &'static str, what: &str) {
-    let c = sh
-        .metrics
-        .cluster
+    let c = crate::service::cluster::metrics::of(sh)
         .refused
         .get_or_create(&RefusedLabel { kind, reason });
     let n = c.inc() + 1;

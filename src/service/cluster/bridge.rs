@@ -21,14 +21,11 @@ use crate::service::cluster::load::{apply_load, load_sync};
 pub use crate::service::cluster::load::{
     carried_ops, carry_all, publish_life, publish_route, ReplicaOp,
 };
+use crate::service::cluster::metrics::{ClusterMetrics, OutcomeLabel};
 use crate::service::routing::control;
 use crate::service::runtime::msg::{Hashes, IndexOp, Msg};
 use crate::service::runtime::shared::Shared;
 use crate::types::{WorkerSlot, WorkerSpec};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -70,90 +67,6 @@ pub enum Apply {
     },
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
-    pub outcome: &'static str,
-}
-
-/// `kvroute_cluster_*` metrics (registered with the others in `metrics`).
-#[derive(Default)]
-pub struct ClusterMetrics {
-    /// 0 connecting, 1 catching up, 2 ready, 3 degraded; absent without `--cluster`.
-    pub state: Gauge,
-    /// Event records by outcome: published, applied, own, duplicate, gap, dropped
-    /// (publish buffer full), unknown_worker, undecodable.
-    pub records: Family<OutcomeLabel, Counter>,
-    pub publish_backlog: Gauge,
-    pub applied_seq: Gauge,
-    /// Replicated registry writes applied (put, delete) and refused (conflict).
-    pub registry: Family<OutcomeLabel, Counter>,
-    /// Shared-load ops by outcome: published, applied, dropped, unknown_worker.
-    pub load_ops: Family<OutcomeLabel, Counter>,
-    /// `[[engines]]` whose lease this replica holds (it ingests them).
-    pub engine_leases: Gauge,
-    /// Messages refused by kind (record, registry, load, sync_request, sync_answer,
-    /// lease) and reason (missing_tag, bad_tag, origin, key, owner, stale,
-    /// undecodable): `cluster_auth`.
-    pub refused: Family<crate::service::cluster::auth::RefusedLabel, Counter>,
-}
-
-impl ClusterMetrics {
-    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
-        r.register(
-            "cluster_state",
-            "Replica state: 0 connecting, 1 catching up (not ready), 2 ready, 3 degraded",
-            self.state.clone(),
-        );
-        r.register(
-            "cluster_records",
-            "Replicated event records by outcome",
-            self.records.clone(),
-        );
-        r.register(
-            "cluster_publish_backlog",
-            "Event records waiting to be published to NATS",
-            self.publish_backlog.clone(),
-        );
-        r.register(
-            "cluster_applied_seq",
-            "Last stream sequence this replica applied",
-            self.applied_seq.clone(),
-        );
-        r.register(
-            "cluster_registry",
-            "Replicated registry writes by outcome",
-            self.registry.clone(),
-        );
-        r.register(
-            "cluster_load_ops",
-            "Shared-load ops (route, lifecycle) by outcome",
-            self.load_ops.clone(),
-        );
-        r.register(
-            "cluster_refused",
-            "Messages from NATS refused (bad or missing tag, foreign origin, ownership, replay) by kind and reason",
-            self.refused.clone(),
-        );
-        r.register(
-            "cluster_engine_leases",
-            "ZMQ engines whose lease this replica holds (it alone ingests them)",
-            self.engine_leases.clone(),
-        );
-    }
-
-    pub fn load(&self, outcome: &'static str, n: u64) {
-        self.load_ops
-            .get_or_create(&OutcomeLabel { outcome })
-            .inc_by(n);
-    }
-
-    pub fn record(&self, outcome: &'static str, n: u64) {
-        self.records
-            .get_or_create(&OutcomeLabel { outcome })
-            .inc_by(n);
-    }
-}
-
 /// The replica's side of the cluster, reachable from every core.
 pub struct Cluster {
     /// This incarnation's origin tag: `replica_id/boot`.
@@ -186,6 +99,8 @@ pub struct Cluster {
     /// (`persist::drop_orphans`): finished on the peers too, and never taken back
     /// from their load-sync answers.
     pub orphans: std::collections::HashSet<String>,
+    /// `kvroute_cluster_*` (registered into the service's registry at start).
+    pub metrics: ClusterMetrics,
 }
 
 /// The state dir file holding the stream sequence the snapshot beside it covers.
@@ -193,7 +108,9 @@ pub const SEQ_FILE: &str = "cluster.seq";
 
 impl Cluster {
     fn phase_changed(&self, sh: &Shared, h: &Health) {
-        sh.metrics.cluster.state.set(h.phase().code());
+        crate::service::cluster::metrics::of(sh)
+            .state
+            .set(h.phase().code());
     }
 
     /// Runs `f` on the health state and updates the state gauge.
@@ -273,6 +190,9 @@ pub fn start(
     orphans: Vec<String>,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, String> {
     let cfg = &sh.settings.cluster;
+    // Registered with or without `--cluster`: the families are always listed.
+    let metrics = ClusterMetrics::default();
+    sh.metrics.with_registry(|r| metrics.register(r));
     if !cfg.enabled() {
         return Ok(Vec::new());
     }
@@ -321,8 +241,9 @@ pub fn start(
             .map(|_| AtomicBool::new(false))
             .collect(),
         orphans: orphans.iter().cloned().collect(),
+        metrics,
     });
-    sh.metrics.cluster.state.set(0);
+    cluster.metrics.state.set(0);
     if sh.cluster.set(cluster.clone()).is_err() {
         return Err("cluster bridge started twice".into());
     }
@@ -395,11 +316,13 @@ pub fn save_seq(dir: &std::path::Path, seq: u64) -> Result<(), String> {
 fn enqueue(sh: &Shared, cl: &Cluster, out: Out, slot: Option<WorkerSlot>) {
     match cl.tx.try_send(out) {
         Ok(()) => {
-            sh.metrics.cluster.publish_backlog.set(cl.tx.len() as i64);
+            crate::service::cluster::metrics::of(sh)
+                .publish_backlog
+                .set(cl.tx.len() as i64);
             cl.wake.notify_one();
         }
         Err(_) => {
-            sh.metrics.cluster.record("dropped", 1);
+            crate::service::cluster::metrics::of(sh).record("dropped", 1);
             if let Some(flag) = slot.and_then(|s| cl.lost.get(s as usize)) {
                 flag.store(true, Ordering::Release);
             }
@@ -533,15 +456,13 @@ fn apply_loop(sh: Arc<Shared>, cl: Arc<Cluster>, mut rx: tokio::sync::mpsc::Rece
                 let id = spec.id.clone();
                 match control::register_replicated(&sh, spec) {
                     Ok(()) => {
-                        sh.metrics
-                            .cluster
+                        crate::service::cluster::metrics::of(&sh)
                             .registry
                             .get_or_create(&OutcomeLabel { outcome: "put" })
                             .inc();
                     }
                     Err(e) => {
-                        sh.metrics
-                            .cluster
+                        crate::service::cluster::metrics::of(&sh)
                             .registry
                             .get_or_create(&OutcomeLabel { outcome: "refused" })
                             .inc();
@@ -553,8 +474,7 @@ fn apply_loop(sh: Arc<Shared>, cl: Arc<Cluster>, mut rx: tokio::sync::mpsc::Rece
             }
             Apply::Removed(id) => {
                 if control::deregister_replicated(&sh, &id) {
-                    sh.metrics
-                        .cluster
+                    crate::service::cluster::metrics::of(&sh)
                         .registry
                         .get_or_create(&OutcomeLabel { outcome: "delete" })
                         .inc();
@@ -566,12 +486,14 @@ fn apply_loop(sh: Arc<Shared>, cl: Arc<Cluster>, mut rx: tokio::sync::mpsc::Rece
 
 fn done(sh: &Shared, cl: &Cluster, seq: u64) {
     cl.applied_seq.fetch_max(seq, Ordering::AcqRel);
-    sh.metrics.cluster.applied_seq.set(seq as i64);
+    crate::service::cluster::metrics::of(sh)
+        .applied_seq
+        .set(seq as i64);
     cl.with_health(sh, |h| h.on_applied(seq));
 }
 
 fn apply_record(sh: &Shared, dedup: &mut crate::cluster::state::Dedup, rec: EventRecord) {
-    let m = &sh.metrics.cluster;
+    let m = crate::service::cluster::metrics::of(sh);
     match dedup.judge(&rec.origin, &rec.worker, rec.seq) {
         Verdict::Own => return m.record("own", 1),
         Verdict::Duplicate => return m.record("duplicate", 1),

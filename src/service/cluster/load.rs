@@ -25,7 +25,7 @@ pub enum ReplicaOp {
 fn enqueue_load(sh: &Shared, cl: &Cluster, op: crate::cluster::load::LoadOp) {
     match cl.load_tx.try_send(op) {
         Ok(()) => cl.load_wake.notify_one(),
-        Err(_) => sh.metrics.cluster.load("dropped", 1),
+        Err(_) => crate::service::cluster::metrics::of(sh).load("dropped", 1),
     }
 }
 
@@ -92,7 +92,7 @@ fn to_replica(sh: &Shared, op: crate::cluster::load::LoadOp) -> Option<(ReplicaO
 pub(in crate::service) fn apply_load(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
     for op in ops {
         let Some((rop, to)) = to_replica(sh, op) else {
-            sh.metrics.cluster.load("unknown_worker", 1);
+            crate::service::cluster::metrics::of(sh).load("unknown_worker", 1);
             continue;
         };
         let ok = match (rop, to) {
@@ -109,7 +109,7 @@ pub(in crate::service) fn apply_load(sh: &Shared, ops: Vec<crate::cluster::load:
         if !ok {
             return;
         }
-        sh.metrics.cluster.load("applied", 1);
+        crate::service::cluster::metrics::of(sh).load("applied", 1);
     }
 }
 

@@ -5,5 +5,6 @@
 pub mod auth;
 pub mod bridge;
 pub mod load;
+pub mod metrics;
 pub mod nats;
 pub mod peers;

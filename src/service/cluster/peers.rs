@@ -44,7 +44,7 @@ pub(in crate::service) async fn load_publisher(
     // starts the next batch.
     let mut held: Option<LoadOp> = None;
     let t0 = std::time::Instant::now();
-    let m = &sh.metrics.cluster;
+    let m = crate::service::cluster::metrics::of(sh);
     let mut seq = 0u64;
     loop {
         while b.len() < crate::cluster::load::MAX_OPS {
@@ -200,7 +200,7 @@ pub(in crate::service) async fn load_subscriber(
             continue;
         };
         let Ok(batch) = LoadBatch::decode(p) else {
-            sh.metrics.cluster.load("undecodable", 1);
+            crate::service::cluster::metrics::of(sh).load("undecodable", 1);
             continue;
         };
         if batch.origin == cl.origin || !auth::origin_ok(sh, Kind::Load, &batch.origin) {
@@ -314,7 +314,9 @@ pub(in crate::service) async fn engine_leases(
             .iter()
             .filter(|f| f.load(Ordering::Acquire))
             .count();
-        sh.metrics.cluster.engine_leases.set(held as i64);
+        crate::service::cluster::metrics::of(sh)
+            .engine_leases
+            .set(held as i64);
         tokio::time::sleep(LEASE_REFRESH).await;
     }
 }

@@ -148,7 +148,7 @@ pub(super) async fn consume(
                     Apply::Record { seq, rec }
                 }
                 Some(Err(e)) => {
-                    sh.metrics.cluster.record("undecodable", 1);
+                    crate::service::cluster::metrics::of(sh).record("undecodable", 1);
                     log(&format!("record {seq}: {e}; skipped"));
                     Apply::Skip { seq }
                 }

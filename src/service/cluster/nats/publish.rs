@@ -45,7 +45,7 @@ pub(super) async fn publisher(
     let mut seqs: HashMap<String, u64> = HashMap::new();
     let mut queue: VecDeque<Job> = VecDeque::new();
     let mut pause = Duration::from_millis(50);
-    let m = &sh.metrics.cluster;
+    let m = crate::service::cluster::metrics::of(sh);
     loop {
         while queue.len() < 512 {
             let Ok(out) = rx.try_recv() else { break };
@@ -110,7 +110,7 @@ pub(super) async fn publisher(
                 let backlog = (queue.len() + rx.len()) as u64;
                 let dropped = m
                     .records
-                    .get_or_create(&crate::service::cluster::bridge::OutcomeLabel {
+                    .get_or_create(&crate::service::cluster::metrics::OutcomeLabel {
                         outcome: "dropped",
                     })
                     .get();
