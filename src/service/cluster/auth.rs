@@ -1,5 +1,5 @@
 //! What a replica accepts from NATS, checked (`--cluster`, `cluster.secret`): the one
-//! place the NATS tasks (`cluster_nats`, `cluster_peers`) open sealed messages
+//! place the NATS tasks (`cluster::nats`, `cluster::peers`) open sealed messages
 //! (`cluster::auth`), turn registry entries into apply items under HTTP's ownership
 //! rule, and count what they refuse (`kvroute_cluster_refused_total{kind,reason}`,
 //! with a log line at the 1st, 2nd, 4th, 8th... refusal of each kind and reason).

@@ -7,7 +7,7 @@
 //!   connection then asks it to resync ([`take_lost`]), which re-announces its whole
 //!   state through the log (the reconcile path for anything the peers missed).
 //! - One OS thread, "kvroute-cluster", runs a small tokio runtime with the NATS client
-//!   (`cluster_nats`): it publishes the buffer, consumes the stream and watches the
+//!   (`cluster::nats`): it publishes the buffer, consumes the stream and watches the
 //!   registry bucket, and passes what it receives, in order, to the apply thread.
 //! - The apply thread ("kvroute-cluster-apply") turns received records into the same
 //!   `Msg::Index` batches the local ingest sends (`control::send_blocking`, the ZMQ

@@ -6,7 +6,7 @@
 //! record lives; a peer's route also enters this replica's prefix affinity
 //! (`select::affinity`) unless the peer's caller pinned its worker. [`load_sync`]
 //! takes the peers' in-flight requests over at start.
-//! The wire format is `cluster::load`; the NATS side is `cluster_peers`.
+//! The wire format is `cluster::load`; the NATS side is `cluster::peers`.
 
 use crate::service::cluster::bridge::Cluster;
 use crate::service::routing::control;

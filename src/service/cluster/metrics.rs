@@ -38,7 +38,7 @@ pub struct ClusterMetrics {
     pub engine_leases: Gauge,
     /// Messages refused by kind (record, registry, load, sync_request, sync_answer,
     /// lease) and reason (missing_tag, bad_tag, origin, key, owner, stale,
-    /// undecodable): `cluster_auth`.
+    /// undecodable): `cluster::auth`.
     pub refused: Family<RefusedLabel, Counter>,
 }
 

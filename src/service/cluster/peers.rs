@@ -1,5 +1,5 @@
 //! The NATS side of what replicas share besides the event log (thread
-//! "kvroute-cluster", with `cluster_nats`): shared load on core NATS (batched
+//! "kvroute-cluster", with `cluster::nats`): shared load on core NATS (batched
 //! publisher, subscriber), the start's load sync (request and responder), and the ZMQ
 //! engine leases in a KV bucket.
 //!

@@ -405,7 +405,7 @@ pub fn worker_status(sh: &Shared, e: &crate::registry::WorkerEntry, now_us: u64)
     w
 }
 
-/// A registration replicated from another replica (`cluster_bridge`): the registry
+/// A registration replicated from another replica (`cluster::bridge`): the registry
 /// write of [`register_blocking`] as a claimable entry ([`Origin::Restored`]: a
 /// worker connecting here later takes it over), not published again.
 pub fn register_replicated(sh: &Shared, spec: WorkerSpec) -> Result<(), ApiError> {

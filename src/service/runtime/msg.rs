@@ -162,7 +162,7 @@ pub enum Msg {
     Barrier { from: usize, qid: u64 },
     /// Answer to a `Barrier`: the receiver applied everything queued before it.
     Applied { qid: u64 },
-    /// `--cluster`: a peer replica's routing or lifecycle call (`cluster_bridge`).
+    /// `--cluster`: a peer replica's routing or lifecycle call (`cluster::bridge`).
     Replica(Box<crate::service::cluster::bridge::ReplicaOp>),
     /// A route on the sender will query this core soon (a proxied request is being
     /// tokenized there): stay awake for it (`answer_spin`). A hint; nothing answers it.

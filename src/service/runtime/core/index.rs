@@ -28,7 +28,7 @@ impl Core {
     }
 
     /// Applies the next slice of `cur`: at most `budget` of this shard's hashes
-    /// (`ingest_slice`). Returns whether more remains. The slot's identity is checked
+    /// (`ingest::slice`). Returns whether more remains. The slot's identity is checked
     /// before every slice, so a `Forget` handled between two slices drops the rest of
     /// a batch that was about the previous identity.
     pub fn apply_index_slice(&self, cur: &mut IngestCursor, budget: usize) -> bool {
