@@ -14,13 +14,7 @@ use crate::service::runtime::msg::Msg;
 use crate::service::runtime::shared::Shared;
 use crate::types::WorkerSlot;
 
-/// A peer's routing or lifecycle call, resolved to this replica's slots, for a core.
-pub enum ReplicaOp {
-    Route(crate::load::CarriedRequest),
-    Life(crate::service::runtime::msg::LifeOp, String),
-    /// Send this core's in-flight requests (a load sync).
-    Carry(tokio::sync::mpsc::UnboundedSender<Vec<crate::load::CarriedRequest>>),
-}
+pub use crate::service::runtime::msg::ReplicaOp;
 
 fn enqueue_load(sh: &Shared, cl: &Cluster, op: crate::cluster::load::LoadOp) {
     match cl.load_tx.try_send(op) {

@@ -10,6 +10,7 @@
 //! batches, forgetting a worker), `requests` (commit, lifecycle calls, active-block
 //! fan-out, replica calls, expiry) and `wait` (tasks waiting for replies).
 
+mod dump;
 mod index;
 mod requests;
 mod wait;
@@ -249,9 +250,7 @@ impl Core {
                 self.post(from, Msg::LifecycleDone { qid, result });
             }
             Msg::LifecycleDone { qid, result } => self.complete(qid, Reply::Lifecycle(result)),
-            Msg::Snapshot(collect) => {
-                collect.put(self.id, crate::service::state::persist::dump(self))
-            }
+            Msg::Snapshot(collect) => collect.put(self.id, self.dump()),
             Msg::Barrier { from, qid } => self.post(from, Msg::Applied { qid }),
             Msg::Applied { qid } => self.complete(qid, Reply::Applied),
             Msg::Replica(op) => self.apply_replica(*op),

@@ -9,6 +9,7 @@ pub mod blocking;
 pub mod claims;
 pub mod core;
 pub mod core_start;
+pub mod dump;
 pub mod msg;
 pub mod pinning;
 pub mod preflight;

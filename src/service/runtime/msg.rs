@@ -106,6 +106,14 @@ pub struct Retained {
     pub expected_output_tokens: Option<u32>,
 }
 
+/// `--cluster`: a peer's routing or lifecycle call, resolved to this replica's slots, for a core.
+pub enum ReplicaOp {
+    Route(crate::load::CarriedRequest),
+    Life(LifeOp, String),
+    /// Send this core's in-flight requests (a load sync).
+    Carry(tokio::sync::mpsc::UnboundedSender<Vec<crate::load::CarriedRequest>>),
+}
+
 /// Result of a lifecycle call at the core holding the request.
 #[derive(Debug)]
 pub enum LifeOutcome {
@@ -155,7 +163,7 @@ pub enum Msg {
         result: Result<LifeOutcome, EngineError>,
     },
     /// Dump this core's shard into the collector (warm-restart snapshot).
-    Snapshot(Arc<crate::service::state::persist::Collect>),
+    Snapshot(Arc<crate::service::runtime::dump::Collect>),
     /// Read-your-writes barrier: travels in the bulk lane behind the index batches the
     /// sender queued before it, so when the receiver handles it every one of those
     /// batches is applied; it answers `Applied { qid }` to `from`.
@@ -163,7 +171,7 @@ pub enum Msg {
     /// Answer to a `Barrier`: the receiver applied everything queued before it.
     Applied { qid: u64 },
     /// `--cluster`: a peer replica's routing or lifecycle call (`cluster::bridge`).
-    Replica(Box<crate::service::cluster::bridge::ReplicaOp>),
+    Replica(Box<ReplicaOp>),
     /// A route on the sender will query this core soon (a proxied request is being
     /// tokenized there): stay awake for it (`answer_spin`). A hint; nothing answers it.
     Expect,

@@ -25,55 +25,19 @@ use crate::engine::Prepared;
 use crate::index::IndexShard;
 use crate::registry::Registry;
 use crate::service::runtime::core::Core;
+use crate::service::runtime::dump::Collect;
 use crate::service::runtime::msg::{Msg, Retained};
 use crate::service::runtime::shared::Shared;
-use crate::snapshot::{
-    self, Expect, RestoreError, SavedRequest, SavedReroute, SavedWorker, Snapshot,
-};
+use crate::snapshot::{self, Expect, RestoreError, SavedRequest, SavedWorker, Snapshot};
 use crate::types::{Tier, WorkerSlot};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-
-/// One core's dump: (worker, tier, hash) for every live entry of its shard, and the
-/// active requests it owns.
-#[derive(Clone, Default)]
-pub struct ShardDump {
-    pub entries: Vec<(WorkerSlot, Tier, u64)>,
-    pub requests: Vec<SavedRequest<WorkerSlot>>,
-}
 
 /// A restored request, workers mapped to the new registry's slots.
 pub type Restored = SavedRequest<WorkerSlot>;
-
-/// Dumps `core`'s shard and requests (runs on the core, for `Msg::Snapshot`).
-pub fn dump(core: &Core) -> ShardDump {
-    let st = core.st.borrow();
-    let mut entries = Vec::new();
-    // Replicated: every core holds the same entries; core 0 writes them.
-    if core.shared.reports_index(core.id) {
-        st.index.for_each_live(|h, w, t| entries.push((w, t, h)));
-    }
-    let requests = st
-        .tracker
-        .carry(core.shared.now_us())
-        .into_iter()
-        .map(|c| {
-            let reroute = st.retained.get(&c.id).map(|r| SavedReroute {
-                filters: r.prepared.filters.clone(),
-                mode: r.mode,
-            });
-            SavedRequest {
-                proxied_here: c.local && crate::ids::is_proxy_id(&c.id),
-                request: c,
-                reroute,
-            }
-        })
-        .collect();
-    ShardDump { entries, requests }
-}
 
 /// Splits the restored requests: those the previous process's own proxy was serving
 /// (`SavedRequest::proxied_here`) are orphans, since their client and upstream
@@ -150,48 +114,6 @@ pub fn restore_requests(core: &Core, restored: &[Restored]) {
             };
             st.retained.insert(c.id.clone(), retained);
         }
-    }
-}
-
-/// Gathers the dumps of all cores.
-pub struct Collect {
-    parts: Mutex<Vec<Option<ShardDump>>>,
-    done: Condvar,
-}
-
-impl Collect {
-    fn new(cores: usize) -> Collect {
-        Collect {
-            parts: Mutex::new((0..cores).map(|_| None).collect()),
-            done: Condvar::new(),
-        }
-    }
-
-    /// Called by core `core` with its dump.
-    pub fn put(&self, core: usize, dump: ShardDump) {
-        if let Ok(mut p) = self.parts.lock() {
-            if let Some(slot) = p.get_mut(core) {
-                *slot = Some(dump);
-            }
-            self.done.notify_all();
-        }
-    }
-
-    fn wait(&self, timeout: Duration) -> Option<Vec<ShardDump>> {
-        let guard = self.parts.lock().ok()?;
-        let (mut guard, _) = self
-            .done
-            .wait_timeout_while(guard, timeout, |p| p.iter().any(|x| x.is_none()))
-            .ok()?;
-        if guard.iter().any(|x| x.is_none()) {
-            return None;
-        }
-        Some(
-            guard
-                .iter_mut()
-                .map(|x| x.take().unwrap_or_default())
-                .collect(),
-        )
     }
 }
 

@@ -13,7 +13,7 @@
 use super::Core;
 use crate::engine::EngineError;
 use crate::load::{LifecycleError, NewRequest};
-use crate::service::runtime::msg::{LifeOp, LifeOutcome, Msg, Retained, SpecAdd};
+use crate::service::runtime::msg::{LifeOp, LifeOutcome, Msg, ReplicaOp, Retained, SpecAdd};
 use crate::types::WorkerSlot;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -146,8 +146,7 @@ impl Core {
     /// shard its active blocks); a lifecycle call runs wherever the record lives (the
     /// other cores answer `UnknownRequest` without side effects). Nothing is
     /// published again.
-    pub(super) fn apply_replica(&self, op: crate::service::cluster::bridge::ReplicaOp) {
-        use crate::service::cluster::bridge::ReplicaOp;
+    pub(super) fn apply_replica(&self, op: ReplicaOp) {
         match op {
             ReplicaOp::Route(c) => {
                 let (slot, prefill) = (c.decode_worker, c.prefill_worker);
