@@ -176,7 +176,7 @@ pub struct Settings {
     /// sampled prompts); `false` runs HF's pipeline for every prompt. Default true.
     pub tokenize_lean: bool,
     /// Most of a shard's block hashes applied between two looks at its urgent inbox
-    /// (routing queries wait behind at most this much ingest; `service::ingest::slice`).
+    /// (routing queries wait behind at most this much ingest; `service::runtime::ingest_slice`).
     pub ingest_slice_hashes: usize,
     /// Router replicas on NATS JetStream (`[cluster]`, `crate::cluster`). Default off.
     pub cluster: crate::cluster::config::ClusterSettings,

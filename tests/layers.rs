@@ -57,20 +57,12 @@ const KNOWN_UPWARD: &[(&str, &str)] = &[
         "src/service/cluster/bridge.rs",
     ),
     (
-        "src/service/routing/control.rs",
-        "src/service/ingest/index_batch.rs",
-    ),
-    (
         "src/service/routing/router.rs",
         "src/service/api/status/model.rs",
     ),
     (
         "src/service/routing/router.rs",
         "src/service/cluster/load.rs",
-    ),
-    (
-        "src/service/runtime/core/index.rs",
-        "src/service/ingest/slice.rs",
     ),
     (
         "src/service/runtime/core/requests.rs",

@@ -2,7 +2,7 @@
 //!
 //! Per connection: the worker's `Hello` registers it (heartbeat-tracked) and binds the
 //! connection to it exclusively; then every decoded read's events become batches of
-//! index operations fanned out to all shards, in order, cut by [`crate::service::ingest::index_batch`]
+//! index operations fanned out to all shards, in order, cut by [`crate::service::runtime::index_batch`]
 //! (at most 1,024 hashes per batch, long events split zero-copy), which bounds how
 //! long a routing query can wait behind one. Sequence numbers are checked:
 //! a gap marks the worker suspect (overlap counted as zero) and asks it to resync; a
@@ -12,7 +12,6 @@
 
 use crate::codec::{resync_reason, ErrorCode, EventMsg, WorkerBound, PROTOCOL_VERSION};
 use crate::registry::Origin;
-use crate::service::ingest::index_batch::Batch;
 use crate::service::net::conn::{
     error_kind, read_for, read_hello, yield_to_poll, FramedReader, READ_CHUNK,
 };
@@ -20,6 +19,7 @@ use crate::service::net::conn_slot::Slot;
 use crate::service::routing::control;
 use crate::service::routing::errors;
 use crate::service::runtime::core::Core;
+use crate::service::runtime::index_batch::Batch;
 use crate::service::runtime::msg::IndexOp;
 use bytes::BytesMut;
 use futures_lite::AsyncWriteExt;

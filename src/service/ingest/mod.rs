@@ -1,11 +1,13 @@
-//! Ingest: KV events in, index operations out. Binary event connections (`events`),
-//! the ZMQ subscribers of vLLM/SGLang (`zmq`, `zmq_reach`), the engines file
-//! (`engines_file`), cutting a worker's operations into bounded batches
-//! (`index_batch`) and applying one batch preemptibly (`slice`).
+//! Ingest: KV events in, index operations out, for every event source: binary event
+//! connections (`events`), the ZMQ subscribers of vLLM/SGLang (`zmq`, with
+//! `zmq_reach` for their heartbeats) and the engines file (`engines_file`). Every
+//! source cuts a worker's operations with `runtime::index_batch` and hands them to the
+//! cores' mailboxes; registry writes go through `routing::control`.
+//!
+//! May import: `state`, `cluster`, `routing`, `runtime`, `net`, `metrics`, the pure
+//! library. Imported by: `api` (none today) and the top.
 
 pub mod engines_file;
 pub mod events;
-pub mod index_batch;
-pub mod slice;
 pub mod zmq;
 pub mod zmq_reach;

@@ -18,9 +18,9 @@
 use crate::engine::{EngineError, KvEvent, WorkerState, WorkerStatus};
 use crate::engines::adapter::Change;
 use crate::registry::{Origin, Upsert};
-use crate::service::ingest::index_batch::Batch;
 use crate::service::routing::router::ApiError;
 use crate::service::runtime::core::Core;
+use crate::service::runtime::index_batch::Batch;
 use crate::service::runtime::msg::{IndexOp, Msg};
 use crate::service::runtime::shared::Shared;
 use crate::types::{WorkerSlot, WorkerSpec};

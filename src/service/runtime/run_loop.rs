@@ -7,7 +7,7 @@
 //!   query waits behind at most one index batch, and every event source (binary,
 //!   JSON, ZMQ) caps a batch at `index_batch::BATCH_HASHES` hashes;
 //! - within a batch, a shard applies at most `ingest_slice_hashes` of its hashes
-//!   between two looks at its urgent inbox (`ingest::slice`), so a routing query from
+//!   between two looks at its urgent inbox (`runtime::ingest_slice`), so a routing query from
 //!   another core waits behind at most one slice of ingest, whatever the batch size;
 //!   bulk messages are still handled one at a time, each to its end, in order;
 //! - the loop yields after every bulk message to the tasks of its queue (a routing
@@ -112,7 +112,7 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
                     // Slice by slice: routing work queued meanwhile waits for at most
                     // `ingest_slice_hashes` of this shard's hashes, not for the batch.
                     // The next bulk message starts only once this one is done, so
-                    // one worker's batches keep their order (`ingest::slice`).
+                    // one worker's batches keep their order (`runtime::ingest_slice`).
                     while core.apply_index_slice(&mut cur, slice_hashes) {
                         if !urgent.is_empty() {
                             n += drain_urgent(&core, urgent).await;

@@ -8,7 +8,7 @@
 //! ends the requests it held here.
 
 use super::Core;
-use crate::service::ingest::slice::{IngestCursor, Piece};
+use crate::service::runtime::ingest_slice::{IngestCursor, Piece};
 use crate::service::runtime::msg::{IndexOp, Msg};
 use crate::types::{Tier, WorkerSlot};
 use std::sync::atomic::Ordering;
@@ -28,7 +28,7 @@ impl Core {
     }
 
     /// Applies the next slice of `cur`: at most `budget` of this shard's hashes
-    /// (`ingest::slice`). Returns whether more remains. The slot's identity is checked
+    /// (`runtime::ingest_slice`). Returns whether more remains. The slot's identity is checked
     /// before every slice, so a `Forget` handled between two slices drops the rest of
     /// a batch that was about the previous identity.
     pub fn apply_index_slice(&self, cur: &mut IngestCursor, budget: usize) -> bool {
