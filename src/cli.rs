@@ -186,6 +186,11 @@ pub struct ServeArgs {
     pub speculative_ttl_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_SPECULATIVE_MAX_BLOCKS")]
     pub speculative_max_blocks: Option<usize>,
+    /// Approximate mode for workers registered with a url and no event source.
+    #[arg(long, env = "KVROUTE_APPROXIMATE")]
+    pub approximate: Option<bool>,
+    #[arg(long, env = "KVROUTE_APPROXIMATE_TTL_MS")]
+    pub approximate_ttl_ms: Option<u64>,
     #[arg(long, env = "KVROUTE_ASSUME_DEVICE_REUSE")]
     pub assume_device_reuse: Option<bool>,
     #[arg(long, env = "KVROUTE_WEIGH_BY_THROUGHPUT")]
@@ -255,6 +260,8 @@ pub struct ServeArgs {
     pub proxy_addr: Option<String>,
     #[command(flatten)]
     pub proxy: crate::proxy::args::ProxyArgs,
+    #[command(flatten)]
+    pub trace: crate::trace::args::TraceArgs,
     /// HuggingFace tokenizer directory of a model, `MODEL=DIR`, repeatable (env: comma
     /// separated); replaces the file's `[tokenizers]` when given.
     #[arg(long = "tokenizer", env = "KVROUTE_TOKENIZERS", value_delimiter = ',', value_parser = parse_pair)]
@@ -407,6 +414,8 @@ impl ServeArgs {
             predictor_min_samples,
             speculative_ttl_ms,
             speculative_max_blocks,
+            approximate,
+            approximate_ttl_ms,
             assume_device_reuse,
             weigh_by_throughput,
             balance_slack,
@@ -501,6 +510,7 @@ impl ServeArgs {
         overlay!(s, self, tokenize_lean);
         overlay!(s, self, answer_spin_us);
         self.apply_cluster(&mut s.cluster);
+        self.trace.apply(&mut s.trace);
     }
 
     /// The `--cluster*` flags over `[cluster]`.

@@ -216,6 +216,16 @@ pub struct RouterConfig {
     /// tokens follow it. Engine events with another lookahead are refused. 0..=1024.
     /// Default 0.
     pub lookahead_tokens: u32,
+    /// Approximate mode (`index::approx`): a worker registered with a `url` and no
+    /// event source (HTTP or binary `Register`, not `[[engines]]` nor the event
+    /// protocol's `Hello`) has its cache modelled from the prompts routed to it, an
+    /// LRU of its `capacity_blocks` credited like device blocks, until its first KV
+    /// event switches it to exact. Default true.
+    pub approximate: bool,
+    /// Approximate mode: a modelled block no request has touched for this long is
+    /// dropped (an idle TTL; the engine's own eviction is what the LRU models). At
+    /// least 1. Default 120,000 ms (Dynamo's `--router-ttl-secs` 120 of the same mode).
+    pub approximate_ttl_ms: u64,
 }
 
 impl Default for RouterConfig {
@@ -255,6 +265,8 @@ impl Default for RouterConfig {
             affinity_max_entries: 1 << 20,
             affinity_slack: 2.0,
             lookahead_tokens: 0,
+            approximate: true,
+            approximate_ttl_ms: 120_000,
         }
     }
 }
@@ -320,6 +332,12 @@ impl RouterConfig {
         }
         if !(self.cuda_to_cpu_ratio.is_finite() && self.cuda_to_cpu_ratio > 0.0) {
             return Err("cuda_to_cpu_ratio must be > 0".into());
+        }
+        if self.approximate_ttl_ms == 0 {
+            return Err(
+                "approximate_ttl_ms must be >= 1 (turn the mode off with approximate = false)"
+                    .into(),
+            );
         }
         if self.speculative_max_blocks > MAX_SPECULATIVE_BLOCKS {
             return Err(format!(

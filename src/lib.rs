@@ -18,6 +18,7 @@
 //! - [`zmtp`]: a bounded ZeroMQ (ZMTP 3.x) client for engine KV events.
 //! - [`tokenize`]: OpenAI request bodies → prompt token ids, as the engine computes them.
 
+pub mod api_shapes;
 pub mod cli;
 pub mod client;
 pub mod cluster;
@@ -44,5 +45,6 @@ pub mod sim;
 pub mod snapshot;
 pub mod sync;
 pub mod tokenize;
+pub mod trace;
 pub mod types;
 pub mod zmtp;

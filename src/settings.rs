@@ -180,6 +180,8 @@ pub struct Settings {
     pub ingest_slice_hashes: usize,
     /// Router replicas on NATS JetStream (`[cluster]`, `crate::cluster`). Default off.
     pub cluster: crate::cluster::config::ClusterSettings,
+    /// OpenTelemetry traces of proxied requests (`[trace]`, `crate::trace`). Default off.
+    pub trace: crate::trace::config::TraceSettings,
     /// Pin executor N to the Nth CPU of the process's affinity mask (a cgroup cpuset,
     /// `taskset`), wrapping around it (`service::runtime::pinning`). `false` leaves the cores' threads
     /// to the kernel's scheduler (`Placement::Unbound`): on a machine whose CPUs the
@@ -301,6 +303,7 @@ impl Default for Settings {
             lora_adapters: Default::default(),
             ingest_slice_hashes: DEFAULT_INGEST_SLICE_HASHES,
             cluster: Default::default(),
+            trace: Default::default(),
             pin_cores: true,
             tokenize_lean: true,
             answer_spin_us: DEFAULT_ANSWER_SPIN_US,
@@ -317,6 +320,7 @@ impl Settings {
     pub fn validate(&self) -> Result<(), String> {
         self.router.validate()?;
         self.cluster.validate()?;
+        self.trace.validate()?;
         for (name, addr) in [
             ("events_addr", &self.events_addr),
             ("api_addr", &self.api_addr),

@@ -299,12 +299,12 @@ fn state_moves_between_the_sharded_and_replicated_layouts() {
     // counted once, a restored id is still a duplicate whichever core is asked.
     {
         let s = Server::start(2, &["--state-dir", &d, "--index-layout", "replicated"]);
-        assert_eq!(s.cached("a"), 6);
+        s.wait_until("a restored", |s| s.cached("a") == 6);
         check_restored(&s, n, &before, &h);
     }
     // Replicated → sharded: one copy was written, so nothing is restored twice.
     let s = Server::start(2, &["--state-dir", &d]);
-    assert_eq!(s.cached("a"), 6);
+    s.wait_until("a restored", |s| s.cached("a") == 6);
     let mut c = RequestClient::connect(&s.api, "").unwrap();
     let r = c.route(&req("again", &h[..6])).unwrap();
     assert_eq!((r.decode_worker.as_str(), r.overlap.device), ("a", 6));

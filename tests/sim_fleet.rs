@@ -146,9 +146,10 @@ fn body_limit_concurrency_limit_and_injected_faults() {
     // Worker 0: one slot. A long stream holds it while a second request is refused.
     let slow = f.url(0, "/v1/completions");
     let held = std::thread::spawn(move || {
-        // 2 ms per token × 1,500 tokens: the slot is busy for ~3 s.
+        // 2 ms per token × 15,000 tokens: the slot stays busy for the rest of the
+        // test (~30 s even on a stalled machine); stopping the fleet ends it.
         let r = ureq::post(&slow)
-            .send_json(json!({"prompt": "t1", "max_tokens": 1500, "stream": true}))
+            .send_json(json!({"prompt": "t1", "max_tokens": 15000, "stream": true}))
             .unwrap();
         let mut s = String::new();
         let _ = r.into_reader().read_to_string(&mut s);
@@ -163,7 +164,6 @@ fn body_limit_concurrency_limit_and_injected_faults() {
         post(&f.url(0, "/v1/completions"), json!({"prompt": "t1"})).0,
         429
     );
-    let _ = held.join();
     assert_eq!(f.stats(0)["rejected"], 1);
     // Worker 1: --fail-rate 1 → every generation is a 500.
     assert_eq!(
@@ -172,6 +172,7 @@ fn body_limit_concurrency_limit_and_injected_faults() {
     );
     // ... and with --fail-rate off, streams die after 2 chunks (no [DONE]).
     drop(f);
+    let _ = held.join();
     let f = Fleet::start(&[
         "--workers",
         "1",

@@ -97,6 +97,7 @@ fn worker(id: &str, capacity: u64) -> SavedWorker {
         spec,
         heartbeat: false,
         next_seq: 0,
+        approximate: false,
     }
 }
 
@@ -393,9 +394,18 @@ fn a_worker_full_to_its_cap_restores_whole_or_refuses_never_in_part() {
     let s = Server::start(2, &["--state-dir", &d]);
     s.register(json!({"id": "w", "capacity_blocks": 100}));
     s.store("w", "device", &hashes(34, 200));
-    std::thread::sleep(Duration::from_millis(200));
+    // Settled: the count the snapshot will hold, once every event is applied.
+    let mut last = u64::MAX;
+    s.wait_until("the stores applied", |s| {
+        let now = s.cached("w");
+        let settled = now >= 100 && now == last;
+        last = now;
+        if !settled {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        settled
+    });
     let cached = s.cached("w");
-    assert!(cached >= 100, "{cached}");
     assert!(stop(s).success());
     // Same settings: everything the router held comes back.
     let s = Server::start(2, &["--state-dir", &d]);

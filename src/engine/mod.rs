@@ -8,8 +8,11 @@
 
 pub mod plan;
 pub mod request;
+mod shards;
 pub mod views;
 
+#[cfg(test)]
+mod tests_approx;
 #[cfg(test)]
 mod tests_speculative;
 
@@ -17,7 +20,9 @@ pub use request::{BadRequest, CandidateOut, DpRankSpec, Prepared, RouteDecision,
 pub use views::{EventBatch, KvEvent, WorkerState, WorkerStatus};
 
 use crate::config::{Mode, PrefillLoadModel, RouterConfig};
-use crate::index::{shard_of, speculate, MergeResult, PendingShard, ShardedIndex, Speculated};
+use crate::index::{
+    shard_of, ApproxShard, Budget, MergeResult, PendingShard, ShardedIndex, Speculated,
+};
 use crate::load::{ActiveBlocksShard, LifecycleError, LoadTracker};
 use crate::registry::{Registry, RegistryError, Upsert};
 use crate::select::{
@@ -111,6 +116,10 @@ pub struct Engine {
     scratch: Scratch,
     /// Route-time prefix affinity (`affinity_max_entries`).
     affinity: Affinity,
+    /// Approximate mode: the modelled caches, one store per index shard, and which
+    /// workers are modelled (`shards`).
+    approx: Vec<ApproxShard>,
+    approximate: Vec<bool>,
 }
 
 impl Engine {
@@ -155,6 +164,15 @@ impl Engine {
             hits: Hits::default(),
             scratch: Scratch::default(),
             affinity: Affinity::new(cfg.affinity_max_entries),
+            approx: {
+                let b = std::sync::Arc::new(Budget::new(limits.max_workers, u64::MAX));
+                let ttl = cfg.approximate_ttl_ms.saturating_mul(1000);
+                let n = 1usize << shard_bits;
+                (0..n)
+                    .map(|_| ApproxShard::new(ttl, b.clone(), n))
+                    .collect()
+            },
+            approximate: Vec::new(),
             cfg,
             limits,
         })
@@ -169,9 +187,12 @@ impl Engine {
     }
 
     /// Registers or updates a worker. A new epoch clears its cached blocks and drops the
-    /// accounting of its in-flight requests (the restarted engine lost them).
+    /// accounting of its in-flight requests (the restarted engine lost them). A new
+    /// worker (or epoch) with a `url` is approximate (`approximate`, the admin door of
+    /// the service: no event source) until its first event.
     pub fn register(&mut self, spec: WorkerSpec) -> Result<Upsert, EngineError> {
         let cap = spec.capacity_blocks.min(self.limits.max_blocks_per_worker);
+        let modelled = self.cfg.approximate && spec.url.is_some();
         let up = self.registry.upsert(spec)?;
         self.view = None;
         let slot = up.slot();
@@ -182,6 +203,12 @@ impl Engine {
             self.forget_worker_state(slot);
         }
         self.index.set_worker_cap(slot, cap);
+        for a in &mut self.approx {
+            a.set_worker_cap(slot, cap);
+        }
+        if !matches!(up, Upsert::SameEpoch(_)) {
+            self.flag_approximate(slot, modelled);
+        }
         self.live[slot as usize] = true;
         self.suspect[slot as usize] = false;
         Ok(up)
@@ -211,6 +238,9 @@ impl Engine {
         for p in &mut self.pending {
             p.clear_worker(slot);
         }
+        for a in &mut self.approx {
+            a.clear_worker(slot);
+        }
     }
 
     /// Marks a worker in or out of routing (heartbeat window).
@@ -239,9 +269,13 @@ impl Engine {
             .ok_or_else(|| EngineError::UnknownWorker(id.into()))
     }
 
-    /// Applies one cache event of worker `id`.
+    /// Applies one cache event of worker `id`. The first event of an approximate
+    /// worker switches it to exact (its modelled blocks are dropped).
     pub fn apply(&mut self, id: &str, ev: &KvEvent) -> Result<(), EngineError> {
         let slot = self.slot(id)?;
+        if self.is_approximate(slot) {
+            self.flag_approximate(slot, false);
+        }
         match ev {
             KvEvent::Stored {
                 tier, block_hashes, ..
@@ -350,6 +384,7 @@ impl Engine {
             ))
             .map_err(|e| lifecycle_err(e, id))?;
         self.add_active(d.decode_worker, &prepared.hashes);
+        self.touch_approx(sw, &prepared.hashes, now_us);
         if let Some(rest) = prepared.hashes.get(from..) {
             let bits = self.shard_bits;
             let mut mine = Vec::new();
@@ -411,85 +446,6 @@ impl Engine {
         }
         changed.clear();
         self.dirty = changed;
-    }
-
-    fn reuse_counts(&self, hashes: &[u64]) -> HashMap<WorkerSlot, u32> {
-        let mut per_shard: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.active.len()];
-        for (i, &h) in hashes.iter().enumerate() {
-            per_shard[shard_of(h, self.shard_bits)].push((i as u32, h));
-        }
-        let mut out = Vec::new();
-        for (s, items) in per_shard.iter().enumerate() {
-            self.active[s].count_reuse(items, &mut out);
-        }
-        let mut m = HashMap::new();
-        for (w, c) in out {
-            *m.entry(w).or_insert(0) += c;
-        }
-        m
-    }
-
-    /// The pending matches of `hashes` at `now_us`, as speculative overlaps against
-    /// the index merge just computed.
-    fn speculate(&mut self, hashes: &[u64], now_us: u64) {
-        self.spec_matches.clear();
-        self.spec.clear();
-        if self.pending.iter().all(PendingShard::is_empty) {
-            return;
-        }
-        let bits = self.shard_bits;
-        let mut per_shard: Vec<Vec<(u32, u64)>> = vec![Vec::new(); self.pending.len()];
-        for (i, &h) in hashes.iter().enumerate().take(u32::MAX as usize) {
-            per_shard[shard_of(h, bits)].push((i as u32, h));
-        }
-        for (p, items) in self.pending.iter().zip(&per_shard) {
-            p.query(items, now_us, &mut self.spec_matches);
-        }
-        speculate(&self.merge, &mut self.spec_matches, &mut self.spec);
-    }
-
-    /// A request on `w` ended: it was prefilled, so `w`'s events have confirmed its
-    /// blocks by now or never will; they stop being pending (as in the service).
-    fn end_pending(&mut self, w: WorkerSlot, hashes: &[u64]) {
-        self.each_pending(hashes, |p, h| p.drop_hashes(w, h));
-    }
-
-    /// Runs `f` on each pending shard with the part of `hashes` it owns.
-    fn each_pending(&mut self, hashes: &[u64], mut f: impl FnMut(&mut PendingShard, &[u64])) {
-        let bits = self.shard_bits;
-        let mut mine = Vec::new();
-        for (s, p) in self.pending.iter_mut().enumerate() {
-            if p.is_empty() {
-                continue;
-            }
-            mine.clear();
-            mine.extend(hashes.iter().copied().filter(|&h| shard_of(h, bits) == s));
-            f(p, &mine);
-        }
-    }
-
-    fn add_active(&mut self, w: WorkerSlot, hashes: &[u64]) {
-        self.update_active(w, hashes, true);
-    }
-
-    fn remove_active(&mut self, w: WorkerSlot, hashes: &[u64]) {
-        self.update_active(w, hashes, false);
-    }
-
-    /// Adds or removes a request's hashes in the active-block shard owning each.
-    fn update_active(&mut self, w: WorkerSlot, hashes: &[u64], add: bool) {
-        self.dirty.push(w);
-        let bits = self.shard_bits;
-        let mut mine = Vec::with_capacity(hashes.len());
-        for (s, a) in self.active.iter_mut().enumerate() {
-            mine.clear();
-            mine.extend(hashes.iter().copied().filter(|&h| shard_of(h, bits) == s));
-            if add {
-                a.add(w, &mine);
-            } else {
-                a.remove(w, &mine);
-            }
-        }
     }
 
     /// First output token: prefill of the request is complete.
@@ -565,7 +521,7 @@ impl Engine {
                     WorkerState::Live
                 };
                 let unique: u64 = self.active.iter().map(|a| a.unique_blocks(e.slot)).sum();
-                WorkerStatus::new(
+                let mut w = WorkerStatus::new(
                     &e.spec,
                     state,
                     self.index.worker_blocks(e.slot),
@@ -575,7 +531,12 @@ impl Engine {
                     } else {
                         load.blocks_total
                     },
-                )
+                );
+                if self.is_approximate(e.slot) {
+                    w.approximate = true;
+                    w.approximate_entries = Some(self.approx_entries(e.slot));
+                }
+                w
             })
             .collect()
     }

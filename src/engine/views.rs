@@ -82,6 +82,13 @@ pub struct WorkerStatus {
     /// The worker's upstream URL for the proxy (absent when none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// Approximate mode: the worker publishes no KV events and its cache is modelled
+    /// from the prompts routed to it (`index::approx`).
+    #[serde(default)]
+    pub approximate: bool,
+    /// Approximate workers: the blocks modelled (over every shard; absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approximate_entries: Option<u64>,
 }
 
 impl WorkerStatus {
@@ -111,6 +118,8 @@ impl WorkerStatus {
             engine_issue: None,
             throughput_weight: spec.throughput_weight,
             url: spec.url.clone(),
+            approximate: false,
+            approximate_entries: None,
         }
     }
 }

@@ -20,6 +20,7 @@
 //! - queries never allocate once their output buffers have grown to size.
 
 mod answer;
+pub mod approx;
 mod budget;
 mod hashmix;
 mod holders;
@@ -41,6 +42,7 @@ mod tests_query;
 mod tests_shard;
 
 pub use answer::{Holder, Match, Run, ShardAnswer};
+pub use approx::{ApproxShard, ApproxStats};
 pub use budget::{Budget, Grant};
 pub use hashmix::{mix, shard_of, unmix, MAX_SHARD_BITS};
 pub use merge::{merge, MergeResult};

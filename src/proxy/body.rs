@@ -6,7 +6,7 @@
 //!   each count change `progress`, with TTFT / inter-token metrics;
 //! - the upstream's end runs `finish` and returns the connection to the pool;
 //! - an upstream error or a gap longer than `request_timeout_ms` ends an SSE stream
-//!   with an OpenAI error event (a JSON answer is cut: the client sees a broken
+//!   with an error event in the API's shape (`agents::AnswerTracker`) (a JSON answer is cut: the client sees a broken
 //!   response rather than a wrong one), runs `finish` and drops the connection;
 //! - dropped before the end (the client went away and a write to it failed), or the
 //!   client seen gone while the upstream is quiet (`watch`): `finish` runs and the
@@ -21,11 +21,11 @@
 //! their time, and a timer that fires early (frames came meanwhile) is re-armed for
 //! what is left of `idle` after the last frame.
 
-use super::errors;
+use super::agents::AnswerTracker;
 use super::front::Front;
 use super::pool::{self, Conn};
 use super::state::{Admitted, RequestLabels};
-use super::track::{Seen, Tracker};
+use super::track::Seen;
 use super::watch::Gone;
 use crate::engine::request::LifeOp;
 use bytes::Bytes;
@@ -70,7 +70,7 @@ pub struct Streamed {
     pub conn: Option<Conn>,
     /// kvroute's id of the routed request.
     pub id: String,
-    pub tracker: Tracker,
+    pub tracker: AnswerTracker,
     pub sse: bool,
     pub started: Instant,
     pub last_output: Option<Instant>,
@@ -85,6 +85,8 @@ pub struct Streamed {
     pub admitted: Option<Admitted>,
     /// Resolves when the client goes away (`watch`).
     pub gone: Option<Gone>,
+    /// The request's spans (`spans`), ended with the body.
+    pub trace: super::spans::ReqTrace,
 }
 
 impl Streamed {
@@ -93,6 +95,7 @@ impl Streamed {
         let now = Instant::now();
         if seen.first_output {
             m.ttft.observe(self.started.elapsed().as_secs_f64());
+            self.trace.first_token();
             life(&self.core, LifeOp::FirstToken, &self.id);
         }
         if seen.progressed {
@@ -121,6 +124,11 @@ impl Streamed {
         labels.outcome = outcome;
         m.requests.get_or_create(&labels).inc();
         life(&self.core, LifeOp::Finish, &self.id);
+        self.trace.finish(self.tracker.tokens(), outcome);
+        if let (Some(id), "ok") = (self.tracker.response_id(), outcome) {
+            let now = self.core.handle.now_ms();
+            (self.core.state.responses).remember(id, &self.labels.worker, now);
+        }
         match (outcome, self.conn.take()) {
             ("ok", Some(c)) => pool::put(c, self.pool_max_idle),
             // Dropping the connection cancels its task and closes the socket.
@@ -142,7 +150,7 @@ impl Streamed {
             .inc();
         self.complete("upstream_error");
         if self.sse {
-            Poll::Ready(Some(Ok(Frame::data(errors::sse_event(kind, msg)))))
+            Poll::Ready(Some(Ok(Frame::data(self.tracker.error_event(kind, msg)))))
         } else {
             Poll::Ready(Some(Err(msg.to_string().into())))
         }

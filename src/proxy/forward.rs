@@ -26,6 +26,7 @@ use super::health::{self, breaker_failure, breaker_success, spawn_probe};
 use super::pool::{self, Conn};
 use super::request::{self, ClientRequest, Endpoint};
 use super::retry::{self, Failure, Policy};
+use super::spans::ReqTrace;
 use super::state::{FieldLabel, KindLabel, ProxyShared};
 use super::url::UpstreamUrl;
 use super::watch::{unless_gone, ClientWatch};
@@ -36,7 +37,7 @@ use futures_lite::FutureExt;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -88,13 +89,33 @@ fn next_counter() -> u64 {
     })
 }
 
-/// Handles `POST /v1/completions` / `POST /v1/chat/completions`; `watch`: the
-/// client's connection, whose closing aborts the request at once.
+/// Handles a `POST` on `endpoint` (completions, chat, `agents`); `watch`: the
+/// client's connection, whose closing aborts the request at once. Its spans
+/// (`spans`) end with the answer: here when the proxy answers itself, with the body
+/// when a worker's answer streams back.
 pub async fn completions(
     core: Front,
     endpoint: Endpoint,
     req: Request<Incoming>,
     watch: Rc<ClientWatch>,
+) -> Resp {
+    let tracing = core.state.tracing.get();
+    let trace = ReqTrace::start(tracing, endpoint, req.headers());
+    let trace = Rc::new(RefCell::new(trace));
+    let resp = pipeline(core, endpoint, req, watch, trace.clone()).await;
+    let status = resp.status().as_u16();
+    trace
+        .borrow_mut()
+        .end(status, 0, super::spans::outcome_of(status));
+    resp
+}
+
+async fn pipeline(
+    core: Front,
+    endpoint: Endpoint,
+    req: Request<Incoming>,
+    watch: Rc<ClientWatch>,
+    trace: Rc<RefCell<ReqTrace>>,
 ) -> Resp {
     let sh = core.clone();
     let ps = &sh.handle.settings().proxy;
@@ -125,6 +146,7 @@ pub async fn completions(
     if declared.is_some_and(|n| n > limit as u64) {
         return too_large(&core);
     }
+    let fwd_headers = super::agents::front::forwarded_headers(endpoint, req.headers());
     let client_id = request::client_request_id(
         req.headers().get("x-request-id").map(|v| v.as_bytes()),
         || format!("kvr-{:016x}", rand::random::<u64>()),
@@ -167,8 +189,19 @@ pub async fn completions(
         }
         Bytes::from(serde_json::to_vec(&creq.body).unwrap_or_default())
     };
+    trace.borrow().model(&creq.model);
+    // A Responses follow-up goes to the worker that stored what it continues.
+    let pinned = match super::agents::front::pin(&core, endpoint, &creq.body) {
+        Ok(p) => p,
+        Err(resp) => return *resp,
+    };
     let t0 = Instant::now();
+    let span = trace.borrow().tokenize();
     let (creq, tokens) = super::offload::tokenize(&core, endpoint, creq, raw.len()).await;
+    if let Ok(Some(t)) = &tokens {
+        span.set("kvroute.prompt_tokens", t.len() as i64);
+    }
+    drop(span);
     let tokens = match tokens {
         Ok(t) => t,
         Err(e) => {
@@ -183,7 +216,7 @@ pub async fn completions(
     };
     let m = &sh.state.metrics;
     m.tokenize_seconds.observe(t0.elapsed().as_secs_f64());
-    if tokens.is_none() {
+    if tokens.is_none() && !super::agents::passthrough(endpoint) {
         m.untokenized.inc();
     }
     let job = Job {
@@ -196,6 +229,9 @@ pub async fn completions(
         tokens,
         started,
         watch,
+        pinned,
+        fwd_headers,
+        trace,
     };
     job.run(admitted).await
 }
@@ -210,6 +246,12 @@ struct Job {
     tokens: Option<Vec<u32>>,
     started: Instant,
     watch: Rc<ClientWatch>,
+    /// The only worker this request may go to (`agents::front::pin`).
+    pinned: Option<String>,
+    /// Client headers sent on to the worker (`agents::front::forwarded_headers`).
+    fwd_headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
+    /// The request's spans (`spans`); moved into the streamed answer (`respond`).
+    trace: Rc<RefCell<ReqTrace>>,
 }
 
 /// The upstream answered with a head: its response and connection.
@@ -244,10 +286,15 @@ impl Job {
                 attempt,
             );
             let rr = self.route_request(&rid, allow);
+            let span = self.trace.borrow().route();
             let mut d = match self.core.handle.route(&rr).await {
                 Ok(d) => d,
                 Err(e) => return self.route_failed(&e, last.as_ref()),
             };
+            let blocks = self.tokens.as_ref().map_or(0, |t| t.len() as u64)
+                / u64::from(sh.handle.settings().router.block_size.max(1));
+            ReqTrace::decision(&span, &d, blocks, sh.handle.settings().router.mode.name());
+            drop(span);
             let mut body = self.raw.clone();
             let mut fallback = false;
             if let Some(p) = d.prefill_worker.clone() {
@@ -282,6 +329,7 @@ impl Job {
                 }
             }
             let w = d.decode_worker.clone();
+            self.trace.borrow_mut().upstream(&w, attempt);
             let sent = unless_gone(&mut gone, self.send(&w, body, self.creq.stream)).await;
             let Some(sent) = sent else {
                 return self.client_left(Some(&rid), &w);
@@ -293,6 +341,7 @@ impl Job {
                 }
                 Err(f) => {
                     self.upstream_failed(&w, f);
+                    self.trace.borrow_mut().attempt_failed(f.label());
                     body::life(&self.core, LifeOp::Finish, &rid);
                     excluded.push(w.clone());
                     last = Some((w, f));
@@ -356,7 +405,10 @@ impl Job {
         let mut out = Vec::new();
         for e in reg.iter() {
             let Some(url) = &e.spec.url else { continue };
-            if excluded.contains(&e.spec.id) {
+            if excluded.contains(&e.spec.id)
+                || self.pinned.as_ref().is_some_and(|p| *p != e.spec.id)
+                || !super::agents::candidate(self.endpoint, e.spec.role)
+            {
                 continue;
             }
             let allow = health::allow(&e.spec.id, now);
@@ -395,10 +447,16 @@ impl Job {
         let timeout = Duration::from_millis(ps.request_timeout_ms);
         for _ in 0..2 {
             let (mut conn, pooled) = pool::get(&url, connect).await?;
-            let head = Request::post(url.path(self.endpoint.path()))
+            let mut head = Request::post(url.path(self.endpoint.path()))
                 .header(hyper::header::HOST, url.authority.as_str())
                 .header(hyper::header::CONTENT_TYPE, "application/json")
                 .header("x-request-id", self.client_id.as_str());
+            for (k, v) in &self.fwd_headers {
+                head = head.header(k, v);
+            }
+            for (k, v) in self.trace.borrow().propagation() {
+                head = head.header(k, v);
+            }
             let req = (self.core.state)
                 .authorize(head)
                 .body(Full::new(body.clone()))

@@ -8,6 +8,7 @@
 //! - `url`: the upstream URL of a worker (`http://host:port[/base]`);
 //! - `config`: the proxy's settings (`[proxy]` in TOML), `args` their flags;
 //! - `request`: the client body (limits, the fields routing needs, ids);
+//! - `agents`: Anthropic Messages, OpenAI Responses and the pass-through endpoints;
 //! - `strip`: the members engines trust as engine-to-engine data, removed from it;
 //! - `prompt`: token ids of a prompt (the one call site of tokenization);
 //! - `track`: lifecycle signals from an SSE or JSON response stream (`event`: the
@@ -21,10 +22,11 @@
 //! and the glommio/hyper driver (`service` feature): `io` (hyper over glommio streams,
 //! client side), `pool` (per-core keep-alive connections per worker), `body` (the
 //! streamed response and its lifecycle), `forward` (route → legs → retries), `health` (breakers per core, probes), `front` (one core's routing handle and the shared state), `server`
-//! (the listener's routes and auth), `state` (metrics and the shared admission count),
+//! (the listener's routes and auth), `spans` (the request's OpenTelemetry spans), `state` (metrics and the shared admission count),
 //! `refuse` (a 429 for a connection the listener has no slot for), `watch` (a client
 //! that went away, noticed while its request waits).
 
+pub mod agents;
 pub mod args;
 pub mod breaker;
 pub mod config;
@@ -35,6 +37,8 @@ pub mod pd;
 pub mod prompt;
 pub mod request;
 pub mod retry;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod spans;
 pub mod strip;
 pub mod track;
 pub mod url;

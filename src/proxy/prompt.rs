@@ -31,15 +31,13 @@ pub fn prompt_tokens(
     model: &str,
     body: &Value,
 ) -> Result<Option<Vec<u32>>, PromptError> {
+    if super::agents::handles(endpoint) {
+        return super::agents::prompt_tokens(tok, endpoint, body, false).unwrap_or(Ok(None));
+    }
     match tok {
-        Some(t) => {
-            let e = match endpoint {
-                Endpoint::Completions => crate::tokenize::Endpoint::Completions,
-                Endpoint::Chat => crate::tokenize::Endpoint::Chat,
-            };
-            t.prompt_tokens(e, model, body)
-                .map_err(|e| PromptError(e.0))
-        }
+        Some(t) => t
+            .prompt_tokens(tok_endpoint(endpoint), model, body)
+            .map_err(|e| PromptError(e.0)),
         None => token_ids(endpoint, model, body),
     }
 }
@@ -64,16 +62,22 @@ pub fn prompt_tokens_quick(
     model: &str,
     body: &Value,
 ) -> Option<Result<Option<Vec<u32>>, PromptError>> {
+    if super::agents::handles(endpoint) {
+        return super::agents::prompt_tokens(tok, endpoint, body, true);
+    }
     match tok {
-        Some(t) => {
-            let e = match endpoint {
-                Endpoint::Completions => crate::tokenize::Endpoint::Completions,
-                Endpoint::Chat => crate::tokenize::Endpoint::Chat,
-            };
-            t.prompt_tokens_quick(e, model, body)
-                .map(|r| r.map_err(|e| PromptError(e.0)))
-        }
+        Some(t) => t
+            .prompt_tokens_quick(tok_endpoint(endpoint), model, body)
+            .map(|r| r.map_err(|e| PromptError(e.0))),
         None => Some(token_ids(endpoint, model, body)),
+    }
+}
+
+/// The tokenizer's endpoint for completions or chat (the agent APIs render as chat).
+fn tok_endpoint(e: Endpoint) -> crate::tokenize::Endpoint {
+    match e {
+        Endpoint::Completions => crate::tokenize::Endpoint::Completions,
+        _ => crate::tokenize::Endpoint::Chat,
     }
 }
 

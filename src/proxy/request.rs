@@ -1,7 +1,8 @@
 //! The client's request body, reduced to what routing needs, and the ids.
 //!
 //! The body is forwarded as the client sent it (its bytes, not a re-serialisation),
-//! unless it carries members that `strip` removes; this module only reads `model`, `stream`, `max_tokens` / `max_completion_tokens`
+//! unless it carries members that `strip` removes; this module only reads `model`, `stream`,
+//! `max_tokens` / `max_completion_tokens` / `max_output_tokens` (Responses)
 //! (the OSL hint) out of it. It must be a JSON object; `model` and `stream` must have
 //! their OpenAI types when present. Request ids: the client's `x-request-id` is
 //! propagated to the worker as given (generated when absent); kvroute's own id for the
@@ -11,11 +12,19 @@
 
 use serde_json::Value;
 
-/// Which OpenAI endpoint a request came in on.
+/// Which endpoint a request came in on (forwarded to the same path on the worker).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
     Completions,
     Chat,
+    /// Anthropic Messages (`proxy::agents`).
+    Messages,
+    /// OpenAI Responses (`proxy::agents`).
+    Responses,
+    /// Passed through, routed by load within the model (`proxy::agents`).
+    Embeddings,
+    Tokenize,
+    Detokenize,
 }
 
 impl Endpoint {
@@ -23,6 +32,11 @@ impl Endpoint {
         match self {
             Endpoint::Completions => "/v1/completions",
             Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Messages => "/v1/messages",
+            Endpoint::Responses => "/v1/responses",
+            Endpoint::Embeddings => "/v1/embeddings",
+            Endpoint::Tokenize => "/tokenize",
+            Endpoint::Detokenize => "/detokenize",
         }
     }
 }
@@ -59,7 +73,7 @@ pub fn parse(bytes: &[u8]) -> Result<ClientRequest, BadBody> {
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(BadBody("stream must be a boolean".into())),
     };
-    let max_tokens = ["max_tokens", "max_completion_tokens"]
+    let max_tokens = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
         .iter()
         .filter_map(|k| obj.get(*k))
         .find_map(Value::as_u64)

@@ -1,6 +1,8 @@
 //! The proxy listener (`proxy_addr`): routes, auth, and the hyper connection.
 //!
-//! Routes (exactly these): `POST /v1/completions`, `POST /v1/chat/completions`,
+//! Routes (exactly these): `POST /v1/completions`, `POST /v1/chat/completions`, the
+//! endpoints of `agents` (`POST /v1/messages`, `/v1/responses`, `/v1/embeddings`,
+//! `/tokenize`, `/detokenize`; client keys also accepted as `x-api-key`),
 //! `GET /v1/models` (the models of registered workers that have a `url`, OpenAI list
 //! shape), `GET /health` (no auth; 503 `draining` once shutdown began, see
 //! `service::Running::drain`). When the service has a token or the proxy has
@@ -29,7 +31,10 @@ fn authorized(core: &Front, req: &Request<Incoming>) -> bool {
     if !creds.enabled() && keys.is_empty() {
         return true;
     }
-    let presented = crate::credentials::bearer(req.headers()).unwrap_or("");
+    // Anthropic clients send their key as `x-api-key`.
+    let presented = crate::credentials::bearer(req.headers())
+        .or_else(|| req.headers().get("x-api-key")?.to_str().ok())
+        .unwrap_or("");
     if presented.is_empty() {
         return false;
     }
@@ -99,6 +104,14 @@ pub async fn handle(core: Front, req: Request<Incoming>, watch: Rc<ClientWatch>)
     }
 }
 
+/// [`handle`], the proxy's own errors on `/v1/messages` in Anthropic's shape.
+async fn handle_any(core: Front, req: Request<Incoming>, watch: Rc<ClientWatch>) -> Resp {
+    if req.uri().path() == "/v1/messages" {
+        return super::agents::front::anthropic_errors(handle(core, req, watch).await);
+    }
+    handle(core, req, watch).await
+}
+
 /// One request on the proxy port; `watch` tells when its client goes away.
 async fn answer(core: Front, req: Request<Incoming>, watch: Rc<ClientWatch>) -> Resp {
     let path = req.uri().path().to_string();
@@ -135,6 +148,16 @@ async fn answer(core: Front, req: Request<Incoming>, watch: Rc<ClientWatch>) -> 
             forward::completions(core, Endpoint::Chat, req, watch).await
         }
         (&Method::GET, "/v1/models") => models(&core),
+        (&Method::POST, p) if agent_endpoint(p).is_some() => {
+            let e = agent_endpoint(p).unwrap_or(Endpoint::Chat);
+            forward::completions(core, e, req, watch).await
+        }
+        (_, p) if agent_endpoint(p).is_some() => error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "method_not_allowed",
+            &format!("{method} not allowed on {path}"),
+        ),
         (_, "/v1/completions" | "/v1/chat/completions" | "/v1/models" | "/health") => error(
             StatusCode::METHOD_NOT_ALLOWED,
             "invalid_request_error",
@@ -148,6 +171,18 @@ async fn answer(core: Front, req: Request<Incoming>, watch: Rc<ClientWatch>) -> 
             &format!("no route {path}"),
         ),
     }
+}
+
+/// The endpoints of `agents`: forwarded to the same path on the worker.
+fn agent_endpoint(path: &str) -> Option<Endpoint> {
+    Some(match path {
+        "/v1/messages" => Endpoint::Messages,
+        "/v1/responses" => Endpoint::Responses,
+        "/v1/embeddings" => Endpoint::Embeddings,
+        "/tokenize" => Endpoint::Tokenize,
+        "/detokenize" => Endpoint::Detokenize,
+        _ => return None,
+    })
 }
 
 /// How long after its last response a proxy client's keep-alive connection is still
@@ -173,7 +208,7 @@ pub async fn serve(core: Front, stream: glommio::net::TcpStream, slot: Rc<Slot>)
         let (core, conn, watch) = (core.clone(), conn.clone(), watch.clone());
         async move {
             conn.request_started();
-            let mut resp = handle(core.clone(), req, watch).await;
+            let mut resp = handle_any(core.clone(), req, watch).await;
             // Draining: no further request on this connection (hyper closes it once
             // the response is written), so clients reconnect to another replica.
             if core.handle.draining() {

@@ -173,6 +173,10 @@ pub struct ProxyShared {
     /// Drawn at start: part of every routed request's id (`request::router_id`), so
     /// two replicas never mint the same one.
     pub nonce: String,
+    /// Which worker stored each OpenAI Responses answer (`agents`).
+    pub responses: super::agents::Responses,
+    /// The OpenTelemetry tracer (set once at start; off without `trace.otlp_endpoint`).
+    pub tracing: OnceLock<crate::trace::Tracing>,
 }
 
 impl ProxyShared {
@@ -183,6 +187,8 @@ impl ProxyShared {
             keys: OnceLock::new(),
             upstream_auth: OnceLock::new(),
             nonce: super::request::new_nonce(),
+            responses: Default::default(),
+            tracing: OnceLock::new(),
         };
         m.with_registry(|r| p.metrics.register(r));
         p

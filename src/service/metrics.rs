@@ -107,6 +107,13 @@ pub struct Metrics {
     /// Blocks of routed requests credited as pending (speculative) on the chosen
     /// worker.
     pub speculative_blocks: Counter,
+    /// Approximate mode: 1 for a worker whose cache is modelled (no event source),
+    /// its modelled blocks (scrape-time), the blocks credited from the model to the
+    /// chosen workers, and the workers switched to exact by their first event.
+    pub worker_approximate: Family<WorkerLabel, Gauge>,
+    pub worker_approximate_blocks: Family<WorkerLabel, Gauge>,
+    pub approximate_credited_blocks: Counter,
+    pub approximate_switches: Counter,
     /// `--record`: lines written, records dropped (channel full), stopped by a limit.
     pub record_lines: Counter,
     pub record_dropped: Counter,
@@ -183,6 +190,10 @@ impl Metrics {
             events_total: AtomicU64::new(0),
             protocol_errors_total: AtomicU64::new(0),
             speculative_blocks: Counter::default(),
+            worker_approximate: Family::default(),
+            worker_approximate_blocks: Family::default(),
+            approximate_credited_blocks: Counter::default(),
+            approximate_switches: Counter::default(),
             record_lines: Counter::default(),
             record_dropped: Counter::default(),
             record_stopped: Gauge::default(),
@@ -367,6 +378,26 @@ impl Metrics {
                 "speculative_blocks",
                 "Blocks of routed requests credited as pending (speculative) on the chosen worker",
                 m.speculative_blocks.clone(),
+            );
+            r.register(
+                "worker_approximate",
+                "1 when the worker publishes no KV events and its cache is modelled from the prompts routed to it (approximate mode)",
+                m.worker_approximate.clone(),
+            );
+            r.register(
+                "worker_approximate_blocks",
+                "Approximate mode: blocks modelled in the worker's cache",
+                m.worker_approximate_blocks.clone(),
+            );
+            r.register(
+                "approximate_credited_blocks",
+                "Blocks of routed requests credited from the approximate model on the chosen worker",
+                m.approximate_credited_blocks.clone(),
+            );
+            r.register(
+                "approximate_switches",
+                "Approximate workers switched to exact by their first KV event",
+                m.approximate_switches.clone(),
             );
             r.register(
                 "record_lines",

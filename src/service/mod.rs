@@ -182,6 +182,13 @@ impl Running {
         if let Some(w) = self.engines_file.take() {
             w.stop();
         }
+        // The spans of the last requests, exported within the export timeout.
+        if let Some(t) = self.proxy.tracing.get() {
+            let wait = Duration::from_millis(self.shared.settings.trace.export_timeout_ms);
+            if let Err(e) = t.shutdown(wait) {
+                eprintln!("kvroute: trace export at shutdown: {e}");
+            }
+        }
         result
     }
 }
@@ -301,6 +308,9 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     let proxy = Arc::new(crate::proxy::state::ProxyShared::new(&shared.metrics));
     let _ = proxy.keys.set(proxy_keys);
     proxy.set_upstream_key(upstream_key.as_deref());
+    let tracing = crate::trace::Tracing::start(&shared.settings.trace)?;
+    shared.metrics.with_registry(|r| tracing.register(r));
+    let _ = proxy.tracing.set(tracing);
     let _ = shared.tokenizers.set(tokenizers);
     if let Some(path) = shared.settings.record.clone() {
         let cfg = state::recorder::RecordConfig {
@@ -321,6 +331,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         if let Some(c) = shared.cells(*slot) {
             c.gen.store(1, Ordering::Release);
             c.heartbeat.store(w.heartbeat, Ordering::Release);
+            c.approximate.store(w.approximate, Ordering::Release);
             c.next_seq.store(w.next_seq, Ordering::Release);
             // One heartbeat window to reconnect before leaving routing.
             c.last_seen_ms.store(0, Ordering::Release);

@@ -33,6 +33,13 @@ pub trait RouterApi {
     fn first_token(&mut self, id: &str, now_us: u64) -> Result<(), String>;
     fn progress(&mut self, id: &str, output_tokens: u32, now_us: u64) -> Result<(), String>;
     fn finish(&mut self, id: &str, now_us: u64) -> Result<(), String>;
+    /// Worker `worker` (registered) will publish no cache events (a fleet with
+    /// `events = false`): the router may model its cache (approximate mode). Default:
+    /// nothing to do.
+    fn without_events(&mut self, worker: &str) -> Result<(), String> {
+        let _ = worker;
+        Ok(())
+    }
 }
 
 /// A routing request as the simulated frontend sends it.
@@ -97,10 +104,19 @@ pub struct FleetSpec {
     /// OSL hint. Default false (frontends rarely know it).
     #[serde(default)]
     pub osl_hint: bool,
+    /// Whether the workers publish their cache events to the router. False: the
+    /// router sees only its own routes (a fleet without KV events; approximate mode).
+    /// Default true.
+    #[serde(default = "yes")]
+    pub events: bool,
 }
 
 fn default_block_size() -> u32 {
     crate::hash::DEFAULT_BLOCK_SIZE as u32
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl FleetSpec {
@@ -119,6 +135,7 @@ impl FleetSpec {
             timing: TimingModel::default(),
             block_size: default_block_size(),
             osl_hint: false,
+            events: true,
         }
     }
 
@@ -176,6 +193,11 @@ pub fn run_offline(
         router
             .register(&w.worker_spec())
             .map_err(|e| format!("register {}: {e}", w.id))?;
+        if !fleet.events {
+            router
+                .without_events(&w.id)
+                .map_err(|e| format!("register {}: {e}", w.id))?;
+        }
         let cap = usize::try_from(w.capacity_blocks).unwrap_or(usize::MAX);
         sims.push(SimWorker::new(
             w.id.clone(),
@@ -196,6 +218,7 @@ pub fn run_offline(
         index,
         handoff: HashMap::new(),
         reqs,
+        events: fleet.events,
     };
     let mut next = 0;
     let mut outs = Vec::new();
@@ -236,6 +259,8 @@ struct Run<'a, R> {
     /// Requests prefilling on a prefill worker: request index and decode worker.
     handoff: HashMap<String, (usize, usize)>,
     reqs: &'a [SimRequest],
+    /// Cache events reach the router (`FleetSpec::events`).
+    events: bool,
 }
 
 impl<R: RouterApi> Run<'_, R> {
@@ -301,6 +326,7 @@ impl<R: RouterApi> Run<'_, R> {
 
     fn forward(&mut self, wi: usize, o: Outcome) {
         match o {
+            Outcome::Cache { .. } if !self.events => {}
             Outcome::Cache { event, .. } => {
                 self.rec.event();
                 let w = self.sims[wi].id();
@@ -393,6 +419,9 @@ impl<R: RouterApi, C: FnMut() -> u64> RouterApi for TimedRouter<R, C> {
     }
     fn finish(&mut self, id: &str, now_us: u64) -> Result<(), String> {
         self.inner.finish(id, now_us)
+    }
+    fn without_events(&mut self, worker: &str) -> Result<(), String> {
+        self.inner.without_events(worker)
     }
 }
 

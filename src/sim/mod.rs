@@ -17,7 +17,8 @@
 //! - [`router_impls`]: the engine in-process and a running service over TCP as
 //!   [`driver::RouterApi`]s.
 //! - [`report`]: the per-run report, its text table and an SVG chart.
-//! - [`openai`] and [`live`]: the OpenAI shapes and the wall-clock worker state of
+//! - [`openai`], [`agent_api`] and [`live`]: the OpenAI, Anthropic and Responses
+//!   shapes and the wall-clock worker state of
 //!   `kvroute-sim fleet` (simulated vLLM workers over HTTP).
 //! - [`sglang`]: SGLang Model Gateway's `cache_aware` policy as a baseline router.
 //! - [`tune`]: the knob search of `kvroute-sim tune` (objective, iterated local search).
@@ -25,6 +26,7 @@
 //! Everything here is pure and single-threaded: time is virtual (µs), the only I/O is
 //! reading a trace file, and a run is deterministic for a given seed.
 
+pub mod agent_api;
 pub mod azure;
 pub mod bound;
 pub mod cache;

@@ -95,6 +95,14 @@ impl RouterApi for EngineRouter {
     fn finish(&mut self, id: &str, now_us: u64) -> Result<(), String> {
         self.engine.finish(id, now_us).map_err(|e| e.to_string())
     }
+    /// Approximate mode, as the service gives a worker registered with a url and no
+    /// event source (unless the config turns it off).
+    fn without_events(&mut self, worker: &str) -> Result<(), String> {
+        let on = self.engine.config().approximate;
+        self.engine
+            .set_approximate(worker, on)
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// Real-time pacing of a [`ServiceRouter`]: model µs `t` happens at wall time
@@ -411,6 +419,11 @@ impl RouterApi for ServiceRouter {
             f();
         }
         self.lifecycle(Life::Finish, id)
+    }
+    /// Its workers speak the event protocol (an event source): use `kvroute-sim fleet
+    /// --events none` and `replay` for a fleet without events in real time.
+    fn without_events(&mut self, _worker: &str) -> Result<(), String> {
+        Err("workers without events run offline only here (real time: kvroute-sim fleet --events none)".into())
     }
 }
 

@@ -83,6 +83,10 @@ pub struct SavedWorker {
     /// Registered over the event protocol (subject to heartbeats).
     pub heartbeat: bool,
     pub next_seq: u64,
+    /// In approximate mode (no event source; `index::approx`). Its modelled blocks are
+    /// not saved: the model starts empty after a restart. Absent in older files: false.
+    #[serde(default)]
+    pub approximate: bool,
 }
 
 /// Everything a snapshot holds.

@@ -14,11 +14,13 @@ fn sample() -> Snapshot {
                 spec: a,
                 heartbeat: true,
                 next_seq: 42,
+                approximate: false,
             },
             SavedWorker {
                 spec: WorkerSpec::new("b"),
                 heartbeat: false,
                 next_seq: 0,
+                approximate: true,
             },
         ],
         entries: vec![vec![(Tier::Device, 1), (Tier::Host, u64::MAX)], vec![]],

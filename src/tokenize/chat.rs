@@ -82,6 +82,9 @@ pub struct ChatTemplates {
     /// (template name, whether it iterates over message content).
     names: Vec<(String, bool)>,
     specials: BTreeMap<String, Value>,
+    /// Some template refuses a system message after the first turn (vLLM's probe for
+    /// `/v1/messages`: such models get inline system messages merged into the first).
+    system_first: bool,
 }
 
 impl ChatTemplates {
@@ -143,9 +146,31 @@ impl ChatTemplates {
             fuel: DEFAULT_FUEL,
             names,
             specials,
+            system_first: false,
         };
         t.set_fuel(DEFAULT_FUEL);
+        t.system_first = t.names.iter().any(|(n, _)| !t.renders_inline_system(n));
         Ok(Some(t))
+    }
+
+    /// Whether template `name` renders `[system, user, system, user]` (vLLM's
+    /// `_detect_merge_inline_system` probe).
+    fn renders_inline_system(&self, name: &str) -> bool {
+        let msg = |role: &str| serde_json::json!({"role": role, "content": "t"});
+        let msgs = [msg("system"), msg("user"), msg("system"), msg("user")];
+        let mut ctx = self.specials.clone();
+        ctx.insert("messages".into(), Value::from_serialize(msgs));
+        ctx.insert("add_generation_prompt".into(), Value::from(false));
+        self.env
+            .get_template(name)
+            .and_then(|t| t.render(&ctx))
+            .is_ok()
+    }
+
+    /// Whether a template needs system messages first: an Anthropic request's inline
+    /// system messages are then merged into the leading one, as vLLM merges them.
+    pub fn system_first(&self) -> bool {
+        self.system_first
     }
 
     /// Bounds a render to `fuel` template steps (at least 1).

@@ -229,6 +229,31 @@ impl Tokenizers {
         }
     }
 
+    /// Whether `model`'s chat template needs system messages first (see
+    /// [`chat::ChatTemplates::system_first`]); true without a template, as vLLM assumes.
+    pub fn system_first(&self, model: &str) -> bool {
+        self.resolve(model)
+            .and_then(|m| m.chat.as_ref())
+            .is_none_or(chat::ChatTemplates::system_first)
+    }
+
+    /// The text of token ids `ids` of `model` (special tokens kept), as vLLM's
+    /// `/detokenize` answers; None without a tokenizer for it.
+    pub fn decode(&self, model: &str, ids: &[u32]) -> Option<Result<String, PromptError>> {
+        let m = self.resolve(model)?;
+        if let Some(bad) = ids.iter().find(|&&i| i >= m.vocab) {
+            return Some(Err(PromptError(format!(
+                "token id {bad} is out of vocabulary (size {})",
+                m.vocab
+            ))));
+        }
+        Some(
+            m.tok
+                .decode(ids, false)
+                .map_err(|e| PromptError(format!("tokenizer: {e}"))),
+        )
+    }
+
     /// Prompt token ids of an OpenAI request body, as the engine would compute them.
     /// Ok(None): no tokenizer for `model` (the caller routes by load only) — except
     /// that a completions prompt given as token ids is returned whatever the model,

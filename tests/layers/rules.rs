@@ -27,6 +27,7 @@ pub const PROXY_DRIVER: &[&str] = &[
     "src/proxy/body.rs",
     "src/proxy/forward.rs",
     "src/proxy/forward/",
+    "src/proxy/agents/front.rs",
     "src/proxy/front.rs",
     "src/proxy/health.rs",
     "src/proxy/io.rs",

@@ -105,6 +105,8 @@ class Handler(BaseHTTPRequestHandler):
                 "raw": raw.decode("utf-8", "replace"),
                 "x_request_id": self.headers.get("x-request-id"),
                 "authorization": self.headers.get("authorization"),
+                "traceparent": self.headers.get("traceparent"),
+                "tracestate": self.headers.get("tracestate"),
             })
             mode = STATE["mode"]
             STATE["active"] += 1

@@ -119,6 +119,17 @@ impl Replica {
         wait_for(&format!("replica {} ready", self.name), within, || {
             get(&url).0 == 200
         })
+        .map_err(|e| {
+            // Most often the replica refused to start: its log says why.
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            format!(
+                "{e}; its log ({}) ends:\n{}",
+                self.log.display(),
+                tail.join("\n")
+            )
+        })
     }
 
     fn stop(&mut self) {
@@ -145,6 +156,14 @@ impl Tier {
             None => t.start_nats()?,
         };
         let engines = t.start_fleet(a)?;
+        // The tier secret replicas seal their NATS messages with: fresh for each run,
+        // in a file (not on the command line, where `ps` shows it).
+        let secret_file = t.dir.join("cluster-secret");
+        let secret: String = (0..32)
+            .map(|_| format!("{:02x}", rand::random::<u8>()))
+            .collect();
+        std::fs::write(&secret_file, secret)
+            .map_err(|e| format!("{}: {e}", secret_file.display()))?;
         for i in 0..a.replicas {
             let name = format!("r{i}");
             let (events, api, http, proxy) = (addr()?, addr()?, addr()?, addr()?);
@@ -167,6 +186,8 @@ impl Tier {
                 &nats,
                 "--cluster-replica-id",
                 &name,
+                "--cluster-secret-file",
+                &secret_file.to_string_lossy(),
                 "--state-dir",
                 &state.to_string_lossy(),
                 "--snapshot-interval-ms",

@@ -113,6 +113,10 @@ pub struct FleetArgs {
     /// The frontend passes each request's true output length as its OSL hint.
     #[arg(long)]
     pub osl_hint: bool,
+    /// Offline: the workers publish no KV events; the router sees only its routes
+    /// (approximate mode models them unless a knob says `approximate=false`).
+    #[arg(long)]
+    pub no_events: bool,
 }
 
 pub fn parse_range(s: &str) -> Result<LenRange, String> {
@@ -246,6 +250,7 @@ impl FleetArgs {
         };
         fleet.block_size = block_size;
         fleet.osl_hint |= self.osl_hint;
+        fleet.events &= !self.no_events;
         let pairs = parse_pairs(&self.timing)?;
         fleet.timing = apply_pairs::<TimingModel>(&fleet.timing, &pairs, "timing")?;
         fleet.validate()?;

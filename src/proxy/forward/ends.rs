@@ -4,10 +4,10 @@
 //! (`no_worker`), routing refused (`route_failed`), or the client left while the
 //! request waited (`client_left`, which also finishes the routed attempt).
 
+use super::super::agents::AnswerTracker;
 use super::super::body::{self, ProxyBody, Streamed};
 use super::super::retry::Failure;
 use super::super::state::{Admitted, RequestLabels};
-use super::super::track::Tracker;
 use super::super::watch::Gone;
 use super::{error, overloaded, refused, worker_model, Answer, Job, Resp};
 use crate::engine::request::LifeOp;
@@ -63,7 +63,7 @@ impl Job {
             upstream,
             conn: Some(a.conn),
             id: rid.to_string(),
-            tracker: Tracker::new(sse),
+            tracker: AnswerTracker::new(self.endpoint, sse),
             sse,
             started: self.started,
             last_output: None,
@@ -80,6 +80,11 @@ impl Job {
             pool_max_idle: ps.pool_max_idle,
             admitted: Some(admitted),
             gone: Some(gone),
+            trace: {
+                let mut t = std::mem::take(&mut *self.trace.borrow_mut());
+                t.answered(parts.status.as_u16());
+                t
+            },
         };
         let mut resp = Response::new(ProxyBody::Stream(Box::new(streamed)));
         *resp.status_mut() = parts.status;

@@ -23,6 +23,8 @@ pub fn scrape(core: &Core) -> String {
         m.worker_routed_prompt_blocks.clear();
         m.worker_routed_cached_blocks.clear();
         m.worker_hit_rate.clear();
+        m.worker_approximate.clear();
+        m.worker_approximate_blocks.clear();
         for e in reg.iter() {
             let p = sh.board.read(e.slot);
             let load = p.agg.load(cfg.prefill_load_model, now);
@@ -49,6 +51,17 @@ pub fn scrape(core: &Core) -> String {
             m.worker_live
                 .get_or_create(&l)
                 .set(sh.is_live(e.slot, now / 1000) as i64);
+            let approx = sh
+                .cells(e.slot)
+                .is_some_and(|c| c.approximate.load(std::sync::atomic::Ordering::Relaxed));
+            m.worker_approximate.get_or_create(&l).set(approx as i64);
+            if approx {
+                // An approximate worker's entries in the index budget are its model's.
+                let n = sh.budget_of(0).held(e.slot);
+                m.worker_approximate_blocks
+                    .get_or_create(&l)
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
             let routed = sh.status.counters.slot_count(e.slot, 0);
             prompt += routed.prompt_blocks;
             cached += routed.cached_blocks;

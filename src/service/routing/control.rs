@@ -73,12 +73,21 @@ fn upsert(sh: &Shared, spec: WorkerSpec, origin: Origin) -> Result<(Upsert, u64)
         .slot(&spec.id)
         .and_then(|s| sh.cells(s))
         .is_some_and(|c| c.connected.load(Ordering::Acquire) != 0);
+    let modelled = sh.settings.router.approximate && spec.url.is_some();
     let up = reg
         .upsert_as(spec, origin, connected)
         .map_err(EngineError::from)?;
     let cells = sh
         .cells(up.slot())
         .ok_or_else(|| EngineError::BadRequest("slot out of range".into()))?;
+    // Approximate mode: a new worker (or epoch) with a url and no event source is
+    // modelled; a known one keeps its mode until its first event (`core::index`).
+    if !matches!(up, Upsert::SameEpoch(_)) {
+        let no_source = matches!(origin, Origin::Admin | Origin::Restored);
+        cells
+            .approximate
+            .store(modelled && no_source, Ordering::Release);
+    }
     if !matches!(up, Upsert::SameEpoch(_)) {
         cells.gen.fetch_add(1, Ordering::AcqRel);
         cells.next_seq.store(0, Ordering::Release);
@@ -233,6 +242,7 @@ fn unregister(sh: &Shared, id: &str) -> Result<WorkerSlot, EngineError> {
         c.connected.store(0, Ordering::Release);
         c.suspect.store(false, Ordering::Release);
         c.engine_unreachable.store(false, Ordering::Release);
+        c.approximate.store(false, Ordering::Release);
     }
     sh.registry.store(Arc::new(reg));
     Ok(slot)
@@ -390,6 +400,15 @@ pub fn worker_status(sh: &Shared, e: &crate::registry::WorkerEntry, now_us: u64)
             "block_size_mismatch: engine {mismatch}, router {}",
             cfg.block_size
         ));
+    }
+    if sh
+        .cells(e.slot)
+        .is_some_and(|c| c.approximate.load(Ordering::Relaxed))
+    {
+        // The model's entries reserve from the index budget, and an approximate
+        // worker has no indexed ones: its count there is its modelled blocks.
+        w.approximate = true;
+        w.approximate_entries = Some(sh.budget_of(0).held(e.slot));
     }
     let rank = sh
         .cells(e.slot)

@@ -351,16 +351,24 @@ async fn route_prepared(
     };
     let mut out = plan::to_output(&reg, id, &d, explain || sampled, &spec);
     let (sw, from) = plan::speculative_target(&d, &merged);
-    let spec_add = (from < n).then_some(crate::service::runtime::msg::SpecAdd {
+    // Always sent (`from` may be past the end: nothing pending): an approximate
+    // worker's model touches the whole prompt on every shard.
+    let spec_add = Some(crate::service::runtime::msg::SpecAdd {
         slot: sw,
-        from: from as u32,
+        from: from.min(n) as u32,
         now_us,
     });
     sh.metrics.request_blocks.inc_by(n as u64);
     sh.metrics.overlap_blocks.inc_by(d.overlap.own() as u64);
-    let credited = plan::speculative_of(&spec, d.prefill_worker.unwrap_or(d.decode_worker));
+    let credited = plan::speculative_of(&spec, sw);
     if credited > 0 {
-        sh.metrics.speculative_blocks.inc_by(credited as u64);
+        if approximate(sh, sw) {
+            sh.metrics
+                .approximate_credited_blocks
+                .inc_by(credited as u64);
+        } else {
+            sh.metrics.speculative_blocks.inc_by(credited as u64);
+        }
     }
     record_for_status(core, &d, &mut out, &prepared, mode, sampled, explain);
     let retained = d.prefill_worker.is_some().then(|| Retained {
@@ -372,6 +380,12 @@ async fn route_prepared(
     let req = plan::new_request(id, &d, &prepared, hashes, cfg.block_size, osl, now_us);
     core.commit_here(req, retained, spec_add);
     Ok(out)
+}
+
+/// Whether worker `slot`'s cache is modelled (approximate mode).
+fn approximate(sh: &crate::service::runtime::shared::Shared, slot: WorkerSlot) -> bool {
+    sh.cells(slot)
+        .is_some_and(|c| c.approximate.load(Ordering::Relaxed))
 }
 
 /// Counts decision `d` for the status page (routes per worker; prompt and cached
@@ -397,7 +411,8 @@ fn record_for_status(
     let workers = [(d.decode_worker, &out.decode_worker)]
         .into_iter()
         .chain(prefill.zip(out.prefill_worker.as_ref()));
-    for (slot, id) in workers {
+    // Approximate workers send no events by design: nothing to warn about.
+    for (slot, id) in workers.filter(|(s, _)| !approximate(&core.shared, *s)) {
         if let Some(warn) = c.routed_silent(slot, now_ms) {
             let label = crate::service::metrics::WorkerLabel { worker: id.clone() };
             core.shared

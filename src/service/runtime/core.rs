@@ -18,7 +18,7 @@ mod wait;
 pub use requests::expiry_loop;
 pub use wait::WaitReply;
 
-use crate::index::{IndexShard, PendingShard, ShardAnswer};
+use crate::index::{ApproxShard, IndexShard, PendingShard, ShardAnswer};
 use crate::load::{ActiveBlocksShard, LoadTracker, NewRequest};
 use crate::service::runtime::msg::{Msg, QueryAnswer, Reply, Retained, SpecAdd};
 use crate::service::runtime::shared::Shared;
@@ -37,6 +37,8 @@ pub struct CoreState {
     pub active: ActiveBlocksShard,
     /// Pending-cached blocks of this shard (speculative indexing).
     pub speculative: PendingShard,
+    /// Modelled blocks of this shard's approximate workers (`index::approx`).
+    pub approx: ApproxShard,
     pub tracker: LoadTracker,
     pub pending: HashSet<String>,
     pub retained: HashMap<String, Retained>,
@@ -89,6 +91,13 @@ impl Core {
                 speculative: PendingShard::new(
                     cfg.speculative_ttl_ms.saturating_mul(1000),
                     cfg.speculative_max_blocks,
+                ),
+                // Sharded, a worker's blocks spread over the cores; replicated, every
+                // core's copy holds them all.
+                approx: ApproxShard::new(
+                    cfg.approximate_ttl_ms.saturating_mul(1000),
+                    shared.budget_of(id).clone(),
+                    1 << shared.shard_bits,
                 ),
                 tracker: LoadTracker::new(cfg.block_size, cfg),
                 pending: HashSet::new(),
@@ -148,9 +157,9 @@ impl Core {
 
     // ---- local operations ----------------------------------------------------------
 
-    /// Queries this core's shard: index matches, active-block reuse and pending
-    /// (speculative) blocks (and checks a request id is unknown here, if asked:
-    /// `Some(true)` when free).
+    /// Queries this core's shard: index matches, active-block reuse, pending
+    /// (speculative) and modelled (approximate) blocks (and checks a request id is
+    /// unknown here, if asked: `Some(true)` when free).
     pub fn local_query(&self, items: &[(u32, u64)], check_id: Option<&str>) -> QueryAnswer {
         let st = self.st.borrow();
         let mut answer = ShardAnswer::default();
@@ -158,7 +167,9 @@ impl Core {
         let mut reuse = Vec::new();
         st.active.count_reuse(items, &mut reuse);
         let mut spec = Vec::new();
-        st.speculative.query(items, self.shared.now_us(), &mut spec);
+        let now = self.shared.now_us();
+        st.speculative.query(items, now, &mut spec);
+        st.approx.query(items, now, &mut spec);
         let id_free = check_id.map(|id| !st.knows(id));
         QueryAnswer {
             answer,

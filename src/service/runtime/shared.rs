@@ -51,6 +51,10 @@ pub struct WorkerCells {
     /// ZMQ engine workers: 1 + the data-parallel rank of the engine's last batch,
     /// refused because the entry serves another rank; 0 when its batches are accepted.
     pub engine_dp_rank_mismatch: AtomicU32,
+    /// Approximate mode (`index::approx`): the worker has no event source and the
+    /// cores model its cache from the prompts routed to it. Set by its registration
+    /// (`control`), cleared by its first KV event (`core::index`).
+    pub approximate: AtomicBool,
 }
 
 pub struct Shared {

@@ -148,6 +148,7 @@ pub fn take(sh: &Shared, dir: &Path) -> Result<Taken, String> {
             spec: e.spec.clone(),
             heartbeat: c.is_some_and(|c| c.heartbeat.load(Ordering::Acquire)),
             next_seq: c.map(|c| c.next_seq.load(Ordering::Acquire)).unwrap_or(0),
+            approximate: c.is_some_and(|c| c.approximate.load(Ordering::Acquire)),
         });
         snap.entries.push(Vec::new());
     }

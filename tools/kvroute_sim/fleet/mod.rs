@@ -8,6 +8,7 @@
 //! glommio constraints (one executor per core, io_uring memlock) are not worth paying
 //! here, and tokio's multi-threaded scheduler spreads N workers over the cores.
 
+mod agent;
 mod events;
 mod server;
 
@@ -94,7 +95,8 @@ pub struct FleetArgs {
     #[arg(long)]
     tokenizer: Option<std::path::PathBuf>,
     /// Require this key as `Authorization: Bearer` on every `/v1` route, as vLLM's
-    /// `--api-key` does (401 `{"error": "Unauthorized"}` without it).
+    /// `--api-key` does (401 `{"error": "Unauthorized"}` without it; vLLM 0.33 reads no
+    /// `x-api-key`, so Anthropic clients must send the key as a bearer token too).
     #[arg(long, env = "KVROUTE_SIM_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// Runtime threads (default: the machine's cores).
@@ -237,6 +239,10 @@ pub fn run(a: FleetArgs) -> Result<(), String> {
             events,
             epoch: tokio::time::Instant::now(),
             counter: AtomicU64::new(0),
+            responses: Mutex::new(agent::Store::new(
+                agent::STORE_CAPACITY,
+                agent::STORE_TTL_MS,
+            )),
         });
         rt.spawn(accept_loop(listener, ctx.clone()));
         announce(&a, &ctx, &spec);

@@ -1,7 +1,9 @@
 //! The HTTP side of one simulated vLLM worker: hyper 1 (HTTP/1.1, keep-alive) on
 //! tokio. Routes `POST /v1/completions`, `POST /v1/chat/completions` (streamed as SSE
 //! `data: …` chunks ending in `data: [DONE]`, or whole), `GET /v1/models`,
-//! `GET /health` and `GET /stats`.
+//! `GET /health` and `GET /stats`; the other vLLM endpoints (`/v1/messages`,
+//! `/v1/responses`, `/v1/embeddings`, `/tokenize`, `/detokenize`) are `agent`'s. Every
+//! generation goes through [`generate`], framed per API (`sim::agent_api::Framing`).
 //!
 //! Guarantees: the body is read through a size limit (413 beyond, nothing larger is
 //! buffered); at most `max_active` requests run (429 beyond); a request's slot and
@@ -14,6 +16,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
+use kvroute::sim::agent_api::Framing;
 use kvroute::sim::live::{Admission, LiveWorker};
 use kvroute::sim::openai::{self as oa, Api, OpenAiRequest, ResponseMeta};
 use kvroute::types::Role;
@@ -48,9 +51,11 @@ pub struct WorkerCtx {
     pub events: Events,
     pub epoch: Instant,
     pub counter: AtomicU64,
+    /// `/v1/responses` answers stored for `previous_response_id` (bounded, TTL).
+    pub responses: Mutex<super::agent::Store>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -74,7 +79,7 @@ impl Body for SimBody {
     }
 }
 
-fn json_response(status: StatusCode, v: &Value) -> Response<SimBody> {
+pub fn json_response(status: StatusCode, v: &Value) -> Response<SimBody> {
     let mut r = Response::new(SimBody::Full(Full::new(Bytes::from(v.to_string()))));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -84,7 +89,7 @@ fn json_response(status: StatusCode, v: &Value) -> Response<SimBody> {
     r
 }
 
-fn error(status: StatusCode, msg: &str) -> Response<SimBody> {
+pub fn error(status: StatusCode, msg: &str) -> Response<SimBody> {
     let kind = match status.as_u16() {
         429 => "RateLimitError",
         400 | 413 => "BadRequestError",
@@ -129,6 +134,13 @@ pub async fn handle(
         }
         (&Method::POST, "/v1/completions") => Api::Completions,
         (&Method::POST, "/v1/chat/completions") => Api::Chat,
+        (&Method::POST, p) if super::agent::serves(p) => {
+            let body = match read_body(&ctx, req).await? {
+                Ok(b) => b,
+                Err(r) => return Ok(r),
+            };
+            return super::agent::handle(ctx, &path, body).await;
+        }
         _ => {
             return Ok(error(
                 StatusCode::NOT_FOUND,
@@ -136,18 +148,9 @@ pub async fn handle(
             ))
         }
     };
-    let body = match Limited::new(req.into_body(), ctx.max_body).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            return Ok(error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request body too large",
-            ));
-        }
-        Err(e) => return Err(e),
+    let body = match read_body(&ctx, req).await? {
+        Ok(b) => b,
+        Err(r) => return Ok(r),
     };
     let mut r = match oa::parse_request(api, &body, ctx.max_tokens_cap) {
         Ok(r) => r,
@@ -166,21 +169,69 @@ pub async fn handle(
             Err(e) => return Ok(error(StatusCode::BAD_REQUEST, &e.0)),
         }
     }
-    if !r.model.is_empty() && r.model != ctx.model {
-        return Ok(error(
-            StatusCode::NOT_FOUND,
-            &format!("The model `{}` does not exist.", r.model),
-        ));
+    if let Some(resp) = check_model(&ctx, &r.model) {
+        return Ok(resp);
     }
+    let framing = Framing::OpenAi(api);
     let n = ctx.counter.fetch_add(1, Ordering::Relaxed);
-    if ctx.fail_rate > 0.0 && unit(n ^ ctx.port as u64) < ctx.fail_rate {
+    if let Some(resp) = inject_failure(&ctx, n, framing) {
+        return Ok(resp);
+    }
+    generate(ctx, r, n, Gen::plain(framing)).await
+}
+
+/// The body, read through the size limit (413 beyond).
+pub async fn read_body(
+    ctx: &WorkerCtx,
+    req: Request<Incoming>,
+) -> Result<Result<Bytes, Response<SimBody>>, BoxError> {
+    match Limited::new(req.into_body(), ctx.max_body).collect().await {
+        Ok(b) => Ok(Ok(b.to_bytes())),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Ok(Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request body too large",
+            )))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// 404 for a model this worker does not serve (an empty name means its own).
+pub fn check_model(ctx: &WorkerCtx, model: &str) -> Option<Response<SimBody>> {
+    (!model.is_empty() && model != ctx.model).then(|| {
+        error(
+            StatusCode::NOT_FOUND,
+            &format!("The model `{model}` does not exist."),
+        )
+    })
+}
+
+/// An error in the shape of `framing`'s API (Anthropic's for Messages).
+pub fn error_for(framing: Framing, status: StatusCode, msg: &str) -> Response<SimBody> {
+    match framing {
+        Framing::Messages => {
+            let body = kvroute::api_shapes::errors::anthropic_body(status.as_u16(), msg);
+            let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            json_response(status, &v)
+        }
+        _ => error(status, msg),
+    }
+}
+
+/// `--fail-rate`: answers request `n` with a 500 when its draw says so.
+pub fn inject_failure(ctx: &WorkerCtx, n: u64, framing: Framing) -> Option<Response<SimBody>> {
+    (ctx.fail_rate > 0.0 && unit(n ^ ctx.port as u64) < ctx.fail_rate).then(|| {
         lock(&ctx.worker).injected_failure();
-        return Ok(error(
+        error_for(
+            framing,
             StatusCode::INTERNAL_SERVER_ERROR,
             "injected failure (--fail-rate)",
-        ));
-    }
-    generate(ctx, r, n).await
+        )
+    })
 }
 
 /// A stable draw in [0, 1) for request number `n`.
@@ -191,9 +242,12 @@ fn unit(n: u64) -> f64 {
 fn models(ctx: &WorkerCtx) -> Value {
     json!({"object": "list", "data": [{
         "id": ctx.model, "object": "model", "created": 0, "owned_by": "kvroute-sim",
-        "root": ctx.model, "parent": null, "max_model_len": 131072,
+        "root": ctx.model, "parent": null, "max_model_len": MAX_MODEL_LEN,
     }]})
 }
+
+/// The context length the simulated model announces.
+pub const MAX_MODEL_LEN: u64 = 131_072;
 
 fn stats(ctx: &WorkerCtx) -> Value {
     let w = lock(&ctx.worker);
@@ -213,7 +267,7 @@ fn stats(ctx: &WorkerCtx) -> Value {
 }
 
 /// Releases the request's slot and pins however the request ends.
-struct Slot {
+pub struct Slot {
     ctx: Arc<WorkerCtx>,
     adm: Admission,
 }
@@ -224,12 +278,80 @@ impl Drop for Slot {
     }
 }
 
-async fn generate(
+/// Admits `tokens` on the worker (429 in `framing`'s shape when it is full) and
+/// publishes the cache events; `transferred`: prompt blocks a remote prefill sent.
+pub fn admit(
+    ctx: &Arc<WorkerCtx>,
+    tokens: &[u32],
+    transferred: usize,
+    framing: Framing,
+) -> Result<(Slot, Instant), Box<Response<SimBody>>> {
+    let now_us = ctx.epoch.elapsed().as_micros() as u64;
+    let Some(adm) = lock(&ctx.worker).admit(tokens, transferred, now_us) else {
+        return Err(Box::new(error_for(
+            framing,
+            StatusCode::TOO_MANY_REQUESTS,
+            "worker at its concurrency limit",
+        )));
+    };
+    ctx.events.send(Job {
+        events: adm.events.clone(),
+        hashes: adm.hashes.clone(),
+        tokens: tokens.to_vec(),
+    });
+    let first_at = Instant::now() + Duration::from_micros(adm.first_token_in_us);
+    Ok((
+        Slot {
+            ctx: ctx.clone(),
+            adm,
+        },
+        first_at,
+    ))
+}
+
+/// Called with a completed answer's id and whole text.
+pub type OnDone = Box<dyn FnOnce(&str, &str) + Send>;
+
+/// What a generation answers with besides its tokens.
+pub struct Gen {
+    pub framing: Framing,
+    /// Responses: the `previous_response_id` the answer names.
+    pub previous: Option<String>,
+    /// Called with the answer's id and whole text once it completed (the Responses
+    /// store).
+    pub on_done: Option<OnDone>,
+}
+
+impl Gen {
+    pub fn plain(framing: Framing) -> Gen {
+        Gen {
+            framing,
+            previous: None,
+            on_done: None,
+        }
+    }
+}
+
+pub fn meta(ctx: &WorkerCtx, framing: Framing, model: &str, n: u64) -> ResponseMeta {
+    ResponseMeta {
+        id: format!("{}-{}-{n}", framing.id_prefix(), ctx.id),
+        model: if model.is_empty() {
+            ctx.model.clone()
+        } else {
+            model.to_string()
+        },
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    }
+}
+
+pub async fn generate(
     ctx: Arc<WorkerCtx>,
     r: OpenAiRequest,
     n: u64,
+    g: Gen,
 ) -> Result<Response<SimBody>, BoxError> {
-    let now_us = ctx.epoch.elapsed().as_micros() as u64;
     // A decode leg's prompt blocks arrive from the prefill worker: all of them unless
     // `remote_block_ids` says how many.
     let transferred = match (r.kv.do_remote_prefill, r.kv.remote_blocks) {
@@ -238,43 +360,14 @@ async fn generate(
         (true, k) => k,
     };
     let prefill_leg = r.kv.do_remote_decode;
-    let adm = lock(&ctx.worker).admit(&r.tokens, transferred, now_us);
-    let Some(adm) = adm else {
-        return Ok(error(
-            StatusCode::TOO_MANY_REQUESTS,
-            "worker at its concurrency limit",
-        ));
+    let (slot, first_at) = match admit(&ctx, &r.tokens, transferred, g.framing) {
+        Ok(x) => x,
+        Err(resp) => return Ok(*resp),
     };
-    ctx.events.send(Job {
-        events: adm.events.clone(),
-        hashes: adm.hashes.clone(),
-        tokens: r.tokens.clone(),
-    });
-    let first_at = Instant::now() + Duration::from_micros(adm.first_token_in_us);
-    let slot = Slot {
-        ctx: ctx.clone(),
-        adm,
-    };
-    let meta = ResponseMeta {
-        id: format!(
-            "{}-{}-{n}",
-            if r.api == Api::Chat {
-                "chatcmpl"
-            } else {
-                "cmpl"
-            },
-            ctx.id
-        ),
-        model: if r.model.is_empty() {
-            ctx.model.clone()
-        } else {
-            r.model.clone()
-        },
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-    };
+    let meta = meta(&ctx, g.framing, &r.model, n);
+    let prev = g.previous.as_deref();
     let max_tokens = if prefill_leg { 1 } else { r.max_tokens };
+    let usage = (r.tokens.len(), max_tokens);
     if !r.stream || prefill_leg {
         sleep_until(first_at).await;
         let mut text = oa::output_word(0);
@@ -289,51 +382,54 @@ async fn generate(
             let ids: Vec<u64> = slot.adm.hashes.clone();
             oa::prefill_transfer_params(&ids, &ctx.id, "127.0.0.1", ctx.port)
         });
-        let finish = "length";
-        let v = oa::full_response(r.api, &meta, &text, r.tokens.len(), max_tokens, finish, kvp);
+        let v = g.framing.full(&meta, &text, usage, kvp, prev);
         drop(slot);
+        if let Some(f) = g.on_done {
+            f(&meta.id, &text);
+        }
         return Ok(json_response(StatusCode::OK, &v));
     }
     let (tx, rx) = mpsc::channel::<Result<Bytes, BoxError>>(16);
     let die = ctx.die_after_chunks;
+    let head = g.framing.head(&meta, r.tokens.len(), prev);
     tokio::spawn(async move {
         let _slot = slot;
+        let prev = g.previous.as_deref();
+        if !head.is_empty() && tx.send(Ok(Bytes::from(head))).await.is_err() {
+            return;
+        }
         let mut t = first_at;
+        let mut text = String::new();
         for i in 0..max_tokens {
             if i > 0 {
                 t += Duration::from_micros(_slot.ctx.worker_step());
             }
             sleep_until(t).await;
             if die > 0 && i >= die {
+                // A crash after the chunks went out: let the server take and flush
+                // them first, so a loaded machine does not cut them with the stream.
+                while tx.capacity() < tx.max_capacity() {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
                 lock(&_slot.ctx.worker).injected_failure();
                 let _ = tx
                     .send(Err("injected failure (--die-after-chunks)".into()))
                     .await;
                 return;
             }
-            let last = i + 1 == max_tokens;
-            let c = oa::chunk(
-                r.api,
-                &meta,
-                &oa::output_word(i),
-                i == 0,
-                last.then_some("length"),
-            );
-            if tx.send(Ok(Bytes::from(oa::sse(&c)))).await.is_err() {
+            let word = oa::output_word(i);
+            let c = g.framing.token(&meta, i, &word, i + 1 == max_tokens);
+            text.push_str(&word);
+            if tx.send(Ok(Bytes::from(c))).await.is_err() {
                 return; // client gone: stop generating
             }
             lock(&_slot.ctx.worker).produced(1);
         }
-        let mut tail = String::new();
-        if r.include_usage {
-            tail.push_str(&oa::sse(&oa::usage_chunk(
-                r.api,
-                &meta,
-                r.tokens.len(),
-                max_tokens,
-            )));
+        let tail = g.framing.tail(&meta, &text, usage, r.include_usage, prev);
+        if let Some(f) = g.on_done {
+            f(&meta.id, &text);
         }
-        tail.push_str(oa::SSE_DONE);
         let _ = tx.send(Ok(Bytes::from(tail))).await;
     });
     let mut resp = Response::new(SimBody::Chan(rx));

@@ -8,8 +8,8 @@
 //!   core builds a fresh document, on glommio's blocking-thread pool, the others serve
 //!   the previous one).
 //!
-//! Memory is bounded: a 600-point history, 7 window snapshots of at most `max_workers`
-//! counters, 50 recorded decisions of at most 16 candidates each, and one cached
+//! Memory is bounded: a 600-point history, 31 window snapshots (`model::Window`: the
+//! last minute, sliding) of at most `max_workers` counters, 50 recorded decisions of at most 16 candidates each, and one cached
 //! document (whose size is linear in the registered workers).
 
 pub mod counters;
@@ -217,7 +217,9 @@ fn build(sh: &Shared, now_ms: u64) -> Bytes {
             let count: SlotCount = c.slot_count(e.slot, gen_of(sh, e.slot));
             let f = window.figures(e.slot as usize, count, t.decisions);
             let age = c.last_event_ms(e.slot).map(|t| now_ms.saturating_sub(t));
-            let warnings = model::warnings(status.state, f.routes, age);
+            // Approximate workers send no events by design.
+            let routes = if status.approximate { 0 } else { f.routes };
+            let warnings = model::warnings(status.state, routes, age);
             let [device, host, disk] = c.tiers(e.slot);
             sum.workers += 1;
             match status.state {

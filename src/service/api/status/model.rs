@@ -1,5 +1,6 @@
 //! The status page's pure model: fixed-size rings, the once-a-second history sampler,
-//! the per-worker "last minute" window, latency quantiles from bucket counts, and the
+//! the per-worker sliding window of the last minute, latency quantiles from bucket
+//! counts, and the
 //! warnings of a fleet row. No I/O, no clocks, no atomics: every function takes the
 //! time and the counter values it works on, so it is tested without a service.
 //!
@@ -16,9 +17,13 @@ pub const HISTORY_POINTS: usize = 600;
 /// Period of the history sampler and of the status cache.
 pub const REFRESH_MS: u64 = 1000;
 /// Period of the per-worker window snapshots.
-pub const WINDOW_EVERY_MS: u64 = 10_000;
-/// Snapshots kept: deltas against the oldest span 60 to 70 s ("the last minute").
-pub const WINDOW_SNAPSHOTS: usize = 7;
+pub const WINDOW_EVERY_MS: u64 = 2_000;
+/// The per-worker window: the last minute (`routes_1m`, `share_1m`, `hit_rate_1m`).
+pub const WINDOW_MS: u64 = 60_000;
+/// Snapshots kept: the oldest is [`WINDOW_MS`] old when the newest is taken, so the
+/// window slides over the last 60 to 62 s once the router has run a minute (and
+/// covers everything since start before that).
+pub const WINDOW_SNAPSHOTS: usize = (WINDOW_MS / WINDOW_EVERY_MS) as usize + 1;
 /// A worker routed to in the window without a cache event for this long is flagged.
 pub const SILENT_AFTER_MS: u64 = 60_000;
 /// Quarter-octave latency buckets from 64 ns: bucket 127 starts above 2^37 ns (~137 s).
@@ -210,9 +215,11 @@ struct Snapshot {
     slots: std::sync::Arc<Vec<SlotCount>>,
 }
 
-/// The "last minute" of each worker: counter snapshots every [`WINDOW_EVERY_MS`],
-/// deltas taken against the oldest one whose slot generation still matches (a slot
-/// reused by another worker, or a new epoch, starts its window afresh).
+/// The last minute of each worker: counter snapshots every [`WINDOW_EVERY_MS`],
+/// deltas taken against the oldest one, whatever happened since (traffic or none). A
+/// worker the oldest snapshot does not hold with its generation registered after it
+/// (a new slot, a slot reused by another worker, a new epoch): its counters started at
+/// zero then, so all of them are in the window.
 #[derive(Clone, Debug)]
 pub struct Window {
     snaps: Ring<Snapshot>,
@@ -252,22 +259,19 @@ impl Window {
 
     /// Figures of `slot` whose counters are `now` while the fleet has made `decisions`.
     pub fn figures(&self, slot: usize, now: SlotCount, decisions: u64) -> WindowFigures {
-        let base = self.snaps.iter().find_map(|s| {
-            s.slots
-                .get(slot)
-                .filter(|c| c.gen == now.gen)
-                .map(|c| (s.decisions, *c))
-        });
-        // No snapshot of this identity yet: it registered within the window, and its
-        // counters started at zero then (`Counters::reset`); the fleet's decisions are
-        // counted over the whole window.
-        let (d0, c0) = match (base, self.snaps.front()) {
-            (Some(b), _) => b,
-            (None, Some(s)) => (s.decisions, SlotCount::default()),
-            (None, None) => return WindowFigures::default(),
+        let Some(oldest) = self.snaps.front() else {
+            return WindowFigures::default();
         };
+        // Counters of another identity (or none) in the oldest snapshot: this one
+        // registered since, from zero (`Counters::reset`).
+        let c0 = oldest
+            .slots
+            .get(slot)
+            .filter(|c| c.gen == now.gen)
+            .copied()
+            .unwrap_or_default();
         let routes = now.routes.saturating_sub(c0.routes);
-        let fleet = decisions.saturating_sub(d0);
+        let fleet = decisions.saturating_sub(oldest.decisions);
         let blocks = now.prompt_blocks.saturating_sub(c0.prompt_blocks);
         WindowFigures {
             routes,
@@ -415,7 +419,43 @@ mod tests {
         assert_eq!(w.figures(0, c(2, 4, 0, 0), 30).routes, 4);
         assert_eq!(w.figures(7, c(1, 2, 4, 1), 30).hit_rate, Some(0.25));
         assert_eq!(Window::default().figures(0, c(1, 1, 1, 1), 1).routes, 0);
-        assert!(!w.due(5000) && w.due(10_000));
+        assert!(!w.due(WINDOW_EVERY_MS - 1) && w.due(WINDOW_EVERY_MS));
+    }
+
+    /// The window holds the traffic of the last minute however it was spread: a
+    /// worker absent from the oldest snapshot (registered later) keeps every route it
+    /// took after a pause that later snapshots were taken in, until the routes are a
+    /// minute old.
+    #[test]
+    fn the_window_slides_over_a_minute_whatever_the_traffic() {
+        let mut w = Window::default();
+        let c = |routes| SlotCount {
+            gen: 1,
+            routes,
+            prompt_blocks: 4 * routes,
+            cached_blocks: routes,
+        };
+        w.snapshot(0, 0, vec![]); // before the worker registered
+                                  // 100 routes between two snapshots, then nothing for 30 s.
+        let mut t = WINDOW_EVERY_MS;
+        while t <= 30_000 {
+            w.snapshot(t, 100, vec![c(100)]);
+            t += WINDOW_EVERY_MS;
+        }
+        let f = w.figures(0, c(100), 100);
+        assert_eq!(
+            (f.routes, f.share, f.hit_rate),
+            (100, Some(1.0), Some(0.25))
+        );
+        assert!((w.span_s(30_000) - 30.0).abs() < 1e-9);
+        // Once the routes are more than a minute old, they leave the window.
+        while t <= 62_000 {
+            w.snapshot(t, 100, vec![c(100)]);
+            t += WINDOW_EVERY_MS;
+        }
+        assert_eq!(w.figures(0, c(100), 100).routes, 0);
+        let span = w.span_s(t - WINDOW_EVERY_MS);
+        assert!((60.0..62.0).contains(&span), "{span}");
     }
 
     #[test]

@@ -4,8 +4,11 @@
 //!
 //! Guarantees: a slice is applied only while the slot still has the identity the batch
 //! was about, so a `Forget` handled between two slices drops the rest of a stale batch;
-//! forgetting a worker clears its index, active and pending blocks on this shard and
-//! ends the requests it held here.
+//! forgetting a worker clears its index, active, pending and modelled blocks on this
+//! shard and ends the requests it held here. An approximate worker's first KV event
+//! switches it to exact: the first core to see the batch clears its flag (so no core
+//! models a route it applies after handling the batch) and every core drops its
+//! modelled blocks before applying the batch's first slice.
 
 use super::Core;
 use crate::service::runtime::ingest_slice::{IngestCursor, Piece};
@@ -19,12 +22,36 @@ impl Core {
     /// message is returned as is.
     pub fn begin_index(&self, msg: Msg) -> Result<IngestCursor, Msg> {
         let cur = IngestCursor::from_msg(msg)?;
+        let event = cur.ops().iter().any(|o| !matches!(o, IndexOp::SetCap(_)));
         // Every core sees every index batch; core 0 notes it for the status page.
-        if self.id == 0 && cur.ops().iter().any(|o| !matches!(o, IndexOp::SetCap(_))) {
+        if self.id == 0 && event {
             let now = self.shared.now_ms();
             self.shared.status.counters.cache_event(cur.slot(), now);
         }
+        if event {
+            self.first_event(cur.slot(), cur.gen());
+        }
         Ok(cur)
+    }
+
+    /// A KV event batch of `slot` (identity `gen`) arrived: an approximate worker is
+    /// exact from now on, and this shard's modelled blocks of it go.
+    fn first_event(&self, slot: WorkerSlot, gen: u64) {
+        let Some(c) = self.shared.cells(slot) else {
+            return;
+        };
+        if c.gen.load(Ordering::Acquire) != gen {
+            return; // about a previous identity of the slot
+        }
+        self.st.borrow_mut().approx.clear_worker(slot);
+        if c.approximate.swap(false, Ordering::AcqRel) {
+            self.shared.metrics.approximate_switches.inc();
+            let reg = self.shared.registry.load();
+            let id = reg.get(slot).map_or("?", |e| e.spec.id.as_str());
+            eprintln!(
+                "kvroute: worker {id:?} sent its first KV event: approximate mode off, its cache is now as its events say"
+            );
+        }
     }
 
     /// Applies the next slice of `cur`: at most `budget` of this shard's hashes
@@ -76,7 +103,10 @@ impl Core {
                     }
                     st.speculative.clear_worker(slot);
                 }
-                Piece::Other(IndexOp::SetCap(cap)) => st.index.set_worker_cap(slot, *cap),
+                Piece::Other(IndexOp::SetCap(cap)) => {
+                    st.index.set_worker_cap(slot, *cap);
+                    st.approx.set_worker_cap(slot, *cap);
+                }
                 // Operations with hashes always come as `Stored` / `Removed` pieces.
                 Piece::Other(IndexOp::Stored { .. } | IndexOp::Removed { .. }) => {}
             },
@@ -90,6 +120,7 @@ impl Core {
         st.index.clear_worker(slot);
         st.active.clear_worker(slot);
         st.speculative.clear_worker(slot);
+        st.approx.clear_worker(slot);
         for f in st.tracker.remove_worker(slot) {
             st.retained.remove(&f.id);
             self.unregister(&f.id);

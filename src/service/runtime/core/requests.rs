@@ -5,7 +5,9 @@
 //!
 //! Guarantees: a request's active blocks are added on every shard when it is committed
 //! and removed on every shard when it ends (finish, prefill failure or expiry), exactly
-//! once; a lifecycle call for a request that does not live on this core answers
+//! once; a committed request (a peer replica's too) touches its prompt's blocks in the
+//! approximate model of every shard when the worker prefilling it is approximate, and
+//! its end leaves them there; a lifecycle call for a request that does not live on this core answers
 //! `UnknownRequest` without side effects; a replica's calls are applied but never
 //! published again; a request with no lifecycle call for `request_ttl_ms` leaves within
 //! about an eighth of that more ([`expiry_loop`]), counted and logged.
@@ -19,11 +21,13 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Runs [`Core::expire_idle`] every eighth of `request_ttl_ms` (50 ms to 5 s) until
-/// shutdown.
+/// Runs [`Core::expire_idle`] (and reclaims expired approximate-mode blocks) every
+/// eighth of `request_ttl_ms` or `approximate_ttl_ms`, the shorter (50 ms to 5 s),
+/// until shutdown.
 pub async fn expiry_loop(core: Rc<Core>) {
     let ttl = core.shared.settings.request_ttl_ms;
-    let every = Duration::from_millis((ttl / 8).clamp(50, 5_000));
+    let approx_ttl = core.shared.settings.router.approximate_ttl_ms;
+    let every = Duration::from_millis((ttl.min(approx_ttl) / 8).clamp(50, 5_000));
     loop {
         glommio::timer::sleep(every).await;
         if core
@@ -33,6 +37,7 @@ pub async fn expiry_loop(core: Rc<Core>) {
         {
             return;
         }
+        core.expire_modelled();
         if core.expire_idle() > 0 {
             core.after_local();
         }
@@ -105,12 +110,17 @@ impl Core {
         let st = &mut *st;
         let bits = self.shared.shard_bits;
         st.mark(slot);
+        // Approximate mode: the worker prefilling an added request caches its prompt.
+        let modelled = spec.filter(|sp| add && self.approximate(sp.slot));
         if self.shared.cores == 1 || self.shared.replicated {
             // This core's shard owns every hash: no filter, no copy.
             if add {
                 st.active.add(slot, hashes);
             } else {
                 st.active.remove(slot, hashes);
+            }
+            if let Some(sp) = modelled {
+                st.approx.touch(sp.slot, hashes, self.shared.now_us());
             }
             if let Some(sp) = spec {
                 let rest = hashes.get(sp.from as usize..).unwrap_or(&[]);
@@ -129,6 +139,9 @@ impl Core {
             st.active.add(slot, &st.scratch);
         } else {
             st.active.remove(slot, &st.scratch);
+        }
+        if let Some(sp) = modelled {
+            st.approx.touch(sp.slot, &st.scratch, self.shared.now_us());
         }
         if let Some(sp) = spec {
             let rest = hashes.get(sp.from as usize..).unwrap_or(&[]);
@@ -170,7 +183,14 @@ impl Core {
                         return;
                     }
                 }
-                self.broadcast_active(slot, true, hashes, None);
+                // Nothing becomes pending here (`from` past the end), but the prompt is
+                // touched in the model of an approximate prefill-side worker.
+                let touch = super::super::msg::SpecAdd {
+                    slot: prefill.unwrap_or(slot),
+                    from: hashes.len() as u32,
+                    now_us: self.shared.now_us(),
+                };
+                self.broadcast_active(slot, true, hashes, Some(touch));
             }
             ReplicaOp::Life(op, id) => {
                 let _ = self.lifecycle_local(op, &id);
@@ -293,6 +313,20 @@ impl Core {
             );
         }
         gone.len()
+    }
+
+    /// Whether worker `slot`'s cache is modelled (approximate mode).
+    fn approximate(&self, slot: WorkerSlot) -> bool {
+        self.shared
+            .cells(slot)
+            .is_some_and(|c| c.approximate.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Reclaims this shard's approximate-mode blocks past their idle TTL (and their
+    /// budget; queries never report them anyway).
+    pub fn expire_modelled(&self) {
+        let now = self.shared.now_us();
+        self.st.borrow_mut().approx.expire(now);
     }
 
     /// `--record`: offers the ended request to the trace writer (never blocks).
