@@ -141,8 +141,7 @@ pub struct ServeArgs {
     /// Most block hashes a shard applies between two looks at its routing queue.
     #[arg(long, env = "KVROUTE_INGEST_SLICE_HASHES")]
     pub ingest_slice_hashes: Option<usize>,
-    /// Pin executor N to the Nth CPU of the affinity mask (`false`: leave placement to
-    /// the kernel).
+    /// Pin executor N to the Nth CPU of the affinity mask (`false`: the kernel places).
     #[arg(long, env = "KVROUTE_PIN_CORES")]
     pub pin_cores: Option<bool>,
     /// Tokenize prompts by the lean walk of each tokenizer's pipeline where it is
@@ -217,8 +216,7 @@ pub struct ServeArgs {
     pub lookahead_tokens: Option<u32>,
     #[command(flatten)]
     pub policy_router: crate::admission::args::PolicyRouterArgs,
-    /// host | disk: the tier credited for an engine medium neither vLLM nor SGLang
-    /// defines (never device).
+    /// host | disk: the tier credited for an engine medium no engine defines (never device).
     #[arg(long, env = "KVROUTE_ENGINE_UNKNOWN_MEDIUM_TIER", value_parser = parse_tier)]
     pub engine_unknown_medium_tier: Option<crate::types::Tier>,
     /// A vLLM / SGLang engine to subscribe to over ZMQ, repeatable; replaces the file's
@@ -256,18 +254,18 @@ pub struct ServeArgs {
     pub max_preauth_connections: Option<usize>,
     #[arg(long, env = "KVROUTE_MAX_HELLO_BYTES")]
     pub max_hello_bytes: Option<usize>,
-    // The OpenAI proxy (README "Proxy").
+    // The OpenAI proxy (docs/PROXY.md).
     /// Proxy listen address; empty or `off` disables the proxy.
     #[arg(long, env = "KVROUTE_PROXY_ADDR")]
     pub proxy_addr: Option<String>,
+    // Groups of their own: the proxy (`--proxy-*`), its policies (`--admission-*`),
+    // tracing (`--otlp-*`, `--trace-*`), the endpoint picker (`--epp-*`).
     #[command(flatten)]
     pub proxy: crate::proxy::args::ProxyArgs,
-    /// The front door's policies (`[admission]`, `--admission-*`).
     #[command(flatten)]
     pub admission: crate::admission::args::AdmissionArgs,
     #[command(flatten)]
     pub trace: crate::trace::args::TraceArgs,
-    /// The endpoint picker (`--epp-*`, docs/ENDPOINT_PICKER.md).
     #[command(flatten)]
     pub epp: crate::epp::args::EppArgs,
     /// HuggingFace tokenizer directory of a model, `MODEL=DIR`, repeatable (env: comma

@@ -99,7 +99,7 @@ pub const MAX_AFFINITY_SLACK: f64 = 10.0;
 /// Largest `session_max_entries` (16 bytes per entry: 64 MiB).
 pub const MAX_SESSION_ENTRIES: usize = 1 << 22;
 
-/// Every routing knob. Field docs state the default and meaning; README repeats them.
+/// Every routing knob. Field docs state the default and meaning; docs/CONFIGURATION.md repeats them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
@@ -156,7 +156,7 @@ pub struct RouterConfig {
     /// the oldest go first. 0 = off. Default 65,536.
     pub speculative_max_blocks: usize,
     /// With `assume_kv_reuse`, also count the worker's device-cached prefix as blocks it
-    /// already holds in the decode term (the form before issue 15, which credits a
+    /// already holds in the decode term (the older form, which credits a
     /// cached prefix twice: in the prefill term and again here). Default false: DESIGN
     /// §1 deduplicates only the blocks of the worker's active requests, since a cached
     /// block that a new request pins is real decode load.
@@ -195,7 +195,7 @@ pub struct RouterConfig {
     /// large fleet has many idle, near-tied workers, and request counts there drift
     /// apart through conversation length, which a count evens out; a small fleet's
     /// ties are few and load-driven, and a count there over-corrects (docs/ROUTING.md,
-    /// item 2).
+    /// "Ties and balance").
     pub balance_routed_min_ties: u32,
     /// Route-time prefix affinity (`select::Affinity`): entries of the table of
     /// remembered prompt prefixes (anchor blocks → the worker they were routed to),

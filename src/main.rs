@@ -3,7 +3,7 @@
 //!
 //! Exit codes: 0 stopped cleanly; 1 stopped, but the shutdown snapshot (`state_dir`)
 //! failed; 2 could not start (bad settings, unusable state dir, snapshot that cannot be
-//! restored, port taken, io_uring refused or locked memory too low (`service::preflight`),
+//! restored, port taken, io_uring refused or locked memory too low (`service::runtime::preflight`),
 //! a core that did not start, ...).
 
 #[cfg(all(target_os = "linux", feature = "service"))]
@@ -79,7 +79,7 @@ fn serve(settings: kvroute::settings::Settings) -> ExitCode {
         }
     }
     let t0 = std::time::Instant::now();
-    let (active, drain_ms) = (running.shared.proxy.inflight(), s.proxy.drain_ms);
+    let (active, drain_ms) = (running.proxy_inflight(), s.proxy.drain_ms);
     if active > 0 && drain_ms > 0 {
         eprintln!(
             "kvroute: draining {active} proxied request(s), up to {drain_ms} ms (signal again to stop now)"

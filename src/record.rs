@@ -1,5 +1,5 @@
-//! Recording routed traffic as a Mooncake-format trace (`kvroute serve --record FILE`,
-//! issue 15 item 6): the pure encoder; `service::recorder` runs it on a writer thread.
+//! Recording routed traffic as a Mooncake-format trace (`kvroute serve --record FILE`):
+//! the pure encoder; `service::state::recorder` runs it on a writer thread.
 //!
 //! Each ended request becomes one JSONL line
 //! `{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [..]}`, the
@@ -243,30 +243,6 @@ mod tests {
         );
         assert_eq!(s.lines().count(), 2);
         assert!(e.ids.len() <= 3);
-    }
-
-    #[test]
-    fn settings_from_toml_and_validation() {
-        let s = crate::settings::Settings::from_toml(
-            "record = \"/tmp/t.jsonl\"\nrecord_max_bytes = 1000\nrecord_max_ids = 10\n\
-             [router]\nspeculative_ttl_ms = 500\nspeculative_max_blocks = 7\n",
-        )
-        .unwrap();
-        assert_eq!(s.record.as_deref(), Some("/tmp/t.jsonl"));
-        assert_eq!((s.record_max_bytes, s.record_max_ids), (1000, 10));
-        assert_eq!(s.router.speculative_ttl_ms, 500);
-        assert_eq!(s.router.speculative_max_blocks, 7);
-        s.validate().unwrap();
-        let d = crate::settings::Settings::default();
-        assert_eq!(d.record, None);
-        assert_eq!(d.router.speculative_ttl_ms, 2_000);
-        // A block size that does not divide 512 cannot be written as hash ids.
-        let mut bad = s.clone();
-        bad.router.block_size = 48;
-        assert!(bad.validate().is_err());
-        let mut bad = s;
-        bad.record_max_bytes = 0;
-        assert!(bad.validate().is_err());
     }
 
     #[test]

@@ -106,11 +106,11 @@ pub struct Settings {
     pub limits: Limits,
     pub router: RouterConfig,
     /// vLLM / SGLang engines to subscribe to over ZMQ (`[[engines]]`), each bound to a
-    /// worker (README "Pointing kvroute at a vLLM fleet").
+    /// worker (README "Pointing kvroute at a vLLM or SGLang fleet").
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub engines: Vec<crate::engines::config::EngineEndpoint>,
     /// A file of more `[[engines]]`, followed while kvroute runs: re-read every second
-    /// and on SIGHUP, its changes applied without a restart (`service::engines_file`).
+    /// and on SIGHUP, its changes applied without a restart (`service::ingest::engines_file`).
     /// With `[cluster]` it is read once at start, its entries added to `engines` (each
     /// replica ingests an engine only under the engine's lease, which covers the list
     /// it started with). Default none.
@@ -141,12 +141,12 @@ pub struct Settings {
     /// (`slots`). 0 = no rate rule (the stall timeout alone). Default 1024.
     pub http_body_min_rate: u64,
     /// Host names (besides IP literals, `localhost` and `*.localhost`) the HTTP doors
-    /// answer to, against DNS rebinding (`service::doors`): exact names, `*.domain`
+    /// answer to, against DNS rebinding (`service::net::doors`): exact names, `*.domain`
     /// for a domain's subdomains, `*` for any. Default none.
     pub http_allowed_hosts: Vec<String>,
     /// Origins (`scheme://host[:port]`, `null`, or `*`) whose browser pages may call
     /// the HTTP doors besides the router's own, with CORS answers
-    /// (`service::doors`). Default none.
+    /// (`service::net::doors`). Default none.
     pub http_allowed_origins: Vec<String>,
     /// Write the routed requests as a Mooncake-format trace to this file (truncated at
     /// start; `crate::record`). Default none.
@@ -156,7 +156,7 @@ pub struct Settings {
     /// Most distinct hash ids the trace renumbers (its id map's size); the recording
     /// stops when a request needs more. Default 4,194,304.
     pub record_max_ids: usize,
-    /// OpenAI-compatible proxy listener (`crate::proxy`, README "Proxy"); empty or
+    /// OpenAI-compatible proxy listener (`crate::proxy`, docs/PROXY.md); empty or
     /// `off` = none. Default 127.0.0.1:8000.
     pub proxy_addr: String,
     /// The proxy's timeouts, limits, retries, breaker and client keys (`[proxy]`).
@@ -179,7 +179,7 @@ pub struct Settings {
     /// sampled prompts); `false` runs HF's pipeline for every prompt. Default true.
     pub tokenize_lean: bool,
     /// Most of a shard's block hashes applied between two looks at its urgent inbox
-    /// (routing queries wait behind at most this much ingest; `service::ingest_slice`).
+    /// (routing queries wait behind at most this much ingest; `service::runtime::ingest_slice`).
     pub ingest_slice_hashes: usize,
     /// Router replicas on NATS JetStream (`[cluster]`, `crate::cluster`). Default off.
     pub cluster: crate::cluster::config::ClusterSettings,
@@ -189,7 +189,7 @@ pub struct Settings {
     /// docs/ENDPOINT_PICKER.md). Default off.
     pub epp: crate::epp::config::EppSettings,
     /// Pin executor N to the Nth CPU of the process's affinity mask (a cgroup cpuset,
-    /// `taskset`), wrapping around it (`service::pinning`). `false` leaves the cores' threads
+    /// `taskset`), wrapping around it (`service::runtime::pinning`). `false` leaves the cores' threads
     /// to the kernel's scheduler (`Placement::Unbound`): on a machine whose CPUs the
     /// router shares (with its workers, clients, other services) a pinned core must
     /// wait for its one CPU while another process runs there, even with the other CPU
@@ -490,6 +490,27 @@ impl Settings {
         Ok(())
     }
 
+    /// The tokenizers of `tokenizers`, bounded by `limits.max_prompt_tokens` and
+    /// `limits.chat_template_fuel`, with `lora_adapters` (loaded from disk: any
+    /// unreadable or broken file is an error naming the model and file).
+    pub fn load_tokenizers(&self) -> Result<crate::tokenize::Tokenizers, String> {
+        let models: Vec<(String, std::path::PathBuf)> = self
+            .tokenizers
+            .iter()
+            .map(|(m, d)| (m.clone(), std::path::PathBuf::from(d)))
+            .collect();
+        let adapters: Vec<(String, String)> = self
+            .lora_adapters
+            .iter()
+            .map(|(a, b)| (a.clone(), b.clone()))
+            .collect();
+        crate::tokenize::Tokenizers::load(&models)?
+            .with_max_prompt_tokens(self.limits.max_prompt_tokens)
+            .with_template_fuel(self.limits.chat_template_fuel)
+            .with_lean(self.tokenize_lean)
+            .with_adapters(&adapters)
+    }
+
     /// The effective shared secret: `auth_token`, or the first line of
     /// `auth_token_file`.
     pub fn resolve_token(&self) -> Result<Option<String>, String> {
@@ -546,33 +567,4 @@ fn validate_doors(hosts: &[String], origins: &[String]) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_are_valid_and_match_the_documented_ports() {
-        let s = Settings::default();
-        s.validate().unwrap();
-        assert_eq!(s.events_addr, "127.0.0.1:7400");
-        assert_eq!(s.api_addr, "127.0.0.1:7401");
-        assert_eq!(s.http_addr, "127.0.0.1:7480");
-    }
-
-    #[test]
-    fn toml_layers_over_defaults() {
-        let s = Settings::from_toml(
-            "cores = 1\n[router]\noverlap_score_credit = 0.25\n[limits]\nmax_workers = 8\n",
-        )
-        .unwrap();
-        assert_eq!(s.cores, Some(1));
-        assert_eq!(s.router.overlap_score_credit, 0.25);
-        assert_eq!(s.limits.max_workers, 8);
-        assert_eq!(s.limits.queue_depth, 8192);
-        assert!(Settings::from_toml("bogus = 1").is_err());
-        let bad = Settings {
-            http_addr: "nope".into(),
-            ..Default::default()
-        };
-        assert!(bad.validate().is_err());
-    }
-}
+mod tests;

@@ -5,7 +5,7 @@
 //!
 //! Two producers, one per lane (an API core sending a routing query to the urgent lane,
 //! an ingest connection sending an index batch to the bulk lane), and the consumer of
-//! `service::run_loop`: drain urgent, pop one bulk message after draining urgent again,
+//! `service::runtime::run_loop`: drain urgent, pop one bulk message after draining urgent again,
 //! then park only if `try_sleep_both` agrees. The doorbell is a counter of pending
 //! rings; a consumer that parks after every producer finished with no ring pending and
 //! messages still queued has lost a wake-up, and the model fails. The twin

@@ -111,7 +111,7 @@ fn by_default_only_long_bodies_leave_the_core() {
     assert_eq!(off_core(&st.s), 0.0, "short bodies stay on the core");
     prefix_rounds(&st, 3000); // ~20 KB bodies, over the default 8,192
     assert_eq!(off_core(&st.s), 4.0, "long bodies leave it");
-    // The thread that tokenized them runs below the executors (`service::blocking`):
+    // The thread that tokenized them runs below the executors (`service::runtime::blocking`):
     // some thread of the router now has a higher nice value than the process had.
     let nices = thread_nices(st.s.pid());
     let base = nices.iter().copied().min().unwrap_or(0);

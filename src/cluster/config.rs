@@ -146,21 +146,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn toml_section() {
-        let s = crate::settings::Settings::from_toml(
-            "[cluster]\nurl = \"nats://127.0.0.1:4222\"\nname = \"prod\"\nmax_age_ms = 1000\n\
-             secret = \"0123456789abcdef\"\n",
-        )
-        .unwrap();
-        assert_eq!(s.cluster.url.as_deref(), Some("nats://127.0.0.1:4222"));
-        assert_eq!(s.cluster.name, "prod");
-        assert_eq!(s.cluster.max_age_ms, 1000);
-        assert_eq!(s.cluster.max_bytes, 1 << 30);
-        s.validate().unwrap();
-        assert!(crate::settings::Settings::from_toml("[cluster]\nbogus = 1\n").is_err());
-    }
-
-    #[test]
     fn defaults_are_off_and_valid() {
         let c = ClusterSettings::default();
         assert!(!c.enabled());

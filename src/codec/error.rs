@@ -8,7 +8,6 @@
 //! the next frame can still be decoded (the protocols nevertheless tell the router to
 //! answer with an `Error` frame and close, see docs/PROTOCOL.md §Errors).
 
-use super::response::ErrorCode;
 use std::fmt;
 
 /// Everything that can go wrong turning bytes into messages, or (for
@@ -109,6 +108,92 @@ impl fmt::Display for Problem {
                 "count {count} × {item_size} bytes does not match the {remaining} bytes remaining"
             ),
             Problem::BadMagic(m) => write!(f, "bad magic {:02x?}", m),
+        }
+    }
+}
+
+/// Error codes of `Error` frames in both protocols, with the HTTP status the JSON API
+/// uses for the same condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum ErrorCode {
+    /// Malformed frame or invalid field value.
+    BadRequest = 1,
+    UnknownWorker = 2,
+    UnknownRequest = 3,
+    /// A `Route` reused the `request_id` of an active request.
+    DuplicateRequest = 4,
+    /// Filters left no worker of the model.
+    NoEligibleWorker = 5,
+    /// Every eligible worker is over `busy_threshold`.
+    AllBusy = 6,
+    /// The router sheds load (HTTP 429).
+    Overloaded = 7,
+    /// Missing or wrong auth token.
+    Unauthorized = 8,
+    Internal = 9,
+    /// `Hello` carried a protocol version the router does not speak.
+    UnsupportedVersion = 10,
+    /// A valid frame at the wrong time (event before `Hello`, second `Hello`, …).
+    ProtocolViolation = 11,
+    /// The worker id already has a live event connection.
+    Conflict = 12,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 12] = [
+        ErrorCode::BadRequest,
+        ErrorCode::UnknownWorker,
+        ErrorCode::UnknownRequest,
+        ErrorCode::DuplicateRequest,
+        ErrorCode::NoEligibleWorker,
+        ErrorCode::AllBusy,
+        ErrorCode::Overloaded,
+        ErrorCode::Unauthorized,
+        ErrorCode::Internal,
+        ErrorCode::UnsupportedVersion,
+        ErrorCode::ProtocolViolation,
+        ErrorCode::Conflict,
+    ];
+
+    pub fn as_u16(self) -> u16 {
+        self as u16
+    }
+
+    /// `None` for codes this version does not know.
+    pub fn from_u16(v: u16) -> Option<ErrorCode> {
+        ErrorCode::ALL.iter().copied().find(|c| c.as_u16() == v)
+    }
+
+    /// snake_case name, as in JSON error bodies and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::UnknownWorker => "unknown_worker",
+            ErrorCode::UnknownRequest => "unknown_request",
+            ErrorCode::DuplicateRequest => "duplicate_request",
+            ErrorCode::NoEligibleWorker => "no_eligible_worker",
+            ErrorCode::AllBusy => "all_busy",
+            ErrorCode::Overloaded => "overloaded",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Internal => "internal",
+            ErrorCode::UnsupportedVersion => "unsupported_version",
+            ErrorCode::ProtocolViolation => "protocol_violation",
+            ErrorCode::Conflict => "conflict",
+        }
+    }
+
+    /// HTTP status of the same condition in the JSON API.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::BadRequest | ErrorCode::ProtocolViolation => 400,
+            ErrorCode::UnknownWorker | ErrorCode::UnknownRequest => 404,
+            ErrorCode::DuplicateRequest | ErrorCode::Conflict => 409,
+            ErrorCode::NoEligibleWorker | ErrorCode::AllBusy => 503,
+            ErrorCode::Overloaded => 429,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::Internal => 500,
+            ErrorCode::UnsupportedVersion => 505,
         }
     }
 }

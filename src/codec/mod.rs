@@ -35,11 +35,11 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use error::{CodecError, Problem};
+pub use error::{CodecError, ErrorCode, Problem};
 pub use event::{EventHello, EventMsg, WorkerBound};
 pub use frame::{Frame, FrameDecoder, DEFAULT_MAX_FRAME, FRAME_HEADER_LEN};
 pub use request::{LifecycleOp, Prompt, RequestMsg, Route};
-pub use response::{Candidate, Decision, ErrorCode, Fallback, ResponseMsg, Stage};
+pub use response::{Candidate, Decision, Fallback, ResponseMsg, Stage};
 pub use wire::{HashList, TokenList};
 
 /// Protocol version spoken by this codec (both protocols). A `Hello` with another

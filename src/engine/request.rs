@@ -294,3 +294,14 @@ impl RouteRequest {
         })
     }
 }
+
+/// A lifecycle step of a routed request: the first output token, progress (output
+/// tokens so far), the end (its load released), or a failed prefill (re-routed
+/// decode-only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LifeOp {
+    FirstToken,
+    Progress(u32),
+    Finish,
+    PrefillFailed,
+}

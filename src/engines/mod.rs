@@ -1,6 +1,6 @@
 //! Adapters for the KV-cache events that real inference engines publish (vLLM, SGLang).
 //!
-//! Everything here is sans-I/O and pure: the ZMQ runtime (`service::zmq_ingest`) only
+//! Everything here is sans-I/O and pure: the ZMQ runtime (`service::ingest::zmq`) only
 //! moves frames in and index changes out.
 //! - [`vllm`]: msgpack `KVEventBatch` payloads, in both encodings (positional
 //!   `array_like` structs with a leading tag, and maps with a `"type"` key), into typed

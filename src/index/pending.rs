@@ -1,4 +1,4 @@
-//! Speculative indexing (issue 15 item 5): blocks *pending* on a worker.
+//! Speculative indexing (docs/ROUTING.md "Speculative indexing"): blocks *pending* on a worker.
 //!
 //! A worker announces a prompt's blocks (`BlockStored`) only once it has computed them,
 //! which is a queue wait plus a prefill after the request was routed. Requests sharing

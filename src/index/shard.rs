@@ -15,8 +15,8 @@
 //! - generations are 14 bits: when one would wrap, the shard first drops every entry of
 //!   that (worker, tier), so a stale entry can never become live again.
 
+use super::hashmix::mix;
 use super::holders::{gen_of, key_of, pack, slot_of, tier_idx, tier_of, Holders, Slab, GEN_PERIOD};
-use super::mix;
 use super::table::{Probe, Table};
 use super::Budget;
 use crate::types::{Tier, WorkerSlot};

@@ -8,15 +8,13 @@
 //! is exact over all shards.
 
 use super::answer::ShardAnswer;
+use super::hashmix::{mix, shard_of, MAX_SHARD_BITS};
 use super::holders::Holders;
 use super::merge::{merge, MergeResult};
 use super::shard::{IndexShard, QueryRing, ShardStats, StoreOutcome};
-use super::{mix, shard_of, Budget};
+use super::Budget;
 use crate::types::{Tier, WorkerSlot, MAX_WORKER_SLOTS};
 use std::sync::Arc;
-
-/// Largest supported `shard_bits` (65 536 shards).
-pub const MAX_SHARD_BITS: u32 = 16;
 
 /// Every shard of the index, with hash routing. See the module docs.
 #[derive(Debug)]

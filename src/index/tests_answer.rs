@@ -1,7 +1,7 @@
 //! Property tests of the run-length answer form ([`ShardAnswer`]) and of [`merge`] over
 //! it: against a per-position reference merge, and through the service's path (each
 //! shard queried with its `(position, hash)` items as a core's `local_query` does, the
-//! answers merged as `service::router` does, including a core that did not reply).
+//! answers merged as `service::routing::router` does, including a core that did not reply).
 
 use super::*;
 use crate::types::{Overlap, Tier, WorkerSlot};

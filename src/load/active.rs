@@ -29,7 +29,7 @@ const SHRINK_FLOOR: usize = 4096;
 /// ([`crate::index::pending::flat`]): an update is one probe per hash in one array,
 /// where a map of per-hash worker lists cost a hasher, a control-byte probe, a small
 /// vector search and a second probe to delete an emptied key (~150 instructions per
-/// hash, and most of the time on cache misses, `perf`, session 4). A large table is
+/// hash, and most of the time on cache misses, by `perf`). A large table is
 /// read once ahead of each update (`Table::touch`) so the misses overlap.
 #[derive(Clone, Debug, Default)]
 pub struct ActiveBlocksShard {

@@ -12,7 +12,7 @@
 //!   client seen gone while the upstream is quiet (`watch`): `finish` runs and the
 //!   dropped connection aborts the upstream request.
 //!
-//! Lifecycle calls go through `service::router::lifecycle` like the HTTP and binary
+//! Lifecycle calls go through `service::routing::router::lifecycle` like the HTTP and binary
 //! APIs, in order: each is polled once where it is made, and a call for a request
 //! living on this core completes in that poll; one that must ask another core goes
 //! on as a local task, its messages already sent in order.
@@ -22,17 +22,16 @@
 //! what is left of `idle` after the last frame.
 
 use super::agents::AnswerTracker;
+use super::front::Front;
 use super::pool::{self, Conn};
 use super::state::{Admitted, RequestLabels};
 use super::track::Seen;
 use super::watch::Gone;
-use crate::service::core::Core;
-use crate::service::msg::LifeOp;
+use crate::engine::request::LifeOp;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
-use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -53,10 +52,10 @@ impl ProxyBody {
 /// for a request living on this core (the proxy's own: it was routed here) completes;
 /// only one still waiting for another core is left to a local task (see the module
 /// doc for ordering). Running it in place saves a task per streamed chunk.
-pub fn life(core: &Rc<Core>, op: LifeOp, id: &str) {
+pub fn life(core: &Front, op: LifeOp, id: &str) {
     let (core, id) = (core.clone(), id.to_string());
     let mut call = Box::pin(async move {
-        let _ = crate::service::router::lifecycle(&core, op, &id).await;
+        let _ = core.handle.lifecycle(op, &id).await;
     });
     // A waker is registered again by the task's own poll if this one is pending.
     let mut cx = Context::from_waker(std::task::Waker::noop());
@@ -66,7 +65,7 @@ pub fn life(core: &Rc<Core>, op: LifeOp, id: &str) {
 }
 
 pub struct Streamed {
-    pub core: Rc<Core>,
+    pub core: Front,
     pub upstream: Incoming,
     pub conn: Option<Conn>,
     /// kvroute's id of the routed request.
@@ -92,7 +91,7 @@ pub struct Streamed {
 
 impl Streamed {
     fn on_seen(&mut self, seen: Seen) {
-        let m = &self.core.shared.proxy.metrics;
+        let m = &self.core.state.metrics;
         let now = Instant::now();
         if seen.first_output {
             m.ttft.observe(self.started.elapsed().as_secs_f64());
@@ -119,7 +118,7 @@ impl Streamed {
             return;
         }
         self.done = true;
-        let m = &self.core.shared.proxy.metrics;
+        let m = &self.core.state.metrics;
         m.e2e.observe(self.started.elapsed().as_secs_f64());
         let mut labels = self.labels.clone();
         labels.outcome = outcome;
@@ -127,8 +126,8 @@ impl Streamed {
         life(&self.core, LifeOp::Finish, &self.id);
         self.trace.finish(self.tracker.tokens(), outcome);
         if let (Some(id), "ok") = (self.tracker.response_id(), outcome) {
-            let now = self.core.shared.now_ms();
-            (self.core.shared.proxy.responses).remember(id, &self.labels.worker, now);
+            let now = self.core.handle.now_ms();
+            (self.core.state.responses).remember(id, &self.labels.worker, now);
         }
         match (outcome, self.conn.take()) {
             ("ok", Some(c)) => pool::put(c, self.pool_max_idle),
@@ -145,7 +144,7 @@ impl Streamed {
         kind: &'static str,
         msg: &str,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let m = &self.core.shared.proxy.metrics;
+        let m = &self.core.state.metrics;
         m.upstream_errors
             .get_or_create(&super::state::KindLabel { kind })
             .inc();

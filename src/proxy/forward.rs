@@ -1,5 +1,5 @@
 //! One proxied completion, on the core that accepted it: admission, body limit,
-//! parsing, prompt tokens, routing (`service::router::route`), the prefill leg of a
+//! parsing, prompt tokens, routing (`service::routing::router::route`), the prefill leg of a
 //! disaggregated decision, the upstream request, and re-routing after failures before
 //! the first response byte (`retry`), with each worker's breaker (`breaker`) kept per
 //! core.
@@ -21,6 +21,7 @@
 use super::body::{self, ProxyBody};
 use super::breaker::Allow;
 use super::errors;
+use super::front::Front;
 use super::health::{self, breaker_failure, breaker_success, spawn_probe};
 use super::pool::{self, Conn};
 use super::request::{self, ClientRequest, Endpoint};
@@ -29,10 +30,8 @@ use super::spans::ReqTrace;
 use super::state::{FieldLabel, KindLabel, ProxyShared};
 use super::url::UpstreamUrl;
 use super::watch::{unless_gone, ClientWatch};
+use crate::engine::request::LifeOp;
 use crate::engine::RouteRequest;
-use crate::service::core::Core;
-use crate::service::msg::LifeOp;
-use crate::service::router;
 use bytes::Bytes;
 use futures_lite::FutureExt;
 use http_body_util::{BodyExt, Full, Limited};
@@ -77,9 +76,8 @@ pub fn overloaded(code: &str, msg: &str, secs: u32) -> Resp {
     r
 }
 
-fn refused(core: &Core, kind: &'static str) {
-    core.shared
-        .proxy
+fn refused(core: &Front, kind: &'static str) {
+    core.state
         .metrics
         .refused
         .get_or_create(&KindLabel { kind })
@@ -99,12 +97,12 @@ fn next_counter() -> u64 {
 /// (`spans`) end with the answer: here when the proxy answers itself, with the body
 /// when a worker's answer streams back.
 pub async fn completions(
-    core: Rc<Core>,
+    core: Front,
     endpoint: Endpoint,
     req: Request<Incoming>,
     watch: Rc<ClientWatch>,
 ) -> Resp {
-    let tracing = core.shared.proxy.tracing.get();
+    let tracing = core.state.tracing.get();
     let trace = ReqTrace::start(tracing, endpoint, req.headers());
     let trace = Rc::new(RefCell::new(trace));
     let resp = pipeline(core, endpoint, req, watch, trace.clone()).await;
@@ -116,16 +114,16 @@ pub async fn completions(
 }
 
 async fn pipeline(
-    core: Rc<Core>,
+    core: Front,
     endpoint: Endpoint,
     req: Request<Incoming>,
     watch: Rc<ClientWatch>,
     trace: Rc<RefCell<ReqTrace>>,
 ) -> Resp {
-    let sh = core.shared.clone();
-    let ps = &sh.settings.proxy;
+    let sh = core.clone();
+    let ps = &sh.handle.settings().proxy;
     let started = Instant::now();
-    let admitted = match ProxyShared::admit(&sh, ps.max_concurrent) {
+    let admitted = match ProxyShared::admit(&sh.state, ps.max_concurrent) {
         Some(a) => a,
         // At the cap: wait for a slot in the queue, if it is on (`queued`).
         None => match super::queued::wait_for_slot(&sh, req.headers(), &watch).await {
@@ -145,7 +143,7 @@ async fn pipeline(
         },
     };
     let limit = ps.max_body_bytes;
-    let too_large = |core: &Core| {
+    let too_large = |core: &Front| {
         refused(core, "too_large");
         error(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -200,7 +198,7 @@ async fn pipeline(
         raw
     } else {
         for field in stripped {
-            (sh.proxy.metrics.stripped)
+            (sh.state.metrics.stripped)
                 .get_or_create(&FieldLabel { field })
                 .inc();
         }
@@ -231,19 +229,20 @@ async fn pipeline(
             );
         }
     };
-    let m = &sh.proxy.metrics;
+    let m = &sh.state.metrics;
     m.tokenize_seconds.observe(t0.elapsed().as_secs_f64());
     if tokens.is_none() && !super::agents::passthrough(endpoint) {
         m.untokenized.inc();
     }
     let prompt_tokens = tokens.as_ref().map_or(raw.len() / 4, Vec::len) as u64;
-    let front = match super::policies::front_door(&sh, &parts.headers, &creq.body, prompt_tokens) {
-        Ok(f) => f,
-        Err(r) => {
-            refused(&core, "policy");
-            return *r;
-        }
-    };
+    let front =
+        match super::policies::front_door(&sh.state, &parts.headers, &creq.body, prompt_tokens) {
+            Ok(f) => f,
+            Err(r) => {
+                refused(&core, "policy");
+                return *r;
+            }
+        };
     let job = Job {
         core: core.clone(),
         endpoint,
@@ -262,48 +261,8 @@ async fn pipeline(
     job.run(admitted).await
 }
 
-/// The routing request of a parsed completion (`creq`, its prompt's `tokens` if it
-/// tokenized, its body's size): shared by the proxy and the endpoint picker, so both
-/// route a body the same way.
-pub fn route_request(
-    sh: &crate::service::shared::Shared,
-    creq: &ClientRequest,
-    tokens: Option<&[u32]>,
-    body_len: usize,
-    rid: &str,
-    allow: Vec<String>,
-) -> RouteRequest {
-    let (tok_ids, block_hashes, input_tokens) = match tokens {
-        Some(t) => (Some(t.to_vec()), None, None),
-        // Routed by load only; the prompt's size is estimated from its bytes.
-        None => (None, Some(Vec::new()), Some((body_len / 4) as u32)),
-    };
-    // A LoRA adapter named as the model: its base model's workers, in the
-    // adapter's hash space (`tokenize::Tokenizers::route_request`).
-    let tok = sh.tokenizers.get();
-    let model = tok.map_or(creq.model.as_str(), |t| t.base_model(&creq.model));
-    let lora_name = match (tokens, tok) {
-        (Some(_), Some(t)) => t.lora_for(&creq.model).map(str::to_string),
-        _ => None,
-    };
-    // Forwarded unchanged in the body; routed in the salt's hash space.
-    let cache_salt = tokens.and_then(|_| super::prompt::cache_salt(&creq.body));
-    RouteRequest {
-        request_id: rid.to_string(),
-        model: (!model.is_empty()).then(|| model.to_string()),
-        lora_name,
-        cache_salt,
-        tokens: tok_ids,
-        block_hashes,
-        input_tokens,
-        expected_output_tokens: creq.max_tokens,
-        allow: Some(allow),
-        ..Default::default()
-    }
-}
-
 struct Job {
-    core: Rc<Core>,
+    core: Front,
     endpoint: Endpoint,
     creq: ClientRequest,
     raw: Bytes,
@@ -330,8 +289,8 @@ struct Answer {
 
 impl Job {
     async fn run(self, admitted: super::state::Admitted) -> Resp {
-        let sh = self.core.shared.clone();
-        let ps = &sh.settings.proxy;
+        let sh = self.core.clone();
+        let ps = &sh.handle.settings().proxy;
         let policy = Policy {
             retries: ps.retries,
             backoff_ms: ps.retry_backoff_ms,
@@ -350,8 +309,8 @@ impl Job {
             };
             let rid = request::router_id(
                 &self.client_id,
-                &sh.proxy.nonce,
-                self.core.id,
+                &sh.state.nonce,
+                self.core.handle.core_id(),
                 self.counter,
                 attempt,
             );
@@ -360,7 +319,7 @@ impl Job {
             let span = self.trace.borrow().route();
             let routed = match self.queued_before(&rr, &turn) {
                 true => Err(None),
-                false => router::route_proxied(&self.core, &rr).await.map_err(Some),
+                false => self.core.handle.route(&rr).await.map_err(Some),
             };
             let mut d = match routed {
                 Ok(d) => d,
@@ -378,8 +337,8 @@ impl Job {
             };
             self.served(turn.take());
             let blocks = self.tokens.as_ref().map_or(0, |t| t.len() as u64)
-                / u64::from(sh.settings.router.block_size.max(1));
-            ReqTrace::decision(&span, &d, blocks, sh.settings.router.mode.name());
+                / u64::from(sh.handle.settings().router.block_size.max(1));
+            ReqTrace::decision(&span, &d, blocks, sh.handle.settings().router.mode.name());
             drop(span);
             let mut body = self.raw.clone();
             let mut fallback = false;
@@ -394,14 +353,19 @@ impl Job {
                     }
                     Err(f) => {
                         self.upstream_failed(&p, f);
-                        sh.proxy
+                        sh.state
                             .metrics
                             .upstream_errors
                             .get_or_create(&KindLabel { kind: "prefill" })
                             .inc();
-                        sh.proxy.metrics.prefill_fallbacks.inc();
+                        sh.state.metrics.prefill_fallbacks.inc();
                         fallback = true;
-                        match router::lifecycle(&self.core, LifeOp::PrefillFailed, &rid).await {
+                        match self
+                            .core
+                            .handle
+                            .lifecycle(LifeOp::PrefillFailed, &rid)
+                            .await
+                        {
                             Ok(Some(d2)) => d = d2,
                             Ok(None) => {}
                             Err(e) => return self.route_failed(&e, Some(&(p, f))),
@@ -431,7 +395,7 @@ impl Job {
                     attempt += 1;
                     match policy.backoff(attempt) {
                         Some(wait) => {
-                            sh.proxy.metrics.retries.inc();
+                            sh.state.metrics.retries.inc();
                             let slept = glommio::timer::sleep(wait);
                             if unless_gone(&mut gone, slept).await.is_none() {
                                 let w = last.as_ref().map_or("", |(w, _)| w.as_str());
@@ -446,8 +410,8 @@ impl Job {
     }
 
     fn route_request(&self, rid: &str, allow: Vec<String>) -> RouteRequest {
-        let mut r = route_request(
-            &self.core.shared,
+        let mut r = super::route_request::route_request(
+            self.core.handle.tokenizers().map(|t| &**t),
             &self.creq,
             self.tokens.as_deref(),
             self.raw.len(),
@@ -465,10 +429,10 @@ impl Job {
     /// Workers with a URL, not failed for this request, whose breaker is closed here
     /// (starting the probe of one whose open interval is over). `None`: none.
     fn allow_list(&self, excluded: &[String]) -> Option<Vec<String>> {
-        let sh = &self.core.shared;
-        let reg = sh.registry.load();
-        let now = sh.now_ms();
-        let ps = &sh.settings.proxy;
+        let sh = &self.core;
+        let reg = sh.handle.registry();
+        let now = sh.handle.now_ms();
+        let ps = &sh.handle.settings().proxy;
         let mut out = Vec::new();
         for e in reg.iter() {
             let Some(url) = &e.spec.url else { continue };
@@ -489,8 +453,8 @@ impl Job {
     }
 
     fn upstream_failed(&self, worker: &str, f: Failure) {
-        let sh = &self.core.shared;
-        sh.proxy
+        let sh = &self.core;
+        sh.state
             .metrics
             .upstream_errors
             .get_or_create(&KindLabel { kind: f.label() })
@@ -509,7 +473,7 @@ impl Job {
     async fn send(&self, worker: &str, body: Bytes, stream: bool) -> Result<Answer, Failure> {
         let _ = stream;
         let url = worker_url(&self.core, worker).ok_or(Failure::NoUrl)?;
-        let ps = &self.core.shared.settings.proxy;
+        let ps = &self.core.handle.settings().proxy;
         let connect = Duration::from_millis(ps.connect_timeout_ms);
         let timeout = Duration::from_millis(ps.request_timeout_ms);
         for _ in 0..2 {
@@ -524,7 +488,7 @@ impl Job {
             for (k, v) in self.trace.borrow().propagation() {
                 head = head.header(k, v);
             }
-            let req = (self.core.shared.proxy)
+            let req = (self.core.state)
                 .authorize(head)
                 .body(Full::new(body.clone()))
                 .map_err(|_| Failure::NoUrl)?;
@@ -573,7 +537,7 @@ impl Job {
     /// The prefill leg: the NIXL prefill request, its answer read whole (bounded) for
     /// its `kv_transfer_params`.
     async fn prefill_leg(&self, worker: &str) -> Result<serde_json::Value, Failure> {
-        let ps = &self.core.shared.settings.proxy;
+        let ps = &self.core.handle.settings().proxy;
         let body = Bytes::from(super::pd::prefill_body(&self.creq.body));
         let a = self.send(worker, body, false).await?;
         if !a.resp.status().is_success() {
@@ -597,15 +561,15 @@ impl Job {
     }
 }
 
-fn worker_model(core: &Core, worker: &str) -> String {
-    (core.shared.registry.load())
+fn worker_model(core: &Front, worker: &str) -> String {
+    (core.handle.registry())
         .by_id(worker)
         .map(|e| e.spec.model.clone())
         .unwrap_or_default()
 }
 
-fn worker_url(core: &Core, worker: &str) -> Option<UpstreamUrl> {
-    let reg = core.shared.registry.load();
+fn worker_url(core: &Front, worker: &str) -> Option<UpstreamUrl> {
+    let reg = core.handle.registry();
     let u = reg.by_id(worker)?.spec.url.as_ref()?;
     UpstreamUrl::parse(u).ok()
 }

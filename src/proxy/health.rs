@@ -5,17 +5,16 @@
 //! the half-open probe `GET {url}/health`.
 
 use super::breaker::{Allow, Breaker};
+use super::front::Front;
 use super::pool;
 use super::state::WorkerLabel;
 use super::url::UpstreamUrl;
-use crate::service::core::Core;
 use bytes::Bytes;
 use futures_lite::FutureExt;
 use http_body_util::Full;
 use hyper::Request;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::rc::Rc;
 use std::time::Duration;
 
 thread_local! {
@@ -31,7 +30,7 @@ pub fn allow(worker: &str, now_ms: u64) -> Allow {
     })
 }
 
-pub fn breaker_success(core: &Core, worker: &str) {
+pub fn breaker_success(core: &Front, worker: &str) {
     BREAKERS.with(|b| {
         if let Some(br) = b.borrow_mut().get_mut(worker) {
             if !br.is_closed() {
@@ -42,9 +41,9 @@ pub fn breaker_success(core: &Core, worker: &str) {
     });
 }
 
-pub fn breaker_failure(core: &Core, worker: &str) {
-    let ps = &core.shared.settings.proxy;
-    let now = core.shared.now_ms();
+pub fn breaker_failure(core: &Front, worker: &str) {
+    let ps = &core.handle.settings().proxy;
+    let now = core.handle.now_ms();
     BREAKERS.with(|b| {
         let mut b = b.borrow_mut();
         let br = b.entry(worker.to_string()).or_default();
@@ -56,15 +55,10 @@ pub fn breaker_failure(core: &Core, worker: &str) {
     });
 }
 
-fn open_gauge(core: &Core, worker: &str, by: i64) {
-    let g = core
-        .shared
-        .proxy
-        .metrics
-        .breaker_open
-        .get_or_create(&WorkerLabel {
-            worker: worker.to_string(),
-        });
+fn open_gauge(core: &Front, worker: &str, by: i64) {
+    let g = core.state.metrics.breaker_open.get_or_create(&WorkerLabel {
+        worker: worker.to_string(),
+    });
     if by > 0 {
         g.inc();
     } else {
@@ -73,7 +67,7 @@ fn open_gauge(core: &Core, worker: &str, by: i64) {
 }
 
 /// The half-open probe: `GET {url}/health` decides the breaker.
-pub fn spawn_probe(core: &Rc<Core>, worker: &str, url: &str, connect_ms: u64) {
+pub fn spawn_probe(core: &Front, worker: &str, url: &str, connect_ms: u64) {
     let (core, worker) = (core.clone(), worker.to_string());
     let Ok(url) = UpstreamUrl::parse(url) else {
         return;
@@ -89,16 +83,13 @@ pub fn spawn_probe(core: &Rc<Core>, worker: &str, url: &str, connect_ms: u64) {
     .detach();
 }
 
-async fn probe(core: &Core, url: &UpstreamUrl, connect: Duration) -> bool {
+async fn probe(core: &Front, url: &UpstreamUrl, connect: Duration) -> bool {
     let Ok(mut conn) = pool::connect(url, connect).await else {
         return false;
     };
     let head =
         Request::get(url.path("/health")).header(hyper::header::HOST, url.authority.as_str());
-    let Ok(req) = (core.shared.proxy)
-        .authorize(head)
-        .body(Full::new(Bytes::new()))
-    else {
+    let Ok(req) = (core.state).authorize(head).body(Full::new(Bytes::new())) else {
         return false;
     };
     async { conn.sender.send_request(req).await.ok() }

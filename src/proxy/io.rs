@@ -1,8 +1,8 @@
 //! hyper's I/O traits over a glommio `TcpStream`, client side: the proxy's upstream
-//! connections. Unlike `service::hyper_io` (the server side, which owns the listener's
+//! connections. Unlike `service::net::hyper_io` (the server side, which owns the listener's
 //! deadlines and slots) this adds no clock: the proxy bounds upstream waits itself
 //! (connect timeout, response-head and inter-chunk timeouts in `forward` / `body`).
-//! Reads go through the core's scratch buffer (`service::hyper_io::read_via_scratch`)
+//! Reads go through the core's scratch buffer (`service::net::hyper_io::read_via_scratch`)
 //! so the adapter needs no `unsafe` and zeroes no buffer per read.
 
 use futures_lite::{AsyncRead, AsyncWrite};
@@ -18,8 +18,9 @@ impl<T: AsyncRead + Unpin> hyper::rt::Read for ClientIo<T> {
         cx: &mut Context<'_>,
         mut buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
-        let max = crate::service::hyper_io::SCRATCH_BYTES;
-        crate::service::hyper_io::read_via_scratch(&mut self.0, cx, &mut buf, max).map_ok(|_| ())
+        let max = crate::service::net::hyper_io::SCRATCH_BYTES;
+        crate::service::net::hyper_io::read_via_scratch(&mut self.0, cx, &mut buf, max)
+            .map_ok(|_| ())
     }
 }
 

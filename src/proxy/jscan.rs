@@ -22,9 +22,10 @@
 //! and is then credited to the field it belongs to.
 
 use super::event::EventInfo;
-use lex::{is_ws, skip_plain};
+use plain::{is_ws, skip_plain};
 
 mod lex;
+mod plain;
 
 /// serde_json's nesting limit: 127 levels parse, the 128th is refused.
 const MAX_DEPTH: u8 = 127;

@@ -1,6 +1,6 @@
-//! The OpenAI-compatible proxy of `kvroute serve` (README "Proxy"): the router tier
+//! The OpenAI-compatible proxy of `kvroute serve` (docs/PROXY.md): the router tier
 //! in the request path. A request on `proxy_addr` is parsed, routed with the usual cost
-//! (`service::router::route`), forwarded to the chosen worker's `url` on the same core,
+//! (`service::routing::router::route`), forwarded to the chosen worker's `url` on the same core,
 //! and its response streamed back chunk by chunk while the request's lifecycle
 //! (`first_token`, `progress`, `finish`) is read off the stream.
 //!
@@ -21,7 +21,7 @@
 //!
 //! and the glommio/hyper driver (`service` feature): `io` (hyper over glommio streams,
 //! client side), `pool` (per-core keep-alive connections per worker), `body` (the
-//! streamed response and its lifecycle), `forward` (route → legs → retries), `health` (breakers per core, probes), `server`
+//! streamed response and its lifecycle), `forward` (route → legs → retries), `health` (breakers per core, probes), `front` (one core's routing handle and the shared state), `server`
 //! (the listener's routes and auth), `spans` (the request's OpenTelemetry spans), `state` (metrics and the shared admission count),
 //! `refuse` (a 429 for a connection the listener has no slot for), `watch` (a client
 //! that went away, noticed while its request waits), `policies` and `queued` (the
@@ -38,6 +38,7 @@ pub mod pd;
 pub mod prompt;
 pub mod request;
 pub mod retry;
+pub mod route_request;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod spans;
 pub mod strip;
@@ -48,6 +49,8 @@ pub mod url;
 pub mod body;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod forward;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod front;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod health;
 #[cfg(all(target_os = "linux", feature = "service"))]

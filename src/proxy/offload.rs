@@ -1,6 +1,6 @@
 //! Where a proxied request's prompt is tokenized (`tokenize_inline_max_bytes`): on
 //! the core that accepted it, or, for a long body, on that core's blocking thread
-//! (`service::blocking`, below the executors' priority), so that a multi-millisecond tokenization does not
+//! (`service::runtime::blocking`, below the executors' priority), so that a multi-millisecond tokenization does not
 //! hold the core's other streams. The tokenization itself is `prompt`'s.
 //!
 //! A short body's chat template may still be costly: on the core it is rendered within
@@ -11,15 +11,17 @@
 //! Guarantees: the same token ids either way (one function computes them); the
 //! request body moves to the blocking thread and back, it is not copied. A prompt
 //! tokenized on the core is announced to the other cores first
-//! (`service::router::announce`), so that with `--cores` > 1 their wake-up for the
+//! (`service::routing::router::announce`), so that with `--cores` > 1 their wake-up for the
 //! route's shard query overlaps the tokenizing; one tokenized off the core is not
 //! (it takes long enough that they would spin for nothing).
+
+use super::front::Front;
 
 /// The prompt's token ids (`prompt::prompt_tokens`): on this core for a body of up to
 /// `tokenize_inline_max_bytes`, else on the core's blocking thread while the core
 /// keeps serving its other streams (the body travels there and back, not copied).
 pub async fn tokenize(
-    core: &crate::service::core::Core,
+    core: &Front,
     endpoint: super::request::Endpoint,
     mut creq: super::request::ClientRequest,
     body_bytes: usize,
@@ -27,29 +29,31 @@ pub async fn tokenize(
     super::request::ClientRequest,
     Result<Option<Vec<u32>>, super::prompt::PromptError>,
 ) {
-    let sh = &core.shared;
-    let tok = sh.tokenizers.get();
-    if tok.is_none() || body_bytes <= sh.settings.proxy.tokenize_inline_max_bytes {
+    let sh = &core;
+    let tok = sh.handle.tokenizers();
+    if tok.is_none() || body_bytes <= sh.handle.settings().proxy.tokenize_inline_max_bytes {
         if tok.is_some() {
             // The route after tokenizing queries the other cores' shards: wake them
             // now, so their wake-up overlaps the tokenizing (`answer_spin`).
-            crate::service::router::announce(core);
+            core.handle.announce();
         }
         let t = tok.map(|t| &**t);
         match super::prompt::prompt_tokens_quick(t, endpoint, &creq.model, &creq.body) {
             Some(r) => return (creq, r),
-            None => sh.proxy.metrics.renders_off_core.inc(),
+            None => sh.state.metrics.renders_off_core.inc(),
         };
     }
     let tok = tok.cloned();
     let body = std::mem::take(&mut creq.body);
     let model = creq.model.clone();
-    let (body, r) = crate::service::blocking::run(move || {
-        let r = super::prompt::prompt_tokens(tok.as_deref(), endpoint, &model, &body);
-        (body, r)
-    })
-    .await;
+    let (body, r) = core
+        .handle
+        .off_core(move || {
+            let r = super::prompt::prompt_tokens(tok.as_deref(), endpoint, &model, &body);
+            (body, r)
+        })
+        .await;
     creq.body = body;
-    sh.proxy.metrics.tokenized_off_core.inc();
+    sh.state.metrics.tokenized_off_core.inc();
     (creq, r)
 }

@@ -371,12 +371,12 @@ impl Policies {
 /// configured on this service), or the answer refusing it (400 for a malformed hint,
 /// 429 naming the tenant's limit, with `retry-after` and `x-kvroute-limit`).
 pub fn front_door(
-    sh: &crate::service::shared::Shared,
+    sh: &super::state::ProxyShared,
     headers: &hyper::HeaderMap,
     body: &serde_json::Value,
     prompt_tokens: u64,
 ) -> Result<Option<Front>, Box<super::forward::Resp>> {
-    let Some(p) = sh.proxy.policies.get() else {
+    let Some(p) = sh.policies.get() else {
         return Ok(None);
     };
     match p.front(headers, body, prompt_tokens) {

@@ -229,25 +229,25 @@ pub enum Slot {
 /// holds no memory beyond its connection), with the bounds and answers of the model
 /// queues. A slot freed when a proxied request ends goes to the best waiter.
 pub async fn wait_for_slot(
-    sh: &std::sync::Arc<crate::service::shared::Shared>,
+    sh: &super::front::Front,
     headers: &hyper::HeaderMap,
     watch: &super::watch::ClientWatch,
 ) -> Slot {
     let on = |p: &&Policies| p.queueing() && p.settings.queue_at_max_concurrent;
-    let Some(p) = sh.proxy.policies.get().filter(on) else {
+    let Some(p) = sh.state.policies.get().filter(on) else {
         return Slot::Off;
     };
     let Some(front) = p.front_of_headers(headers) else {
         return Slot::Off;
     };
-    let max = sh.settings.proxy.max_concurrent;
+    let max = sh.handle.settings().proxy.max_concurrent;
     let q = p.slots().clone();
     let mut gone = watch.gone();
     let mut prior: Option<Grant<Wake>> = None;
     loop {
         let seen = q.epoch();
         if prior.is_some() || q.is_empty() {
-            if let Some(a) = super::state::ProxyShared::admit(sh, max) {
+            if let Some(a) = super::state::ProxyShared::admit(&sh.state, max) {
                 if let Some(g) = prior.take() {
                     p.admitted(&g);
                 }

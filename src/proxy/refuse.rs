@@ -1,5 +1,5 @@
 //! A client connection the proxy listener has no slot for (`max_connections` on this
-//! core, every slot busy or in use: `service::slots`) gets a 429 with `retry-after`
+//! core, every slot busy or in use: `service::net::slots`) gets a 429 with `retry-after`
 //! and `connection: close` instead of a dropped socket, which a client can only report
 //! as a connection error.
 //!

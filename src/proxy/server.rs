@@ -8,32 +8,26 @@
 //! `service::Running::drain`). When the service has a token or the proxy has
 //! client API keys, every other route needs `Authorization: Bearer <token or key>`
 //! (compared in constant time); otherwise 401 in OpenAI's error shape. Requests a
-//! browser sent first pass the door rules of `service::doors` (`Host`, `Origin`, JSON
+//! browser sent first pass the door rules of `service::net::doors` (`Host`, `Origin`, JSON
 //! content type; CORS for listed origins).
 
 use super::body::ProxyBody;
 use super::forward::{self, error, Resp};
+use super::front::Front;
 use super::request::Endpoint;
 use super::watch::ClientWatch;
-use crate::service::conn_slot::Slot;
-use crate::service::core::Core;
-use crate::service::doors::{self, Door, Pass};
-use crate::service::hyper_io;
+use crate::service::net::conn_slot::Slot;
+use crate::service::net::doors::{self, Door, Pass};
+use crate::service::net::hyper_io;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use std::rc::Rc;
 use subtle::ConstantTimeEq;
 
-fn authorized(core: &Core, req: &Request<Incoming>) -> bool {
-    let keys = core
-        .shared
-        .proxy
-        .keys
-        .get()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    let creds = &core.shared.creds;
+fn authorized(core: &Front, req: &Request<Incoming>) -> bool {
+    let keys = core.state.keys.get().map(Vec::as_slice).unwrap_or(&[]);
+    let creds = &core.handle.credentials();
     if !creds.enabled() && keys.is_empty() {
         return true;
     }
@@ -62,8 +56,8 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Resp {
 }
 
 /// `GET /v1/models`: one entry per model of the workers that have a `url`.
-fn models(core: &Core) -> Resp {
-    let reg = core.shared.registry.load();
+fn models(core: &Front) -> Resp {
+    let reg = core.handle.registry();
     let mut names: Vec<&str> = reg
         .iter()
         .filter(|e| e.spec.url.is_some())
@@ -82,9 +76,9 @@ fn models(core: &Core) -> Resp {
 }
 
 /// Handles one request: the door rules for browsers ([`doors`]), then [`answer`].
-pub async fn handle(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatch>) -> Resp {
+pub async fn handle(core: Front, req: Request<Incoming>, watch: Rc<ClientWatch>) -> Resp {
     let pass = doors::check(
-        &core.shared.settings,
+        core.handle.settings(),
         Door::Proxy,
         req.method(),
         req.headers(),
@@ -92,7 +86,7 @@ pub async fn handle(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatc
     match pass {
         Err(r) => {
             let kind = super::state::KindLabel { kind: r.code() };
-            core.shared.proxy.metrics.refused.get_or_create(&kind).inc();
+            core.state.metrics.refused.get_or_create(&kind).inc();
             error(r.status(), "invalid_request_error", r.code(), r.message())
         }
         Ok(Pass::Preflight(origin)) => {
@@ -111,7 +105,7 @@ pub async fn handle(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatc
 }
 
 /// [`handle`], the proxy's own errors on `/v1/messages` in Anthropic's shape.
-async fn handle_any(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatch>) -> Resp {
+async fn handle_any(core: Front, req: Request<Incoming>, watch: Rc<ClientWatch>) -> Resp {
     if req.uri().path() == "/v1/messages" {
         return super::agents::front::anthropic_errors(handle(core, req, watch).await);
     }
@@ -119,11 +113,11 @@ async fn handle_any(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatc
 }
 
 /// One request on the proxy port; `watch` tells when its client goes away.
-async fn answer(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatch>) -> Resp {
+async fn answer(core: Front, req: Request<Incoming>, watch: Rc<ClientWatch>) -> Resp {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     if method == Method::GET && path == "/health" {
-        if core.shared.proxy.is_draining() {
+        if core.handle.draining() {
             return json(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &serde_json::json!({"status": "draining"}),
@@ -132,8 +126,7 @@ async fn answer(core: Rc<Core>, req: Request<Incoming>, watch: Rc<ClientWatch>) 
         return json(StatusCode::OK, &serde_json::json!({"status": "ok"}));
     }
     if !authorized(&core, &req) {
-        core.shared
-            .proxy
+        core.state
             .metrics
             .refused
             .get_or_create(&super::state::KindLabel {
@@ -193,19 +186,19 @@ fn agent_endpoint(path: &str) -> Option<Endpoint> {
 }
 
 /// How long after its last response a proxy client's keep-alive connection is still
-/// in use, so never displaced for a new connection (`service::slots`). A client under
+/// in use, so never displaced for a new connection (`service::net::slots`). A client under
 /// load sends its next request within this; displacing it at once (as the JSON API
 /// may) closed keep-alive connections with a request already on the wire, which the
 /// client saw as a connection error instead of an answer.
 pub const KEEPALIVE_IN_USE_MS: u64 = 2_000;
 
-/// One client connection on the proxy port: hyper over `service::hyper_io` (the
+/// One client connection on the proxy port: hyper over `service::net::hyper_io` (the
 /// listener's header, idle and write deadlines and its connection slot), like the
 /// JSON API's, except that a keep-alive connection is not displaced while in use
 /// ([`KEEPALIVE_IN_USE_MS`]), and that its requests watch for the client going away
 /// (`watch`).
-pub async fn serve(core: Rc<Core>, stream: glommio::net::TcpStream, slot: Rc<Slot>) {
-    let conn = hyper_io::HttpConn::new(core.shared.clone(), slot);
+pub async fn serve(core: Front, stream: glommio::net::TcpStream, slot: Rc<Slot>) {
+    let conn = core.handle.http_conn(slot);
     conn.set_min_idle_ms(KEEPALIVE_IN_USE_MS);
     // The watch borrows the descriptor; `svc`, which holds it, lives no longer than
     // the connection that owns the stream.
@@ -218,7 +211,7 @@ pub async fn serve(core: Rc<Core>, stream: glommio::net::TcpStream, slot: Rc<Slo
             let mut resp = handle_any(core.clone(), req, watch).await;
             // Draining: no further request on this connection (hyper closes it once
             // the response is written), so clients reconnect to another replica.
-            if core.shared.proxy.is_draining() {
+            if core.handle.draining() {
                 resp.headers_mut().insert(
                     hyper::header::CONNECTION,
                     hyper::header::HeaderValue::from_static("close"),

@@ -9,10 +9,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-
-use crate::service::shared::Shared;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -54,9 +52,6 @@ pub struct ProxyMetrics {
     /// Short bodies whose chat render outgrew the core's budget and was finished on
     /// the blocking thread.
     pub renders_off_core: Counter,
-    /// Sampled prompts whose lean ids differed from HF's (`tokenize::lean`; set at
-    /// scrape time).
-    pub tokenize_lean_mismatches: Gauge,
     pub prefill_fallbacks: Counter,
     pub active: Gauge,
     /// Client body members removed before forwarding (`proxy::strip`), by name.
@@ -83,7 +78,6 @@ impl ProxyMetrics {
             untokenized: Counter::default(),
             tokenized_off_core: Counter::default(),
             renders_off_core: Counter::default(),
-            tokenize_lean_mismatches: Gauge::default(),
             prefill_fallbacks: Counter::default(),
             active: Gauge::default(),
             stripped: Family::default(),
@@ -152,11 +146,6 @@ impl ProxyMetrics {
             self.renders_off_core.clone(),
         );
         r.register(
-            "proxy_tokenize_lean_mismatches",
-            "Sampled prompts whose token ids by the lean walk differed from the HF pipeline's (each turns the lean walk off for its model)",
-            self.tokenize_lean_mismatches.clone(),
-        );
-        r.register(
             "proxy_prefill_fallbacks",
             "Disaggregated requests whose prefill leg failed and that were served decode-only",
             self.prefill_fallbacks.clone(),
@@ -181,8 +170,6 @@ pub struct ProxyShared {
     pub keys: OnceLock<Vec<String>>,
     /// `Bearer <upstream_api_key>`, marked sensitive (set once at start).
     upstream_auth: OnceLock<HeaderValue>,
-    /// Set at the first shutdown signal (`service::Running::drain`).
-    draining: AtomicBool,
     /// Drawn at start: part of every routed request's id (`request::router_id`), so
     /// two replicas never mint the same one.
     pub nonce: String,
@@ -201,7 +188,6 @@ impl ProxyShared {
             inflight: AtomicUsize::new(0),
             keys: OnceLock::new(),
             upstream_auth: OnceLock::new(),
-            draining: AtomicBool::new(false),
             nonce: super::request::new_nonce(),
             policies: OnceLock::new(),
             responses: Default::default(),
@@ -212,8 +198,7 @@ impl ProxyShared {
     }
 
     /// Admits one more proxied request unless `max` are in flight.
-    pub fn admit(shared: &Arc<Shared>, max: usize) -> Option<Admitted> {
-        let me = &shared.proxy;
+    pub fn admit(me: &Arc<ProxyShared>, max: usize) -> Option<Admitted> {
         let mut cur = me.inflight.load(Ordering::Relaxed);
         loop {
             if cur >= max {
@@ -227,7 +212,7 @@ impl ProxyShared {
             ) {
                 Ok(_) => {
                     me.metrics.active.inc();
-                    return Some(Admitted(shared.clone()));
+                    return Some(Admitted(me.clone()));
                 }
                 Err(v) => cur = v,
             }
@@ -251,29 +236,19 @@ impl ProxyShared {
         }
     }
 
-    /// From now on the proxy drains (`[proxy] drain_ms`): `/health` says so and every
-    /// response closes its connection.
-    pub fn start_draining(&self) {
-        self.draining.store(true, Ordering::SeqCst);
-    }
-
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
-    }
-
     pub fn inflight(&self) -> usize {
         self.inflight.load(Ordering::Relaxed)
     }
 }
 
 /// One admitted request; dropping it releases the admission.
-pub struct Admitted(Arc<Shared>);
+pub struct Admitted(Arc<ProxyShared>);
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        self.0.proxy.inflight.fetch_sub(1, Ordering::AcqRel);
-        self.0.proxy.metrics.active.dec();
-        if let Some(p) = self.0.proxy.policies.get() {
+        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+        self.0.metrics.active.dec();
+        if let Some(p) = self.0.policies.get() {
             p.freed();
         }
     }

@@ -5,7 +5,7 @@
 //! earlier turns were evicted everywhere, or survive only in part, and the `kv` cost
 //! of the workers is within `balance_slack` of each other. Taking such near ties in
 //! turn spreads a conversation's turns over the fleet, so every worker caches a slice
-//! of every conversation and the LRU caches thrash (issue 18: 4 workers × 4,096 blocks,
+//! of every conversation and the LRU caches thrash (4 workers × 4,096 blocks,
 //! 6.5 % hits against 11.3 % for SGLang's gateway, whose approximate tree of routed
 //! text keeps a conversation on one worker). This map remembers, per prompt prefix,
 //! the worker it was routed to; the decision then prefers that worker among the

@@ -294,7 +294,7 @@ mod tests {
     use super::super::cost::CostModel;
     use super::super::fill::{fill_with, Arrays, Portable};
     use super::super::hits::Columns;
-    use super::super::kernel::{KvStage, Topo};
+    use super::super::stage::{KvStage, Topo};
     use super::super::RequestShape;
     use super::*;
     use crate::config::RouterConfig;
@@ -425,7 +425,7 @@ mod tests {
             let mut acc = [0.0f64; 4];
             for c in x.chunks_exact_mut(4) {
                 for j in 0..4 {
-                    let w = super::super::kernel::exp_neg(-(c[j] - lo) * scale);
+                    let w = super::super::stage::exp_neg(-(c[j] - lo) * scale);
                     c[j] = w;
                     acc[j] += w;
                 }

@@ -34,8 +34,8 @@
 
 use super::cost::{CostModel, Scorer};
 pub use super::decision::{Decision, Explain, Fallback, Rejected, RouteError, RrState};
-use super::filter::{role_bit, Rejection, ScanStats, StageFilter};
-use super::fleet::{Fleet, UNKNOWN};
+use super::filter::{Rejection, ScanStats, StageFilter};
+use super::fleet::{role_bit, Fleet, UNKNOWN};
 use super::hits::Hits;
 use super::kernel::KernelScratch;
 use super::loads::Loads;

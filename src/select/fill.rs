@@ -18,7 +18,7 @@
 //! length once; a short array gives +∞ everywhere).
 
 use super::hits::Columns;
-use super::kernel::{KvStage, Topo};
+use super::stage::{KvStage, Topo};
 
 const INF: f64 = f64::INFINITY;
 
@@ -97,16 +97,6 @@ pub(crate) trait Lanes {
         k: &Consts,
         out: &mut [f64],
     ) -> f64;
-}
-
-/// Step 1 for the configuration of `st`; returns the minimum (+∞ when nothing is
-/// eligible or the arrays are short).
-pub(crate) fn fill(st: &KvStage, a: &Arrays, out: &mut [f64]) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    if super::avx2::available() {
-        return fill_with::<super::avx2::Avx2>(st, a, out);
-    }
-    fill_with::<Portable>(st, a, out)
 }
 
 /// Step 1 with implementation `L`.

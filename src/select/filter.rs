@@ -12,7 +12,6 @@
 use super::cost::CostModel;
 use super::fleet::Fleet;
 use super::{Fig, Stage};
-use crate::types::Role;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -161,11 +160,6 @@ pub(crate) enum Eval {
     Reject(Rejection),
     /// Eligible, serving at this dp rank.
     Pass(u32),
-}
-
-/// Bit of a role in a pool mask.
-pub(crate) const fn role_bit(r: Role) -> u8 {
-    1 << (r as u8)
 }
 
 /// The hard filters of one stage, resolved once per decision against the [`Fleet`]'s

@@ -25,6 +25,11 @@ use crate::types::{DeviceClass, Role, WorkerSlot, WorkerSpec};
 use std::collections::HashMap;
 use std::ops::Range;
 
+/// Bit of a role in a pool mask.
+pub(crate) const fn role_bit(r: Role) -> u8 {
+    1 << (r as u8)
+}
+
 /// Id of a name that no worker carries: matches nothing.
 pub(crate) const UNKNOWN: u32 = u32::MAX;
 
@@ -139,7 +144,7 @@ impl Fleet {
             f.slot.push(slot);
             let m = f.models.intern(&s.model);
             f.model.push(m);
-            f.role.push(super::filter::role_bit(s.role));
+            f.role.push(role_bit(s.role));
             f.cpu.push(s.device == DeviceClass::Cpu);
             f.dp_lo.push(s.dp_ranks.lo);
             f.dp_hi.push(s.dp_ranks.hi);
@@ -174,9 +179,9 @@ impl Fleet {
     fn layout(&mut self) {
         let n = self.len();
         let rank = |r: u8| match r {
-            x if x == super::filter::role_bit(Role::Prefill) => 0usize,
-            x if x == super::filter::role_bit(Role::Aggregated) => 1,
-            x if x == super::filter::role_bit(Role::Decode) => 2,
+            x if x == role_bit(Role::Prefill) => 0usize,
+            x if x == role_bit(Role::Aggregated) => 1,
+            x if x == role_bit(Role::Decode) => 2,
             _ => 3,
         };
         let mut order: Vec<u32> = (0..n as u32).collect();
@@ -223,9 +228,9 @@ impl Fleet {
     /// Positions of the workers of model `model` whose role is in `pool` (role bits),
     /// when that set is one contiguous range (every pool `decide` uses is).
     pub(crate) fn pool_range(&self, model: u32, pool: u8) -> Option<Range<usize>> {
-        const P: u8 = super::filter::role_bit(Role::Prefill);
-        const A: u8 = super::filter::role_bit(Role::Aggregated);
-        const D: u8 = super::filter::role_bit(Role::Decode);
+        const P: u8 = role_bit(Role::Prefill);
+        const A: u8 = role_bit(Role::Aggregated);
+        const D: u8 = role_bit(Role::Decode);
         let Some(b) = self.bounds.get(model as usize) else {
             return Some(0..0);
         };

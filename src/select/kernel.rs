@@ -31,12 +31,12 @@
 //! against the arrays, `None` when nothing is eligible).
 
 use super::cost::CostModel;
-use super::fill::{fill, Arrays};
+use super::fill::{fill_with, Arrays, Portable};
 use super::fleet::Fleet;
 use super::hits::Hits;
 use super::loads::Loads;
-use super::pick::TIE_EPS;
 use super::routed;
+use super::stage::{exp_neg, tie_bound, KvStage, Topo, TIE_EPS};
 use crate::types::Overlap;
 use rand::Rng;
 use std::ops::Range;
@@ -44,38 +44,6 @@ use std::ops::Range;
 /// Workers per chunk of the selection passes.
 const CHUNK: usize = 64;
 const INF: f64 = f64::INFINITY;
-
-/// Topology rule of the decode stage relative to the prefill worker's domain.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Topo {
-    None,
-    /// Only workers of this domain are eligible.
-    Restrict(u32),
-    /// Workers outside this domain pay the penalty.
-    Prefer(u32, f64),
-}
-
-/// One `kv` stage ready for the kernel.
-#[derive(Clone, Debug)]
-pub(crate) struct KvStage {
-    pub model: CostModel,
-    /// Positions of the pool.
-    pub range: Range<usize>,
-    /// `busy_threshold`.
-    pub busy: Option<f64>,
-    pub topo: Topo,
-    pub temperature: f64,
-    /// `balance_slack`, and the decision's turn among the tied workers
-    /// ([`super::RrState::ties`]).
-    pub slack: f64,
-    pub turn: u64,
-    /// `balance_routed_min_ties`.
-    pub min_ties: u32,
-    /// Position of the request's affinity worker ([`Hits::affinity`]), and
-    /// `affinity_slack`.
-    pub affinity: Option<usize>,
-    pub affinity_slack: f64,
-}
 
 /// Reusable buffers of the kernel.
 #[derive(Clone, Debug, Default)]
@@ -220,7 +188,7 @@ fn choose_portable(
     if temperature > 0.0 {
         softmax(buf, sums, temperature, rng)
     } else {
-        let thr = super::pick::tie_bound(m, slack);
+        let thr = tie_bound(m, slack);
         let count = count_chunks(buf, sums, |c| c <= thr);
         if slack > 0.0 && routed::by_count(u64::from(count), tie.min_ties) {
             let r = tie.routed;
@@ -228,7 +196,7 @@ fn choose_portable(
             let used = |j: usize| r.get(j).copied().unwrap_or(0.0);
             return routed::fewest_routed(buf.len(), tied, used, turn);
         }
-        let wide = super::pick::tie_bound(m, slack.max(tie.affinity_slack));
+        let wide = tie_bound(m, slack.max(tie.affinity_slack));
         if let Some(j) = tie
             .affinity
             .filter(|&j| buf.get(j).is_some_and(|&c| c <= wide))
@@ -474,6 +442,17 @@ fn reject(buf: &[f64], lo: f64, scale: f64, rng: &mut impl Rng) -> Option<usize>
     None
 }
 
+/// Step 1 ([`super::fill`]) for the configuration of `st` with the implementation
+/// this CPU runs fastest: AVX2 where it has it, else the portable one. Returns the
+/// minimum (+∞ when nothing is eligible or the arrays are short).
+fn fill(st: &KvStage, a: &Arrays, out: &mut [f64]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2::available() {
+        return fill_with::<super::avx2::Avx2>(st, a, out);
+    }
+    fill_with::<Portable>(st, a, out)
+}
+
 /// Whether the CPU has AVX2 (always false off x86-64): checked once per softmax, not
 /// once per chunk.
 #[inline(always)]
@@ -509,43 +488,4 @@ fn weigh(four: &mut [f64], lo: f64, scale: f64, avx2: bool) -> [f64; 4] {
         }
     }
     acc
-}
-
-/// `e^y` for `y <= 0` (larger `y` is not needed: softmax exponents are `<= 0`),
-/// relative error below 1e-8 (ample for sampling), and 0 below -708 or for NaN.
-///
-/// Inlined polynomial instead of libm's `exp`, written without branches or float →
-/// integer conversions so a loop of it vectorises: `e^y = 2^k * e^r` with
-/// `k = round(y / ln 2)` and `|r| <= ln(2) / 2`, `e^r` by its Taylor series to degree 7
-/// (error < 6e-9).
-#[inline(always)]
-pub(crate) fn exp_neg(y: f64) -> f64 {
-    let ok = y > -708.0; // false for NaN
-    let y = if ok { y } else { -708.0 };
-    let y = if y < 0.0 { y } else { 0.0 };
-    // Round to nearest integer: adding 1.5 * 2^52 pushes the fraction bits out of the
-    // mantissa, which then holds k as a two's-complement offset from the shifter.
-    const SHIFTER: f64 = 6_755_399_441_055_744.0;
-    let t = y * std::f64::consts::LOG2_E;
-    let kt = t + SHIFTER;
-    let k = kt - SHIFTER;
-    let r = (t - k) * std::f64::consts::LN_2;
-    // Degree-7 Taylor polynomial in Estrin form: short dependency chains.
-    let r2 = r * r;
-    let r4 = r2 * r2;
-    let lo = (1.0 + r) + r2 * (1.0 / 2.0 + r * (1.0 / 6.0));
-    let hi = (1.0 / 24.0 + r * (1.0 / 120.0)) + r2 * (1.0 / 720.0 + r * (1.0 / 5_040.0));
-    let p = lo + r4 * hi;
-    // k is in [-1022, 0], so k + 1023 is a valid biased exponent of a normal number.
-    let bits = kt
-        .to_bits()
-        .wrapping_sub(SHIFTER.to_bits())
-        .wrapping_add(1023)
-        << 52;
-    let v = p * f64::from_bits(bits);
-    if ok {
-        v
-    } else {
-        0.0
-    }
 }

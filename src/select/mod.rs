@@ -42,6 +42,7 @@ mod local;
 mod pick;
 mod routed;
 mod session;
+mod stage;
 #[cfg(test)]
 mod tests;
 

@@ -26,22 +26,14 @@
 use super::cost::Scorer;
 use super::filter::{Eval, RejectionCounts, ScanStats, StageFilter};
 use super::hits::Hits;
-use super::kernel::{kv_select, KernelScratch, KvStage, Topo};
+use super::kernel::{kv_select, KernelScratch};
 use super::loads::Loads;
 use super::routed;
+use super::stage::{tie_bound, KvStage, Topo, TIE_EPS};
 use super::{Fig, Rows};
 use crate::config::Mode;
 use crate::types::DeviceClass;
 use rand::Rng;
-
-/// Costs closer than this are a tie.
-pub(crate) const TIE_EPS: f64 = 1e-9;
-
-/// Highest cost tied with the minimum `m` under `balance_slack` `slack`.
-#[inline]
-pub(crate) fn tie_bound(m: f64, slack: f64) -> f64 {
-    m + TIE_EPS.max(slack * m)
-}
 
 /// The worker chosen by one stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -504,7 +496,7 @@ fn device_aware<R: Rows + ?Sized>(
 }
 
 /// The kernel's branch-free `e^y` for `y <= 0`.
-pub(crate) use super::kernel::exp_neg;
+pub(crate) use super::stage::exp_neg;
 
 /// Normalised load of a device group: in-flight requests per unit of throughput.
 pub(crate) fn normalized_load(active_sum: u64, count: u32, weight: f64) -> f64 {

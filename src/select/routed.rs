@@ -1,5 +1,5 @@
 //! Requests routed per worker, and the near-tie rule that reads them
-//! (`balance_routed_min_ties`, docs/ROUTING.md item 2).
+//! (`balance_routed_min_ties`, docs/ROUTING.md "Ties and balance").
 //!
 //! With `balance_slack` the `kv` argmin treats every cost within the slack of the
 //! minimum as tied. Taking ties in turn spreads *first* turns of conversations evenly,

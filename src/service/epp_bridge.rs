@@ -32,13 +32,14 @@
 //! client's `x-request-id`), so those still open at shutdown are not brought back by
 //! a warm restart, like the proxy's.
 
-use super::core::Core;
-use super::msg::LifeOp;
-use super::shared::Shared;
+use crate::engine::request::LifeOp;
 use crate::epp::metrics::EppMetrics;
 use crate::epp::pick::{EndpointInfo, Life, NoPick, Pick, PickFuture, PickRequest, Picker};
 use crate::epp::server::{self, EppServer};
+use crate::proxy::front::Front;
 use crate::proxy::url::UpstreamUrl;
+use crate::service::runtime::core::Core;
+use crate::service::runtime::shared::Shared;
 use crossbeam::channel::{bounded, Receiver, Sender, TrySendError};
 use futures_lite::AsyncReadExt;
 use std::cell::Cell;
@@ -344,25 +345,25 @@ thread_local! {
 }
 
 /// Core `core`'s side of the bridge: runs the jobs queued for it until shutdown.
-pub async fn serve_core(core: Rc<Core>, end: CoreEnd) {
+pub async fn serve_core(core: Rc<Core>, front: Front, end: CoreEnd) {
     // SAFETY: the fd comes from a live std UnixStream we own and give up here.
     let mut bell = unsafe { glommio::net::UnixStream::from_raw_fd(end.bell.into_raw_fd()) };
     let mut buf = [0u8; 64];
     loop {
         while let Ok(job) = end.rx.try_recv() {
             match job {
-                Job::Life { id, op } => crate::proxy::body::life(&core, op, &id),
+                Job::Life { id, op } => crate::proxy::body::life(&front, op, &id),
                 Job::Pick { req, reply } => {
-                    let (core, bridge) = (core.clone(), end.bridge.clone());
+                    let (core, front, bridge) = (core.clone(), front.clone(), end.bridge.clone());
                     glommio::spawn_local(async move {
-                        let r = pick_here(&core, req).await;
+                        let r = pick_here(&core, &front, req).await;
                         if let Ok(p) = &r {
                             bridge.live().insert(p.request_id.clone(), core.id);
                         }
                         // The stream went away meanwhile: nobody will finish it.
                         if let Err(Ok(p)) = reply.send(r) {
                             if bridge.live().remove(&p.request_id).is_some() {
-                                crate::proxy::body::life(&core, LifeOp::Finish, &p.request_id);
+                                crate::proxy::body::life(&front, LifeOp::Finish, &p.request_id);
                             }
                         }
                     })
@@ -381,7 +382,7 @@ pub async fn serve_core(core: Rc<Core>, end: CoreEnd) {
 }
 
 /// Tokenizes and routes one request on this core, as the proxy does.
-async fn pick_here(core: &Rc<Core>, req: PickRequest) -> Result<Pick, NoPick> {
+async fn pick_here(core: &Rc<Core>, front: &Front, req: PickRequest) -> Result<Pick, NoPick> {
     let sh = &core.shared;
     let allow = req.allow.unwrap_or_default();
     if allow.is_empty() {
@@ -394,14 +395,14 @@ async fn pick_here(core: &Rc<Core>, req: PickRequest) -> Result<Pick, NoPick> {
         c.get()
     });
     let client = format!("epp-{}", req.client_id);
-    let rid = crate::proxy::request::router_id(&client, &sh.proxy.nonce, core.id, counter, 0);
+    let rid = crate::proxy::request::router_id(&client, &front.state.nonce, core.id, counter, 0);
     let rr = match (req.endpoint, req.request) {
         (Some(ep), Some(creq)) => {
             let (creq, tokens) =
-                crate::proxy::offload::tokenize(core, ep, creq, req.body_len).await;
+                crate::proxy::offload::tokenize(front, ep, creq, req.body_len).await;
             let tokens = tokens.map_err(|e| NoPick::BadRequest(e.0))?;
-            crate::proxy::forward::route_request(
-                sh,
+            crate::proxy::route_request::route_request(
+                sh.tokenizers.get().map(|t| &**t),
                 &creq,
                 tokens.as_deref(),
                 req.body_len,
@@ -420,12 +421,12 @@ async fn pick_here(core: &Rc<Core>, req: PickRequest) -> Result<Pick, NoPick> {
             ..Default::default()
         },
     };
-    let d = match super::router::route_proxied(core, &rr).await {
+    let d = match crate::service::routing::router::route_proxied(core, &rr).await {
         Ok(d) => d,
         Err(e) => {
             use crate::codec::ErrorCode as C;
             let m = e.to_string();
-            return Err(match super::errors::code(&e) {
+            return Err(match crate::service::routing::errors::code(&e) {
                 C::AllBusy | C::Overloaded => NoPick::Busy(m),
                 C::NoEligibleWorker | C::UnknownWorker => NoPick::NoEndpoint(m),
                 C::BadRequest => NoPick::BadRequest(m),
@@ -441,7 +442,7 @@ async fn pick_here(core: &Rc<Core>, req: PickRequest) -> Result<Pick, NoPick> {
             .and_then(endpoint_of)
     };
     let Some(endpoint) = url_of(&d.decode_worker) else {
-        crate::proxy::body::life(core, LifeOp::Finish, &rid);
+        crate::proxy::body::life(front, LifeOp::Finish, &rid);
         return Err(NoPick::NoEndpoint(format!(
             "worker {:?} has no IP address url",
             d.decode_worker

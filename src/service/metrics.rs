@@ -98,6 +98,9 @@ pub struct Metrics {
     pub index_budget_used: Gauge,
     /// `max_index_entries` (each copy's bound when replicated), for dashboards.
     pub index_budget_limit: Gauge,
+    /// Sampled prompts whose lean ids differed from HF's (`tokenize::lean`; set at
+    /// scrape time). Named `proxy_` since the proxy is where prompts are tokenized.
+    pub tokenize_lean_mismatches: Gauge,
     /// Sums over kinds of `events` and `protocol_errors`, for the status page.
     pub events_total: AtomicU64,
     pub protocol_errors_total: AtomicU64,
@@ -115,8 +118,6 @@ pub struct Metrics {
     pub record_lines: Counter,
     pub record_dropped: Counter,
     pub record_stopped: Gauge,
-    /// `--cluster`: `kvroute_cluster_*` (`cluster_bridge`).
-    pub cluster: super::cluster_bridge::ClusterMetrics,
     /// Run-loop parks and spins while an answer from another core was outstanding
     /// (`answer_spin`): `parked`, `parked_long` (longer than `spin_before_park_us`,
     /// so the executor likely slept), `spin_expired` (`answer_spin_us` ran out);
@@ -185,6 +186,7 @@ impl Metrics {
             index_refused: Family::default(),
             index_budget_used: Gauge::default(),
             index_budget_limit: Gauge::default(),
+            tokenize_lean_mismatches: Gauge::default(),
             events_total: AtomicU64::new(0),
             protocol_errors_total: AtomicU64::new(0),
             speculative_blocks: Counter::default(),
@@ -195,7 +197,6 @@ impl Metrics {
             record_lines: Counter::default(),
             record_dropped: Counter::default(),
             record_stopped: Gauge::default(),
-            cluster: Default::default(),
             answer_waits: Family::default(),
             requests_expired: Family::default(),
             engines_file_reloads: Family::default(),
@@ -369,6 +370,11 @@ impl Metrics {
                 m.index_budget_limit.clone(),
             );
             r.register(
+                "proxy_tokenize_lean_mismatches",
+                "Sampled prompts whose token ids by the lean walk differed from the HF pipeline's (each turns the lean walk off for its model)",
+                m.tokenize_lean_mismatches.clone(),
+            );
+            r.register(
                 "speculative_blocks",
                 "Blocks of routed requests credited as pending (speculative) on the chosen worker",
                 m.speculative_blocks.clone(),
@@ -408,7 +414,6 @@ impl Metrics {
                 "1 once the --record trace stopped at a limit or a write error",
                 m.record_stopped.clone(),
             );
-            m.cluster.register(&mut r);
             r.register(
                 "answer_waits",
                 "Run-loop parks (parked, parked_long) and ended spins (spin_expired) while an answer from another core was outstanding; queries announced by other cores (expected) and announced queries that did not come in time (expect_expired)",

@@ -1,85 +1,54 @@
 //! The running service (`kvroute serve`): glommio executors, one per core, each owning
-//! one index shard; cores talk only through the lock-free mailboxes in `mailbox`.
+//! one index shard; cores talk only through the lock-free mailboxes of
+//! `runtime::msg`. This file is the top: [`start`] wires the layers below into a
+//! [`Running`] service (and wires the OpenAI proxy, `crate::proxy`, onto the cores).
 //!
-//! This layer moves data between the pure modules and owns no routing logic:
-//! - `ingest`: binary event connections → index operations fanned out to shards;
-//! - `api` / `http`: binary and JSON request APIs → `router` (scatter/gather/decide);
-//! - `core`: per-core state and the cross-core message handler; `run_loop`: the loop
-//!   that feeds it from the core's urgent and bulk inboxes;
-//! - `control`: registry writes; `board`: lock-free per-worker load figures;
-//! - `listeners`: each listen address bound once (no `SO_REUSEPORT`) and shared by
-//!   the cores, so no other process can join a port;
-//! - `zmq_ingest`: OS threads subscribed to vLLM / SGLang KV events over ZMQ.
-//! - `slots` (pure policy) / `conn_slot`: per-listener connection slots, displacing
-//!   pre-handshake and idle connections; `http_clock` (pure) / `hyper_io`: HTTP
-//!   header, idle and body deadlines.
+//! The service moves data between the pure modules and owns no routing logic. Its
+//! layers, lowest first; a layer imports only from itself and the layers below
+//! (checked over the `use` graph by `tests/layers.rs`, whose `rules.rs` holds the
+//! same list):
+//! 1. the pure library (everything of `src/` outside `service/` and the proxy's
+//!    driver);
+//! 2. `metrics`: the Prometheus registry and the service's families; imports no
+//!    feature;
+//! 3. `net`: listeners, framed and HTTP connections, slots, deadlines, HTTP doors;
+//! 4. `runtime`: executors, per-core state `Core`, process-wide `Shared`, mailboxes
+//!    and messages, the run loop, start checks, blocking threads;
+//! 5. `routing`: route, lifecycle, the registry writes (`control`), error mapping;
+//! 6. `cluster`: the NATS bridge of router replicas;
+//! 7. `state`: snapshots, the state dir, the recorder;
+//! 8. `ingest`: binary event connections, ZMQ subscribers, the engines file;
+//! 9. `api`: the binary and JSON APIs, `/metrics`, the status window and page;
+//! 10. the proxy's driver (`crate::proxy`: server, forward, body, health, pool...),
+//!     which names of the service only `net`, `metrics` and the routing handle;
+//! 11. this file.
+//!
+//! Imports that still go up (the cores' shared state holding the features' state,
+//! registry writes publishing to replicas...) are listed in `tests/layers.rs` and may
+//! only go away.
 
-pub mod answer_spin;
+pub mod accept;
 pub mod api;
-pub mod batch;
-pub mod blocking;
-pub mod claims;
-pub mod cluster_auth;
-pub mod cluster_bridge;
-pub mod cluster_load;
-pub mod cluster_nats;
-pub mod cluster_peers;
-pub mod conn;
-pub mod conn_slot;
-pub mod control;
-pub mod core;
-pub mod core_start;
-pub mod doors;
-pub mod engines_file;
+pub mod cluster;
 pub mod epp_bridge;
-pub mod errors;
-pub mod http;
-pub mod http_clock;
-pub mod hyper_io;
-pub mod index_batch;
 pub mod ingest;
-pub mod ingest_slice;
-pub mod listeners;
 pub mod metrics;
-pub mod msg;
-pub mod persist;
-pub mod pinning;
-pub mod preflight;
-pub mod recorder;
-pub mod router;
-pub mod run_loop;
-pub mod scrape;
-pub mod shared;
-pub mod slots;
-pub mod state_dir;
-pub mod status;
-pub mod zmq_ingest;
-pub mod zmq_reach;
+pub mod net;
+pub mod routing;
+pub mod runtime;
+pub mod state;
 
-use self::core::Core;
+use self::runtime::core::Core;
 use crate::settings::Settings;
+use accept::accept_loop;
+pub use api::scrape::scrape;
 use glommio::{LocalExecutorBuilder, Placement};
-pub use scrape::scrape;
-use shared::Shared;
+pub use runtime::preflight::raise_memlock;
+use runtime::shared::Shared;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Raises RLIMIT_MEMLOCK's soft limit to the hard limit (io_uring registers memory).
-pub fn raise_memlock() {
-    // SAFETY: plain libc calls on a stack-allocated struct.
-    unsafe {
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim);
-        }
-    }
-}
 
 /// Executors to run: `--cores` or all online cores, rounded down to a power of two (the
 /// shard of a block is the top bits of its hash).
@@ -100,15 +69,17 @@ pub struct Running {
     handles: Vec<glommio::ExecutorJoinHandle<()>>,
     snapshotter: Option<std::thread::JoinHandle<()>>,
     engines: Vec<std::thread::JoinHandle<()>>,
-    /// The state dir's lock (`state_dir::StateDir`), held until the process exits.
+    /// The state dir's lock (`state::state_dir::StateDir`), held until the process exits.
     _state_lock: Option<std::fs::File>,
     /// The listening sockets (every core accepts on duplicates), stopped first thing at
-    /// shutdown (`listeners::Bound::stop_listening`).
-    listeners: listeners::Bound,
+    /// shutdown (`net::listeners::Bound::stop_listening`).
+    listeners: net::listeners::Bound,
     /// The proxy's listening socket (`proxy_addr`), stopped with the others.
-    proxy_listener: Option<listeners::Extra>,
+    proxy_listener: Option<net::listeners::Extra>,
+    /// The proxy's state shared by the cores (admission count, keys, metrics).
+    proxy: Arc<crate::proxy::state::ProxyShared>,
     /// `engines_file`: the thread following it (and the engine threads it started).
-    engines_file: Option<engines_file::Watcher>,
+    engines_file: Option<ingest::engines_file::Watcher>,
     /// `--epp-addr`: the endpoint picker (`epp_bridge`).
     epp: Option<epp_bridge::Epp>,
 }
@@ -136,6 +107,11 @@ impl Running {
         }
     }
 
+    /// Proxied requests in flight.
+    pub fn proxy_inflight(&self) -> usize {
+        self.proxy.inflight()
+    }
+
     /// The proxy's drain, before [`Running::shutdown`] (`[proxy] drain_ms`): new proxy
     /// connections are refused and proxied requests in flight run on until none is
     /// left, `drain_ms` has passed, or `interrupted` says to stop (a second signal).
@@ -143,7 +119,7 @@ impl Running {
     /// applies and the shutdown snapshot sees them end. Returns how many were still
     /// running, with the endpoint picker's open streams (it drains alongside).
     pub fn drain(&self, mut interrupted: impl FnMut() -> bool) -> usize {
-        let p = &self.shared.proxy;
+        let p = &self.proxy;
         let max = Duration::from_millis(self.shared.settings.proxy.drain_ms);
         let left = || p.inflight() + epp_bridge::open_streams(&self.epp);
         if max.is_zero() {
@@ -153,7 +129,7 @@ impl Running {
         if let Some(l) = &self.proxy_listener {
             // Listener first: whoever sees `draining` (`/readyz`) can rely on it being shut.
             l.stop_listening();
-            p.start_draining();
+            self.shared.draining.store(true, Ordering::SeqCst);
         }
         let t0 = std::time::Instant::now();
         while left() > 0 && t0.elapsed() < max && !interrupted() {
@@ -191,7 +167,7 @@ impl Running {
             if left > 0 {
                 eprintln!("kvroute: shutdown: {left} calls still running after 2 s; snapshot taken without them");
             }
-            match persist::take_recorded(&self.shared, std::path::Path::new(dir)) {
+            match state::persist::take_recorded(&self.shared, std::path::Path::new(dir)) {
                 Ok(t) => eprintln!(
                     "kvroute: shutdown snapshot: {} index entries, {} in-flight requests in {dir}",
                     t.entries, t.requests
@@ -220,7 +196,7 @@ impl Running {
             w.stop();
         }
         // The spans of the last requests, exported within the export timeout.
-        if let Some(t) = self.shared.proxy.tracing.get() {
+        if let Some(t) = self.proxy.tracing.get() {
             let wait = Duration::from_millis(self.shared.settings.trace.export_timeout_ms);
             if let Err(e) = t.shutdown(wait) {
                 eprintln!("kvroute: trace export at shutdown: {e}");
@@ -235,9 +211,9 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     settings.validate()?;
     // Before anything else: what the executors need from the kernel and the limits
     // (a refusal is one line naming the fix, not a panic inside glommio).
-    preflight::check()?;
+    runtime::preflight::check()?;
     // Before anything is bound: a missing or broken tokenizer directory stops the start.
-    let tokenizers = Arc::new(crate::tokenize::Tokenizers::from_settings(&settings)?);
+    let tokenizers = Arc::new(settings.load_tokenizers()?);
     for m in tokenizers.models() {
         let how = if tokenizers.is_lean(m) {
             "lean walk of its pipeline"
@@ -260,7 +236,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     // An unusable engines file stops the start, like any setting. With `[cluster]` its
     // entries join the static list (the engine leases cover that list only).
     let mut first_engines = match &settings.engines_file {
-        Some(path) => Some(engines_file::load(
+        Some(path) => Some(ingest::engines_file::load(
             path,
             &settings.engines,
             settings.limits.max_workers,
@@ -284,7 +260,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     let creds = crate::credentials::Credentials::new(token, worker_tokens);
     // Bound here, once per address, before anything slow: a port held by another
     // process stops the start at once (see `listeners`).
-    let bound = listeners::Bound::bind(
+    let bound = net::listeners::Bound::bind(
         &settings.events_addr,
         &settings.api_addr,
         &settings.http_addr,
@@ -300,7 +276,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     let proxy_l = if crate::proxy::config::is_off(&settings.proxy_addr) {
         None
     } else {
-        let l = listeners::Extra::bind("proxy_addr", &settings.proxy_addr)?;
+        let l = net::listeners::Extra::bind("proxy_addr", &settings.proxy_addr)?;
         settings.proxy_addr = l.addr()?.to_string();
         Some(l)
     };
@@ -308,15 +284,15 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     let cores = effective_cores(settings.cores);
     let (shard_bits, replicated) = Shared::layout(&settings, cores);
     let limits = settings.limits.clone();
-    let state = state_dir::load_at_start(&settings, cores, shard_bits, replicated)?;
+    let state = state::state_dir::load_at_start(&settings, cores, shard_bits, replicated)?;
     let restored = state.restored;
     let restored_state = restored.is_some();
-    let persist::RestoredState {
+    let state::persist::RestoredState {
         mut registry,
         mut shards,
         saved,
         requests,
-    } = restored.unwrap_or_else(|| persist::RestoredState {
+    } = restored.unwrap_or_else(|| state::persist::RestoredState {
         registry: crate::registry::Registry::new(limits.max_workers),
         shards: Vec::new(),
         saved: Vec::new(),
@@ -343,28 +319,34 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         .metrics
         .index_budget_limit
         .set(i64::try_from(limit).unwrap_or(i64::MAX));
-    let _ = shared.proxy.keys.set(proxy_keys);
-    shared.proxy.set_upstream_key(upstream_key.as_deref());
+    // The proxy's state, its metric families registered into the service's registry.
+    let proxy = Arc::new(crate::proxy::state::ProxyShared::new(&shared.metrics));
+    let _ = proxy.keys.set(proxy_keys);
+    proxy.set_upstream_key(upstream_key.as_deref());
     let policies = crate::proxy::policies::Policies::new(
         &shared.settings.admission,
         &shared.settings.router,
         tenants,
         &shared.metrics,
     );
-    let _ = shared.proxy.policies.set(policies);
+    let _ = proxy.policies.set(policies);
     let tracing = crate::trace::Tracing::start(&shared.settings.trace)?;
     shared.metrics.with_registry(|r| tracing.register(r));
-    let _ = shared.proxy.tracing.set(tracing);
+    let _ = proxy.tracing.set(tracing);
     let _ = shared.tokenizers.set(tokenizers);
     if let Some(path) = shared.settings.record.clone() {
-        let cfg = recorder::RecordConfig {
+        let cfg = state::recorder::RecordConfig {
             path,
             block_size: shared.settings.router.block_size,
             max_bytes: shared.settings.record_max_bytes,
             max_ids: shared.settings.record_max_ids,
         };
         let m = &shared.metrics;
-        let r = recorder::Recorder::start(cfg, m.record_lines.clone(), m.record_stopped.clone())?;
+        let r = state::recorder::Recorder::start(
+            cfg,
+            m.record_lines.clone(),
+            m.record_stopped.clone(),
+        )?;
         let _ = shared.recorder.set(r);
     }
     for (slot, w) in &saved {
@@ -379,19 +361,20 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     }
     // `--epp-addr`: one queue per core; the server starts once the cores run.
     let (epp_bridge, mut epp_ends) = epp_bridge::prepare(&shared)?;
-    let (requests, orphans) = persist::drop_orphans(&shared, requests);
+    let (requests, orphans) = state::persist::drop_orphans(&shared, requests);
     let requests = Arc::new(requests);
-    let allowed = pinning::allowed_cpus();
-    let cpus = pinning::plan(cores, shared.settings.pin_cores, &allowed);
-    eprintln!("kvroute: {}", pinning::describe(&cpus, &allowed));
-    let mut placements = pinning::placements(&cpus)?.into_iter();
+    let allowed = runtime::pinning::allowed_cpus();
+    let cpus = runtime::pinning::plan(cores, shared.settings.pin_cores, &allowed);
+    eprintln!("kvroute: {}", runtime::pinning::describe(&cpus, &allowed));
+    let mut placements = runtime::pinning::placements(&cpus)?.into_iter();
     // Before the cores accept anything, so every accepted event is published.
-    let cluster_threads = cluster_bridge::start(&shared, restored_state, orphans)?;
-    let reports = core_start::Reports::default();
+    let cluster_threads = cluster::bridge::start(&shared, restored_state, orphans)?;
+    let reports = runtime::core_start::Reports::default();
     let mut handles = Vec::new();
     let mut first_err = None;
     for ((id, bell), shard) in doorbells.into_iter().enumerate().zip(shards) {
         let sh = shared.clone();
+        let proxy = proxy.clone();
         let ready = reports.guard(id);
         let requests = requests.clone();
         let spin = sh.settings.spin_before_park_us;
@@ -424,31 +407,45 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         }
         let spawned = b.spawn(move || async move {
             let core = Rc::new(Core::new(id, sh.clone(), shard));
-            persist::restore_requests(&core, &requests);
+            state::persist::restore_requests(&core, &requests);
             drop(requests);
             let (ev, api_l, http_l) = mine.into_glommio();
             ready.started();
-            glommio::spawn_local(accept_loop(core.clone(), ev, "events", ingest::serve)).detach();
-            glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::serve)).detach();
+            glommio::spawn_local(accept_loop(
+                core.clone(),
+                ev,
+                "events",
+                ingest::events::serve,
+            ))
+            .detach();
+            glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::binary::serve))
+                .detach();
             glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http)).detach();
             if let Some(l) = proxy_mine {
                 let l = l.into_glommio();
-                glommio::spawn_local(accept_loop(
-                    core.clone(),
-                    l,
-                    "proxy",
-                    crate::proxy::server::serve,
-                ))
-                .detach();
+                // The proxy reaches routing through this core's handle only.
+                let front = crate::proxy::front::Front {
+                    handle: routing::handle::Handle::new(core.clone()),
+                    state: proxy.clone(),
+                };
+                let serve = move |_core, stream, slot| {
+                    crate::proxy::server::serve(front.clone(), stream, slot)
+                };
+                glommio::spawn_local(accept_loop(core.clone(), l, "proxy", serve)).detach();
             }
             if id == 0 {
-                glommio::spawn_local(status::sample_loop(core.clone())).detach();
+                glommio::spawn_local(api::status::sample_loop(core.clone())).detach();
             }
-            glommio::spawn_local(self::core::expiry_loop(core.clone())).detach();
+            glommio::spawn_local(self::runtime::core::expiry_loop(core.clone())).detach();
             if let Some(end) = epp_end {
-                glommio::spawn_local(epp_bridge::serve_core(core.clone(), end)).detach();
+                // The endpoint picker is the pipeline's second driver: the proxy's door.
+                let front = crate::proxy::front::Front {
+                    handle: routing::handle::Handle::new(core.clone()),
+                    state: proxy,
+                };
+                glommio::spawn_local(epp_bridge::serve_core(core.clone(), front, end)).detach();
             }
-            run_loop::run(core, bell).await;
+            runtime::run_loop::run(core, bell).await;
         });
         match spawned {
             Ok(h) => handles.push(h),
@@ -460,7 +457,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     }
     // The cores that were spawned report (a failed one with its error) even when a
     // later one could not be spawned, so every started core is stopped below.
-    if let Err(e) = reports.wait(&mut handles, core_start::TIMEOUT) {
+    if let Err(e) = reports.wait(&mut handles, runtime::core_start::TIMEOUT) {
         first_err.get_or_insert(e);
     }
     let mut running = Running {
@@ -471,6 +468,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         _state_lock: state.lock,
         listeners: bound,
         proxy_listener: proxy_l,
+        proxy,
         engines_file: None,
         epp: None,
     };
@@ -486,16 +484,16 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     }
     if let Some(dir) = running.shared.settings.state_dir.clone() {
         let every = Duration::from_millis(running.shared.settings.snapshot_interval_ms);
-        running.snapshotter = Some(persist::spawn_periodic(
+        running.snapshotter = Some(state::persist::spawn_periodic(
             running.shared.clone(),
             dir.into(),
             every,
         ));
     }
-    running.engines.extend(zmq_ingest::start(&running.shared));
+    running.engines.extend(ingest::zmq::start(&running.shared));
     if let (Some(path), Some(first)) = (running.shared.settings.engines_file.clone(), first_engines)
     {
-        match engines_file::Watcher::start(&running.shared, path, first) {
+        match ingest::engines_file::Watcher::start(&running.shared, path, first) {
             Ok(w) => running.engines_file = Some(w),
             Err(e) => {
                 let _ = running.stop(false);
@@ -506,103 +504,25 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     Ok(running)
 }
 
-/// Accepts connections until shutdown. Each listener on each core has a slot table
-/// (`conn_slot`): at `max_connections` a new connection displaces a pre-handshake or
-/// idle one and is refused only when every slot is busy; pre-handshake connections are
-/// capped at `max_preauth_connections`, the oldest going first (`slots`).
-async fn accept_loop<F, Fut>(
-    core: Rc<Core>,
-    l: glommio::net::TcpListener,
-    name: &'static str,
-    serve: F,
-) where
-    F: Fn(Rc<Core>, glommio::net::TcpStream, Rc<conn_slot::Slot>) -> Fut + 'static,
-    Fut: std::future::Future<Output = ()> + 'static,
-{
-    let table = conn_slot::Table::new();
-    let labels = metrics::ListenerLabel { listener: name };
-    let limits = &core.shared.settings.limits;
-    let caps = slots::Caps {
-        max_connections: limits.max_connections,
-        max_preauth: limits.max_preauth_connections,
-    };
-    loop {
-        let stream = match l.accept().await {
-            Ok(s) => s,
-            // Stopped listening (shutdown), or a transient error (EMFILE...).
-            Err(_) if core.shared.stopping.load(Ordering::Relaxed) => break,
-            // The proxy's listener alone stops first, when the proxy drains.
-            Err(_) if name == "proxy" && core.shared.proxy.is_draining() => break,
-            Err(_) => {
-                glommio::timer::sleep(Duration::from_millis(5)).await;
-                continue;
-            }
-        };
-        if core.shared.stopping.load(Ordering::Relaxed) {
-            break;
-        }
-        core.shared
-            .metrics
-            .connections_total
-            .get_or_create(&labels)
-            .inc();
-        let now = core.shared.now_ms();
-        match table.admit(caps, now) {
-            slots::Admission::Refuse => {
-                core.shared.metrics.protocol_error("connection_limit");
-                // The proxy answers 429 (`proxy::refuse`); the others drop it.
-                if name == "proxy" {
-                    if !crate::proxy::refuse::answer(stream, 4 * caps.max_connections) {
-                        core.shared
-                            .metrics
-                            .protocol_error("connection_limit_dropped");
-                    }
-                } else {
-                    drop(stream);
-                }
-                continue;
-            }
-            slots::Admission::Displace { why, .. } => {
-                core.shared.metrics.protocol_error(why.label());
-            }
-            slots::Admission::Admit => {}
-        }
-        let _ = stream.set_nodelay(true);
-        let guard = table.insert(now);
-        core.shared.metrics.connections.get_or_create(&labels).inc();
-        let (c, sh) = (core.clone(), core.shared.clone());
-        let fut = serve(c, stream, guard.slot.clone());
-        glommio::spawn_local(async move {
-            fut.await;
-            drop(guard);
-            sh.metrics
-                .connections
-                .get_or_create(&metrics::ListenerLabel { listener: name })
-                .dec();
-        })
-        .detach();
-        // Let the new connection read what it already has (a Hello sent right after
-        // connecting) before the next accept. glommio accepts synchronously while the
-        // backlog is non-empty, but a new socket's first read waits for the rings: in a
-        // reconnect storm the loop would accept the whole backlog before any Hello is
-        // read, and displace those connections as pre-handshake.
-        conn::yield_to_poll().await;
-    }
-}
-
-/// One HTTP connection: hyper over [`hyper_io::HyperIo`], which enforces the header,
+/// One HTTP connection: hyper over [`net::hyper_io::HyperIo`], which enforces the header,
 /// keep-alive idle and body deadlines and the slot's displacement. `half_close` keeps
 /// hyper from reading while a handler runs (it would only look for an early EOF), so a
 /// read waiting during a request is a body read, timed as such.
-async fn serve_http(core: Rc<Core>, stream: glommio::net::TcpStream, slot: Rc<conn_slot::Slot>) {
-    let conn = hyper_io::HttpConn::new(core.shared.clone(), slot);
-    let io = hyper_io::HyperIo::new(stream, conn.clone());
+async fn serve_http(
+    core: Rc<Core>,
+    stream: glommio::net::TcpStream,
+    slot: Rc<net::conn_slot::Slot>,
+) {
+    let conn = net::hyper_io::HttpConn::new(core.shared.clone(), slot);
+    let io = net::hyper_io::HyperIo::new(stream, conn.clone());
     let svc = hyper::service::service_fn(move |req| {
         let (core, conn) = (core.clone(), conn.clone());
         async move {
             conn.request_started();
-            let resp = http::handle(core, req).await?;
-            Ok::<_, std::convert::Infallible>(resp.map(|b| hyper_io::TrackedBody::new(b, conn)))
+            let resp = api::http::handle(core, req).await?;
+            Ok::<_, std::convert::Infallible>(
+                resp.map(|b| net::hyper_io::TrackedBody::new(b, conn)),
+            )
         }
     });
     let _ = hyper::server::conn::http1::Builder::new()

@@ -34,6 +34,7 @@ pub mod driver;
 pub mod live;
 pub mod openai;
 pub mod report;
+pub mod restart_plan;
 pub mod router_impls;
 pub mod service_restart;
 pub mod sglang;
@@ -52,8 +53,8 @@ pub use report::{
     device_table, hit_rate_between, svg_chart, svg_chart_with_bound, table, HitSample, Percentiles,
     Recorder, Report,
 };
+pub use restart_plan::{RestartPlan, RestartStats, RouterRestart};
 pub use router_impls::{EngineRouter, Pace, ServiceRouter};
-pub use service_restart::{RestartPlan, RestartStats, RouterRestart};
 pub use synth::{generate, LenRange, SynthSpec};
 pub use timing::TimingModel;
 pub use trace::{mooncake_hashes, parse_mooncake, read_mooncake, TraceError, TraceOptions};

@@ -17,7 +17,7 @@
 //! Every wait is bounded: by the schedule, which ends with the workload.
 
 use super::driver::{RouteQuery, Routed, RouterApi};
-use super::service_restart::{Life, RestartPlan, RestartState};
+use super::restart_plan::{Life, RestartPlan, RestartState};
 use crate::client::{ClientError, EventPublisher, RequestClient};
 use crate::config::RouterConfig;
 use crate::engine::{Engine, EngineLimits, KvEvent, RouteRequest};

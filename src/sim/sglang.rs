@@ -1,6 +1,6 @@
 //! A model of SGLang Model Gateway's `cache_aware` policy (sgl-router 0.3.x,
 //! `--policy cache_aware`) as a [`RouterApi`], so the offline simulator can compare
-//! kvroute with it on the same workload, deterministic and without Python (issue 18).
+//! kvroute with it on the same workload, deterministic and without Python.
 //!
 //! What the gateway does, and what this model keeps of it:
 //! - It keeps, per worker, an approximate radix tree of the *prompt text it routed*

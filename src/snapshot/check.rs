@@ -60,7 +60,7 @@ pub enum RestoreError {
     },
     #[error("it lists entries for {entries} workers but holds {workers} workers")]
     EntryLists { workers: usize, entries: usize },
-    /// Found while restoring (`service::persist`), since the caps depend on how the
+    /// Found while restoring (`service::state::persist`), since the caps depend on how the
     /// hashes split over the cores: entries the index refused (over the worker's cap
     /// under these settings) or that repeat another.
     #[error(

@@ -1,7 +1,7 @@
 //! Warm-restart snapshots: the worker registry (specs, epochs, sequence resume points),
 //! every live index entry and the in-flight requests, in one file written atomically.
 //!
-//! Format version 3 (all integers little-endian; README "Warm restart" has the table):
+//! Format version 3 (all integers little-endian; docs/OPERATIONS.md "Warm restart" has the table):
 //! magic `KVRS`, version u16 (3), the hash parameters that give the saved hashes their
 //! meaning (u32 block size, u64 hash seed, u8 length + ASCII name of the hash scheme),
 //! u32 length + JSON of the saved workers, then per saved worker: u64 count and
@@ -24,18 +24,21 @@
 //! the temporary file is removed.
 
 mod check;
+mod error;
 mod requests;
 #[cfg(test)]
 mod tests;
 
 pub use check::{check, Expect, RestoreError};
-use requests::{bad, Reader};
+use error::bad;
+pub use error::SnapshotError;
+use requests::Reader;
 pub use requests::{SavedRequest, SavedReroute};
 
 use crate::types::{Tier, WorkerSpec};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use xxhash_rust::xxh3::xxh3_64;
 
 const MAGIC: &[u8; 4] = b"KVRS";
@@ -97,15 +100,6 @@ pub struct Snapshot {
     pub entries: Vec<Vec<(Tier, u64)>>,
     /// In-flight requests (version 2 on; none when read from a version 1 file).
     pub requests: Vec<SavedRequest>,
-}
-
-/// Why a snapshot could not be read or written.
-#[derive(Debug, thiserror::Error)]
-pub enum SnapshotError {
-    #[error("i/o on {path}: {err}")]
-    Io { path: PathBuf, err: std::io::Error },
-    #[error("not a kvroute snapshot or corrupt: {0}")]
-    Corrupt(String),
 }
 
 impl Snapshot {

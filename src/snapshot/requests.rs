@@ -9,7 +9,7 @@
 //! µs, then if flagged: u32 OSL, u64 first-token age µs, u32 length + JSON
 //! `{"filters", "mode"}`; last u32 hash count + the hashes as u64.
 
-use super::SnapshotError;
+use super::error::{bad, SnapshotError};
 use crate::config::Mode;
 use crate::load::CarriedRequest;
 use crate::select::Filters;
@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 /// An in-flight request as saved: its load-tracker state, with workers as indices
 /// into `Snapshot::workers` (the default `W`; a running router holds the same record
-/// with its slots while dumping or restoring, `service::persist`).
+/// with its slots while dumping or restoring, `service::state::persist`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SavedRequest<W = u32> {
     pub request: CarriedRequest<W>,
@@ -25,7 +25,7 @@ pub struct SavedRequest<W = u32> {
     pub reroute: Option<SavedReroute>,
     /// Routed by the OpenAI proxy of the router that wrote the snapshot: its client
     /// and upstream connections live in that process only, so a restart leaves
-    /// nobody to end it (`service::persist::drop_orphans`).
+    /// nobody to end it (`service::state::persist::drop_orphans`).
     pub proxied_here: bool,
 }
 
@@ -45,10 +45,6 @@ impl<W> SavedRequest<W> {
 pub struct SavedReroute {
     pub filters: Filters,
     pub mode: Mode,
-}
-
-pub(super) fn bad(m: &str) -> SnapshotError {
-    SnapshotError::Corrupt(m.to_string())
 }
 
 /// A bounds-checked little-endian cursor.

@@ -34,7 +34,7 @@
 //! core and, when it runs out, repeats on the core's blocking thread, so a template
 //! that turns out costly never holds the core for more than those few steps.
 
-use super::{check_text_len, encode, Model, PromptError};
+use super::bounds::PromptError;
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde_json::{Map, Value as Json};
 use std::collections::BTreeMap;
@@ -225,7 +225,7 @@ impl ChatTemplates {
             _ => return Err(PromptError("messages must be a list".into()).into()),
         };
         // Nothing is rendered for a request whose strings alone exceed the limit.
-        let mut budget = max_tokens.saturating_mul(super::BYTES_PER_TOKEN_BOUND);
+        let mut budget = max_tokens.saturating_mul(super::bounds::BYTES_PER_TOKEN_BOUND);
         for key in ["messages", "tools", "documents", "chat_template_kwargs"] {
             if let Some(v) = body.get(key) {
                 if !spend_strings(v, &mut budget) {
@@ -300,37 +300,6 @@ impl ChatTemplates {
             PromptError("the model's chat templates have no \"default\" template".into())
         })
     }
-}
-
-/// A chat request's prompt token ids; `quick`: rendered within [`QUICK_FUEL`] steps,
-/// `None` when it needs more.
-pub(crate) fn chat_tokens(
-    m: &Model,
-    body: &Json,
-    max: usize,
-    quick: bool,
-) -> Option<Result<Vec<u32>, PromptError>> {
-    let Some(t) = m.chat.as_ref() else {
-        return Some(Err(PromptError("the model has no chat template".into())));
-    };
-    let add_special = match body.get("add_special_tokens") {
-        None | Some(Json::Null) => false,
-        Some(Json::Bool(b)) => *b,
-        Some(_) => {
-            return Some(Err(PromptError(
-                "add_special_tokens must be a boolean".into(),
-            )))
-        }
-    };
-    let text = if quick {
-        t.render_quick(body, max)?
-    } else {
-        t.render(body, max)
-    };
-    Some(text.and_then(|text| {
-        check_text_len(text.len(), max)?;
-        encode(m, &text, add_special, max)
-    }))
 }
 
 fn new_env() -> Environment<'static> {

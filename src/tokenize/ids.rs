@@ -184,12 +184,12 @@ mod tests {
 
     #[test]
     fn the_test_tokenizer_gives_the_same_ids() {
-        same(&crate::tokenize::testing::build_tokenizer(1000).unwrap());
+        same(&crate::tokenize::fixture::build_tokenizer(1000).unwrap());
     }
 
     #[test]
     fn prefix_suffix_normalizer_and_no_post_processor_give_the_same_ids() {
-        let mut tok = crate::tokenize::testing::build_tokenizer(1000).unwrap();
+        let mut tok = crate::tokenize::fixture::build_tokenizer(1000).unwrap();
         let cls = tok.token_to_id("<|im_start|>").unwrap();
         let sep = tok.token_to_id("<|im_end|>").unwrap();
         let post = TemplateProcessing::builder()
@@ -231,8 +231,8 @@ mod tests {
         #[test]
         fn random_texts_give_the_same_ids(picks in proptest::collection::vec(0..PIECES.len(), 0..60)) {
             let text: String = picks.iter().map(|&i| PIECES[i]).collect();
-            let wl = crate::tokenize::testing::build_tokenizer(1000).unwrap();
-            let mut lower = crate::tokenize::testing::build_tokenizer(1000).unwrap();
+            let wl = crate::tokenize::fixture::build_tokenizer(1000).unwrap();
+            let mut lower = crate::tokenize::fixture::build_tokenizer(1000).unwrap();
             lower.with_normalizer(Some(Lowercase));
             lower.with_post_processor(None::<TemplateProcessing>);
             for tok in [&wl, &lower, &byte_level_bpe()] {
@@ -247,7 +247,7 @@ mod tests {
 
     #[test]
     fn padding_or_truncation_keeps_the_full_path() {
-        let mut tok = crate::tokenize::testing::build_tokenizer(100).unwrap();
+        let mut tok = crate::tokenize::fixture::build_tokenizer(100).unwrap();
         tok.with_padding(Some(PaddingParams::default()));
         assert!(Fast::new(&tok).is_none());
         tok.with_padding(None);

@@ -8,7 +8,7 @@ use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 fn wordlevel() -> Tokenizer {
-    super::testing::build_tokenizer(1000).unwrap()
+    super::fixture::build_tokenizer(1000).unwrap()
 }
 
 fn ids(tok: &Tokenizer, lean: &Lean, text: &str) -> Vec<u32> {
@@ -112,7 +112,7 @@ fn a_sampled_difference_turns_the_lean_walk_off_and_answers_with_hfs_ids() {
     // can see. Every CHECK_EVERY-th text is compared.
     let tok = wordlevel();
     let other = {
-        let mut t = super::testing::build_tokenizer(900).unwrap();
+        let mut t = super::fixture::build_tokenizer(900).unwrap();
         t.with_post_processor(None::<TemplateProcessing>);
         t
     };
@@ -123,7 +123,7 @@ fn a_sampled_difference_turns_the_lean_walk_off_and_answers_with_hfs_ids() {
     let right = m.tok.encode_fast(text, false).unwrap().get_ids().to_vec();
     let mut wrong_seen = 0;
     for _ in 0..CHECK_EVERY {
-        let got = super::encode(&m, text, false, 1000).unwrap();
+        let got = super::model::encode(&m, text, false, 1000).unwrap();
         if got != right {
             wrong_seen += 1;
         }
@@ -132,5 +132,5 @@ fn a_sampled_difference_turns_the_lean_walk_off_and_answers_with_hfs_ids() {
     assert_eq!(wrong_seen, CHECK_EVERY - 1);
     assert!(!m.is_lean());
     assert_eq!(m.lean.as_ref().unwrap().mismatches(), 1);
-    assert_eq!(super::encode(&m, text, false, 1000).unwrap(), right);
+    assert_eq!(super::model::encode(&m, text, false, 1000).unwrap(), right);
 }

@@ -1,5 +1,5 @@
 //! Prompt token ids of OpenAI requests, computed as the inference engine computes them,
-//! so the router hashes the same blocks the engine will cache (issue 18).
+//! so the router hashes the same blocks the engine will cache.
 //!
 //! Per model, a HuggingFace tokenizer directory (`tokenizer.json`, optionally
 //! `tokenizer_config.json` and `chat_template.jinja`) is loaded once at start
@@ -33,11 +33,14 @@
 //! `input_tokens`, and `lora_name` for an adapter). Tokenization time: the caller times
 //! [`Tokenizers::prompt_tokens`] (it is synchronous and does no I/O).
 
+mod bounds;
 pub mod chat;
+pub mod fixture;
 mod ids;
 mod lean;
 #[cfg(test)]
 mod lean_tests;
+mod model;
 pub mod pipelines;
 pub mod prompt;
 pub mod testing;
@@ -47,16 +50,11 @@ mod words;
 #[cfg(test)]
 mod tests;
 
+pub use bounds::{PromptError, BYTES_PER_TOKEN_BOUND, DEFAULT_MAX_PROMPT_TOKENS};
+pub(crate) use model::Model;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// Default of `max_prompt_tokens` (settings `limits.max_prompt_tokens`).
-pub const DEFAULT_MAX_PROMPT_TOKENS: usize = 262_144;
-
-/// Text above this many bytes per allowed prompt token is refused before tokenizing
-/// (no real tokenizer averages more than a few bytes per token on text).
-pub const BYTES_PER_TOKEN_BOUND: usize = 16;
 
 /// Largest `tokenizer.json` / `tokenizer_config.json` / template file read (bytes).
 pub const MAX_TOKENIZER_FILE_BYTES: u64 = 512 << 20;
@@ -68,52 +66,6 @@ pub enum Endpoint {
     Completions,
     /// `POST /v1/chat/completions`: `messages`.
     Chat,
-}
-
-/// Why a request's prompt could not be tokenized (the proxy answers 400 with it).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PromptError(pub String);
-
-impl std::fmt::Display for PromptError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for PromptError {}
-
-/// One model's tokenizer and chat templates.
-pub(crate) struct Model {
-    pub(crate) tok: tokenizers::Tokenizer,
-    /// Size of the vocabulary with added tokens: token-id prompts must stay below it.
-    pub(crate) vocab: u32,
-    pub(crate) chat: Option<chat::ChatTemplates>,
-    /// The ids-only path ([`ids::Fast`]) when it is exact for this tokenizer.
-    pub(crate) fast: Option<ids::Fast>,
-    /// The lean walk of the pipeline ([`lean::Lean`]) when it is exact for it (it
-    /// takes the special tokens around a sequence from `fast`).
-    lean: Option<lean::Lean>,
-}
-
-impl Model {
-    /// A model of `tok` with its chat templates; the shortcuts it is exact for.
-    pub(crate) fn new(tok: tokenizers::Tokenizer, chat: Option<chat::ChatTemplates>) -> Model {
-        let vocab = u32::try_from(tok.get_vocab_size(true)).unwrap_or(u32::MAX);
-        let fast = ids::Fast::new(&tok);
-        let lean = fast.as_ref().and_then(|_| lean::Lean::new(&tok));
-        Model {
-            tok,
-            vocab,
-            chat,
-            fast,
-            lean,
-        }
-    }
-
-    /// Whether prompts are tokenized by the lean walk ([`lean::Lean`]).
-    fn is_lean(&self) -> bool {
-        self.lean.as_ref().is_some_and(lean::Lean::on)
-    }
 }
 
 /// The tokenizers of every configured model.
@@ -161,26 +113,6 @@ impl Tokenizers {
             adapters: HashMap::new(),
             max_prompt_tokens: DEFAULT_MAX_PROMPT_TOKENS,
         }
-    }
-
-    /// The tokenizers of `settings.tokenizers`, bounded by `limits.max_prompt_tokens`,
-    /// with `settings.lora_adapters`.
-    pub fn from_settings(s: &crate::settings::Settings) -> Result<Tokenizers, String> {
-        let models: Vec<(String, PathBuf)> = s
-            .tokenizers
-            .iter()
-            .map(|(m, d)| (m.clone(), PathBuf::from(d)))
-            .collect();
-        let adapters: Vec<(String, String)> = s
-            .lora_adapters
-            .iter()
-            .map(|(a, b)| (a.clone(), b.clone()))
-            .collect();
-        Tokenizers::load(&models)?
-            .with_max_prompt_tokens(s.limits.max_prompt_tokens)
-            .with_template_fuel(s.limits.chat_template_fuel)
-            .with_lean(s.tokenize_lean)
-            .with_adapters(&adapters)
     }
 
     /// `false`: every prompt through HF's pipeline, never the lean walk
@@ -361,7 +293,7 @@ impl Tokenizers {
             Endpoint::Completions => prompt::completion_tokens(m, body, self.max_prompt_tokens),
             Endpoint::Chat => match m {
                 None => Ok(None),
-                Some(m) => chat::chat_tokens(m, body, self.max_prompt_tokens, quick)?.map(Some),
+                Some(m) => prompt::chat_tokens(m, body, self.max_prompt_tokens, quick)?.map(Some),
             },
         })
     }
@@ -433,67 +365,4 @@ fn load_dir(dir: &Path) -> Result<Model, String> {
     let chat = chat::ChatTemplates::from_config(&config, jinja)
         .map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok(Model::new(tok, chat))
-}
-
-/// Encodes `text` with the model's tokenizer, refusing results above `max` tokens.
-pub(crate) fn encode(
-    m: &Model,
-    text: &str,
-    add_special: bool,
-    max: usize,
-) -> Result<Vec<u32>, PromptError> {
-    check_text_len(text.len(), max)?;
-    let ids = match (&m.lean, &m.fast) {
-        (Some(l), Some(f)) if l.on() => lean_ids(m, l, f, text, add_special),
-        (_, Some(f)) => f.ids(&m.tok, text, add_special).map_err(|e| e.to_string()),
-        (_, None) => m
-            .tok
-            .encode_fast(text, add_special)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| e.to_string()),
-    }
-    .map_err(|e| PromptError(format!("tokenizer: {e}")))?;
-    check_token_count(ids.len(), max)?;
-    Ok(ids)
-}
-
-/// The lean walk's ids between `fast`'s special tokens; a sampled text is compared
-/// with `fast`'s ids (a difference turns the lean path off and answers with those).
-fn lean_ids(
-    m: &Model,
-    l: &lean::Lean,
-    f: &ids::Fast,
-    text: &str,
-    add_special: bool,
-) -> Result<Vec<u32>, String> {
-    let ids = f.wrap(text.len(), add_special, |ids| l.ids(&m.tok, text, ids))?;
-    if l.sample() {
-        let want = f
-            .ids(&m.tok, text, add_special)
-            .map_err(|e| e.to_string())?;
-        if want != ids {
-            l.differed();
-            return Ok(want);
-        }
-    }
-    Ok(ids)
-}
-
-/// Refuses text whose length alone rules it out (before rendering or tokenizing).
-pub(crate) fn check_text_len(bytes: usize, max_tokens: usize) -> Result<(), PromptError> {
-    if bytes > max_tokens.saturating_mul(BYTES_PER_TOKEN_BOUND) {
-        return Err(PromptError(format!(
-            "prompt too long: {bytes} bytes of text (limit {max_tokens} tokens)"
-        )));
-    }
-    Ok(())
-}
-
-pub(crate) fn check_token_count(n: usize, max_tokens: usize) -> Result<(), PromptError> {
-    if n > max_tokens {
-        return Err(PromptError(format!(
-            "prompt too long: {n} tokens > limit {max_tokens}"
-        )));
-    }
-    Ok(())
 }

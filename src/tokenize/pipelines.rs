@@ -20,7 +20,7 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 fn wordlevel() -> Tokenizer {
-    super::testing::build_tokenizer(1000).expect("a vocabulary of 1,000 words is valid")
+    super::fixture::build_tokenizer(1000).expect("a vocabulary of 1,000 words is valid")
 }
 
 /// WordLevel with a lowercasing normalizer and a *normalized* added token (HF's second

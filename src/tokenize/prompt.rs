@@ -5,9 +5,10 @@
 //! request to one worker, so it routes on the **first** prompt (the others share the
 //! worker and usually the prefix). Sizes are checked before anything is allocated for
 //! them: a token-id list longer than the limit is refused from its length, text from its
-//! byte length ([`super::check_text_len`]).
+//! byte length ([`check_text_len`]).
 
-use super::{check_token_count, encode, Model, PromptError};
+use super::bounds::{check_text_len, check_token_count, PromptError};
+use super::model::{encode, Model};
 use serde_json::Value;
 
 /// The first prompt's token ids. `m`: the model's tokenizer, if any (None: a text
@@ -86,4 +87,35 @@ fn ids(m: Option<&Model>, items: &[Value], max: usize) -> Result<Vec<u32>, Promp
         out.push(id);
     }
     Ok(out)
+}
+
+/// A chat request's prompt token ids; `quick`: rendered within [`super::chat::QUICK_FUEL`] steps,
+/// `None` when it needs more.
+pub(crate) fn chat_tokens(
+    m: &Model,
+    body: &Value,
+    max: usize,
+    quick: bool,
+) -> Option<Result<Vec<u32>, PromptError>> {
+    let Some(t) = m.chat.as_ref() else {
+        return Some(Err(PromptError("the model has no chat template".into())));
+    };
+    let add_special = match body.get("add_special_tokens") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Some(Err(PromptError(
+                "add_special_tokens must be a boolean".into(),
+            )))
+        }
+    };
+    let text = if quick {
+        t.render_quick(body, max)?
+    } else {
+        t.render(body, max)
+    };
+    Some(text.and_then(|text| {
+        check_text_len(text.len(), max)?;
+        encode(m, &text, add_special, max)
+    }))
 }

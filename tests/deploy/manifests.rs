@@ -151,7 +151,7 @@ fn the_manifests_agree_with_kvroute() {
     assert_eq!(edir, dir, "engines.toml is in the mounted ConfigMap");
     let engines = tmp("engines.toml");
     std::fs::write(&engines, cm["data"][ekey].as_str().unwrap()).unwrap();
-    let loaded = kvroute::service::engines_file::load(
+    let loaded = kvroute::service::ingest::engines_file::load(
         engines.to_str().unwrap(),
         &s.engines,
         s.limits.max_workers,

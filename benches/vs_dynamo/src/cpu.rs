@@ -4,7 +4,7 @@
 //! service (one glommio executor per core, each busy-polling while it has work). With
 //! both threads left to the OS on a 2-core machine, a query often waited for a
 //! scheduler tick (ms) instead of one ingest slice (µs): the harness measured the OS,
-//! not the router (docs/PERFORMANCE.md, "Item 2"). Pinning the two threads to two CPUs
+//! not the router (docs/PERFORMANCE.md, "Side by side with Dynamo"). Pinning the two threads to two CPUs
 //! and spinning keeps both running, as the service's executors do.
 //!
 //! Guarantees: pinning is best effort (on a failure, or with fewer than two allowed

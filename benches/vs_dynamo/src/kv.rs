@@ -80,7 +80,7 @@ pub fn churn_step(churn: &[(u32, Vec<u64>)], k: usize) -> [(bool, u32, &[u64]); 
 }
 
 /// Query latency while the shard owner ingests unpaced, the service's way
-/// (`service::run_loop`): the owner thread applies churn ([`churn_step`]) in slices of
+/// (`service::runtime::run_loop`): the owner thread applies churn ([`churn_step`]) in slices of
 /// at most `slice` hashes, and after each slice drains its inbox (a
 /// `kvroute::sync::mailbox::Mailbox`, the service's urgent-lane type) of queries,
 /// answering each into the buffer that came with it and handing it back through a

@@ -1,6 +1,5 @@
 //! Side by side: kvroute's block index and selection against NVIDIA Dynamo's
-//! `dynamo-kv-router` 1.6.1, in one process, on byte-identical inputs (issue 16,
-//! item 4).
+//! `dynamo-kv-router` 1.6.1, in one process, on byte-identical inputs.
 //!
 //! For each stream (the Mooncake conversation trace and a synthetic one-holder load,
 //! at 8 and 1,024 workers): ingest (block events/s), query p50/p99 (kvroute with 1 and

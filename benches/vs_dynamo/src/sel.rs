@@ -1,4 +1,4 @@
-//! Selection side by side (issue 16, item 4): kvroute's `select::decide_view` against
+//! Selection side by side: kvroute's `select::decide_view` against
 //! Dynamo's `DefaultWorkerSelector::select_worker`, fleets of 2 to 10,000 workers, the
 //! same per-worker overlaps and loads, temperature 0 on both.
 //!

@@ -14,8 +14,8 @@
 
 use super::{is_live, slot_of, tier_of, IndexShard};
 use crate::index::answer::{Holder, ShardAnswer};
+use crate::index::hashmix::mix;
 use crate::index::holders::Holders;
-use crate::index::mix;
 
 /// How many blocks ahead of its probe a query prefetches a block's home slot (a power
 /// of two). Why 32 (stores and removes use [`super::AHEAD`], 16): a query's loop body

@@ -16,34 +16,33 @@
 
 use super::super::body::ProxyBody;
 use super::super::forward::Resp;
+use super::super::front::Front;
 use super::super::request::Endpoint;
 use crate::api_shapes::errors;
-use crate::service::core::Core;
 use bytes::Bytes;
 use hyper::{Response, StatusCode};
 use serde_json::Value;
 
 /// The worker a Responses request must go to (`Ok(None)`: route as usual), or the
 /// 404 to answer when that worker is gone.
-pub fn pin(core: &Core, endpoint: Endpoint, body: &Value) -> Result<Option<String>, Box<Resp>> {
+pub fn pin(core: &Front, endpoint: Endpoint, body: &Value) -> Result<Option<String>, Box<Resp>> {
     if endpoint != Endpoint::Responses {
         return Ok(None);
     }
     let Some(id) = body.get("previous_response_id").and_then(Value::as_str) else {
         return Ok(None);
     };
-    let sh = &core.shared;
-    let Some(w) = sh.proxy.responses.worker(id, sh.now_ms()) else {
+    let Some(w) = core.state.responses.worker(id, core.handle.now_ms()) else {
         return Ok(None);
     };
-    let reg = sh.registry.load();
+    let reg = core.handle.registry();
     if reg.by_id(&w).is_some_and(|e| e.spec.url.is_some()) {
         return Ok(Some(w));
     }
     let refused = super::super::state::KindLabel {
         kind: "stored_response_gone",
     };
-    sh.proxy.metrics.refused.get_or_create(&refused).inc();
+    core.state.metrics.refused.get_or_create(&refused).inc();
     let mut r = Response::new(ProxyBody::full(Bytes::from(errors::response_not_found(id))));
     *r.status_mut() = StatusCode::NOT_FOUND;
     let h = r.headers_mut();

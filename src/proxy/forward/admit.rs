@@ -10,14 +10,14 @@ use super::super::watch::Gone;
 use super::Job;
 use crate::engine::{EngineError, RouteDecision, RouteRequest};
 use crate::select::RouteError;
-use crate::service::router::ApiError;
+use crate::service::routing::errors::ApiError;
 use std::sync::Arc;
 
 pub(super) use super::super::queued::Turn;
 
 impl Job {
     fn policies(&self) -> Option<&Policies> {
-        let p = self.core.shared.proxy.policies.get()?;
+        let p = self.core.state.policies.get()?;
         (p.queueing() && self.front.is_some()).then_some(p)
     }
 
@@ -75,7 +75,7 @@ impl Job {
             "x-kvroute-prefill",
             hyper::header::HeaderValue::from_static(header),
         );
-        if let Some(p) = self.core.shared.proxy.policies.get() {
+        if let Some(p) = self.core.state.policies.get() {
             p.metrics
                 .prefill_path
                 .get_or_create(&PathLabel { path })

@@ -10,8 +10,8 @@ use super::super::retry::Failure;
 use super::super::state::{Admitted, RequestLabels};
 use super::super::watch::Gone;
 use super::{error, overloaded, refused, worker_model, Answer, Job, Resp};
-use crate::service::msg::LifeOp;
-use crate::service::router;
+use crate::engine::request::LifeOp;
+use crate::service::routing::errors::{classify, ApiError};
 use hyper::{Response, StatusCode};
 use std::time::{Duration, Instant};
 
@@ -23,7 +23,7 @@ impl Job {
         if let Some(rid) = rid {
             body::life(&self.core, LifeOp::Finish, rid);
         }
-        let m = &self.core.shared.proxy.metrics;
+        let m = &self.core.state.metrics;
         m.e2e.observe(self.started.elapsed().as_secs_f64());
         let labels = RequestLabels {
             model: worker_model(&self.core, worker),
@@ -49,8 +49,8 @@ impl Job {
         fallback: bool,
         (admitted, gone): (Admitted, Gone),
     ) -> Resp {
-        let sh = &self.core.shared;
-        let ps = &sh.settings.proxy;
+        let sh = &self.core;
+        let ps = &sh.handle.settings().proxy;
         let (parts, upstream) = a.resp.into_parts();
         let sse = parts
             .headers
@@ -119,8 +119,7 @@ impl Job {
             outcome: "failed",
         };
         self.core
-            .shared
-            .proxy
+            .state
             .metrics
             .requests
             .get_or_create(&labels)
@@ -165,15 +164,11 @@ impl Job {
         )
     }
 
-    pub(super) fn route_failed(
-        &self,
-        e: &router::ApiError,
-        last: Option<&(String, Failure)>,
-    ) -> Resp {
+    pub(super) fn route_failed(&self, e: &ApiError, last: Option<&(String, Failure)>) -> Resp {
         if last.is_some() {
             return self.gave_up(last);
         }
-        let (status, code) = crate::service::errors::classify(e);
+        let (status, code) = classify(e);
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         refused(&self.core, "no_worker");
         let kind = if status == StatusCode::TOO_MANY_REQUESTS {

@@ -223,7 +223,7 @@ pub(super) fn terms(cfg: &RouterConfig, req: RequestShape, w: &W) -> CostTerms {
     cost_terms(cfg, &req, &w.row(0))
 }
 
-/// The worked example of DESIGN §1 as issue 15 states it: a new 10-block request,
+/// The worked example of DESIGN §1: a new 10-block request,
 /// workers with active decode loads 10 / 5 / 9 blocks (none of them this request's
 /// blocks) and cached device prefixes 2 / 5 / 8. cost = (10 - overlap) + (active + 10):
 /// w1 8 + 20 = 28, w2 5 + 15 = 20 (chosen), w3 2 + 19 = 21.
@@ -235,7 +235,7 @@ pub(super) fn worked_example() -> Vec<W> {
     ]
 }
 
-/// The worked example as it was reached before issue 15 (`assume_device_reuse`):
+/// The worked example as it was reached before DESIGN §1 deduplicated only active blocks (`assume_device_reuse`):
 /// decode = active + blocks not already held (max(reuse, device overlap)):
 /// w1 2 + (10 - 2) = 10, w2 0 + (10 - 5) = 5, w3 7 + (10 - 8) = 9 → 18 / 10 / 11.
 pub(super) fn worked_example_device_reuse() -> Vec<W> {

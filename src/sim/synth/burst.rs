@@ -1,5 +1,5 @@
 //! Bursty synthetic load: groups of requests sharing a prefix nobody has seen yet,
-//! arriving together (issue 15 item 5).
+//! arriving together.
 //!
 //! Bursts start as a Poisson process of `rate_per_s / burst_size` (so requests still
 //! arrive at `rate_per_s` on average). Each burst draws a fresh prefix of
@@ -10,8 +10,9 @@
 //! apply. Output is in arrival order with ids `syn-N` in that order; the same spec and
 //! seed always give the same workload.
 
-use super::{random_tokens, SimRequest, SynthSpec};
+use super::spec::{random_tokens, SynthSpec};
 use crate::hash::sequence_hashes;
+use crate::sim::SimRequest;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -50,49 +51,4 @@ pub fn generate(spec: &SynthSpec) -> Vec<SimRequest> {
         r.id = format!("syn-{n}");
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sim::synth::LenRange;
-
-    #[test]
-    fn bursts_share_a_fresh_prefix_and_arrive_together() {
-        let spec = SynthSpec {
-            requests: 400,
-            rate_per_s: 20.0,
-            burst_size: 8,
-            burst_window_ms: 50,
-            prefix_tokens: 1024,
-            suffix_tokens: LenRange::fixed(256),
-            ..Default::default()
-        };
-        let a = super::super::generate(&spec).unwrap();
-        assert_eq!(a, super::super::generate(&spec).unwrap());
-        assert_eq!(a.len(), 400);
-        assert!(a.windows(2).all(|w| w[0].arrival_us <= w[1].arrival_us));
-        assert_eq!(a[5].id, "syn-5");
-        let mut by_burst: std::collections::HashMap<u64, Vec<&SimRequest>> = Default::default();
-        for r in &a {
-            by_burst
-                .entry(r.session.unwrap_or(u64::MAX))
-                .or_default()
-                .push(r);
-        }
-        assert_eq!(by_burst.len(), 50);
-        let mut first_blocks = std::collections::HashSet::new();
-        for rs in by_burst.values() {
-            assert_eq!(rs.len(), 8);
-            // Same 8-block prefix, distinct suffixes.
-            assert!(rs.iter().all(|r| r.hashes[..8] == rs[0].hashes[..8]));
-            assert!(rs.iter().all(|r| r.hashes.len() == 10));
-            assert_ne!(rs[0].hashes[8], rs[1].hashes[8]);
-            let lo = rs.iter().map(|r| r.arrival_us).min().unwrap_or(0);
-            let hi = rs.iter().map(|r| r.arrival_us).max().unwrap_or(0);
-            assert!(hi - lo <= 50_000, "{lo}..{hi}");
-            // Every burst's prefix is new.
-            assert!(first_blocks.insert(rs[0].hashes[0]));
-        }
-    }
 }

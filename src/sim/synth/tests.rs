@@ -133,3 +133,42 @@ fn invalid_specs_are_rejected() {
     let parsed: SynthSpec = toml::from_str("requests = 3\nturns = { min = 1, max = 3 }").unwrap();
     assert_eq!(generate(&parsed).unwrap().len(), 3);
 }
+
+#[test]
+fn bursts_share_a_fresh_prefix_and_arrive_together() {
+    let spec = SynthSpec {
+        requests: 400,
+        rate_per_s: 20.0,
+        burst_size: 8,
+        burst_window_ms: 50,
+        prefix_tokens: 1024,
+        suffix_tokens: LenRange::fixed(256),
+        ..Default::default()
+    };
+    let a = generate(&spec).unwrap();
+    assert_eq!(a, generate(&spec).unwrap());
+    assert_eq!(a.len(), 400);
+    assert!(a.windows(2).all(|w| w[0].arrival_us <= w[1].arrival_us));
+    assert_eq!(a[5].id, "syn-5");
+    let mut by_burst: std::collections::HashMap<u64, Vec<&SimRequest>> = Default::default();
+    for r in &a {
+        by_burst
+            .entry(r.session.unwrap_or(u64::MAX))
+            .or_default()
+            .push(r);
+    }
+    assert_eq!(by_burst.len(), 50);
+    let mut first_blocks = std::collections::HashSet::new();
+    for rs in by_burst.values() {
+        assert_eq!(rs.len(), 8);
+        // Same 8-block prefix, distinct suffixes.
+        assert!(rs.iter().all(|r| r.hashes[..8] == rs[0].hashes[..8]));
+        assert!(rs.iter().all(|r| r.hashes.len() == 10));
+        assert_ne!(rs[0].hashes[8], rs[1].hashes[8]);
+        let lo = rs.iter().map(|r| r.arrival_us).min().unwrap_or(0);
+        let hi = rs.iter().map(|r| r.arrival_us).max().unwrap_or(0);
+        assert!(hi - lo <= 50_000, "{lo}..{hi}");
+        // Every burst's prefix is new.
+        assert!(first_blocks.insert(rs[0].hashes[0]));
+    }
+}

@@ -54,7 +54,7 @@ impl DfaSplit {
         s: &'t str,
         f: impl FnMut(&'t str, bool) -> Result<(), String>,
     ) -> Result<(), String> {
-        super::walk::cover(s, self.matches(s), f)
+        cover(s, self.matches(s), f)
     }
 
     /// The full pattern's matches in `s`, in order (an empty match, which these
@@ -90,6 +90,28 @@ impl DfaSplit {
     }
 }
 
+/// Pieces of `s` between and at `matches` (ascending, non-overlapping byte ranges),
+/// as HF's `Pattern` impls give them: `(piece, is_match)`, covering `s` in order.
+pub(super) fn cover<'t>(
+    s: &'t str,
+    matches: impl IntoIterator<Item = Result<(usize, usize), String>>,
+    mut f: impl FnMut(&'t str, bool) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut prev = 0;
+    for m in matches {
+        let (start, end) = m?;
+        if prev != start {
+            f(&s[prev..start], false)?;
+        }
+        f(&s[start..end], true)?;
+        prev = end;
+    }
+    if prev != s.len() {
+        f(&s[prev..], false)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,7 +125,7 @@ mod tests {
     /// fancy-regex's pieces (as the walk's HF-compared path makes them).
     fn fancy(re: &SysRegex, s: &str) -> Vec<(String, bool)> {
         let mut out = Vec::new();
-        crate::tokenize::lean::walk::cover(s, re.find_iter(s).map(Ok), |p, m| {
+        super::cover(s, re.find_iter(s).map(Ok), |p, m| {
             out.push((p.to_string(), m));
             Ok(())
         })

@@ -39,11 +39,13 @@
 //! (`kvroute_proxy_tokenize_lean_mismatches`).
 
 mod dfa_split;
+mod state;
 mod vocab;
 mod walk;
 
 use super::pipelines::PIECES;
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use state::Added;
+pub(crate) use state::Lean;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokenizers::pre_tokenizers::split::SplitPattern;
 use tokenizers::utils::SysRegex;
@@ -64,61 +66,6 @@ const WHITESPACE_RE: &str = r"\w+|[^\w\s]+";
 
 /// Pre-tokenizer steps deeper than this are not walked (no real tokenizer nests so).
 const MAX_STEPS: usize = 8;
-
-/// One pass of added tokens: the automaton and the id of each pattern.
-struct Added {
-    ac: AhoCorasick,
-    ids: Vec<u32>,
-}
-
-impl Added {
-    fn new(patterns: Vec<(String, u32)>) -> Option<Added> {
-        if patterns.is_empty() {
-            return None;
-        }
-        let ac = AhoCorasickBuilder::new()
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(patterns.iter().map(|(p, _)| p.as_str()))
-            .ok()?;
-        Some(Added {
-            ac,
-            ids: patterns.into_iter().map(|(_, id)| id).collect(),
-        })
-    }
-}
-
-/// The lean path for one tokenizer (the one [`Lean::new`] was given).
-pub(crate) struct Lean {
-    plain: Option<Added>,
-    normalized: Option<Added>,
-    byte_re: SysRegex,
-    /// `byte_re` without the backtracking VM ([`dfa_split`]), when it has that form.
-    byte_dfa: Option<dfa_split::DfaSplit>,
-    /// Per pre-tokenizer step (as [`steps`] lists them): a `Split` regex without the
-    /// backtracking VM, when it has that form.
-    split_dfa: Vec<Option<dfa_split::DfaSplit>>,
-    ws_re: regex::Regex,
-    /// GPT-2's byte → printable char table (`ByteLevel`).
-    byte_char: [char; 256],
-    /// `WordLevel`'s unknown-token id, when it has one.
-    unk: Option<u32>,
-    /// `WordLevel`'s vocabulary in a table of its own ([`vocab`]).
-    vocab: Option<vocab::Vocab>,
-    /// Ids per word of a deterministic BPE (`tokenize::words`).
-    words: Option<crate::tokenize::words::WordCache>,
-    texts: AtomicU64,
-    off: AtomicBool,
-    mismatches: AtomicU64,
-}
-
-impl std::fmt::Debug for Lean {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lean")
-            .field("off", &self.off.load(Ordering::Relaxed))
-            .field("mismatches", &self.mismatches.load(Ordering::Relaxed))
-            .finish()
-    }
-}
 
 /// GPT-2's table: printable bytes map to themselves, the others to U+0100 onwards.
 fn byte_chars() -> [char; 256] {

@@ -10,7 +10,7 @@
 //! arena of the words) took SipHash and the allocations away, but each lookup still
 //! read three scattered lines (the control bytes, the entry, the word in the arena):
 //! a profile put two thirds of the walk's time on those loads (docs/PERFORMANCE.md,
-//! "Session 14"). Here a word of at most [`INLINE`] bytes — nearly every word of a
+//! "Tokenization"). Here a word of at most [`INLINE`] bytes — nearly every word of a
 //! vocabulary — is compared inside its slot as two integers, and linear probing keeps
 //! a collision's next slot on the same line most of the time.
 //!
@@ -277,7 +277,7 @@ mod tests {
     use tokenizers::Model as _;
 
     fn model() -> tokenizers::models::wordlevel::WordLevel {
-        let tok = crate::tokenize::testing::build_tokenizer(2000).unwrap();
+        let tok = crate::tokenize::fixture::build_tokenizer(2000).unwrap();
         match tok.get_model() {
             tokenizers::ModelWrapper::WordLevel(wl) => wl.clone(),
             _ => unreachable!("the test tokenizer is word-level"),
@@ -367,7 +367,7 @@ mod tests {
     fn the_hash_spreads_a_large_vocabulary() {
         // 32k words like the simulated fleet's; linear probing at load 1/2 averages
         // 1.5 slots per hit when the hash spreads the keys.
-        let tok = crate::tokenize::testing::build_tokenizer(32_000).unwrap();
+        let tok = crate::tokenize::fixture::build_tokenizer(32_000).unwrap();
         let words = tok.get_vocab(false);
         let v = Vocab::new(&words).unwrap();
         let avg = v.probes(&words) as f64 / words.len() as f64;

@@ -8,8 +8,9 @@
 //! the misses of a prompt's words overlap instead of coming one after the other. Every
 //! other id waits for the pending ones ([`Walk::emit`]), so the order is the text's.
 
+use super::dfa_split::cover;
+use super::state::{Added, Lean};
 use super::vocab::{Key, Vocab};
-use super::{Added, Lean};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
 use tokenizers::pre_tokenizers::split::Split;
@@ -56,28 +57,6 @@ pub(super) fn split_added(
     }
     if at < text.len() {
         f(&text[at..], None)?;
-    }
-    Ok(())
-}
-
-/// Pieces of `s` between and at `matches` (ascending, non-overlapping byte ranges),
-/// as HF's `Pattern` impls give them: `(piece, is_match)`, covering `s` in order.
-pub(super) fn cover<'t>(
-    s: &'t str,
-    matches: impl IntoIterator<Item = Result<(usize, usize), String>>,
-    mut f: impl FnMut(&'t str, bool) -> Result<(), String>,
-) -> Result<(), String> {
-    let mut prev = 0;
-    for m in matches {
-        let (start, end) = m?;
-        if prev != start {
-            f(&s[prev..start], false)?;
-        }
-        f(&s[start..end], true)?;
-        prev = end;
-    }
-    if prev != s.len() {
-        f(&s[prev..], false)?;
     }
     Ok(())
 }

@@ -1,0 +1,231 @@
+//! The crate's import graph, drawn from the sources (`layers/graph.rs`): no file of
+//! `src/` imports another that (through any chain) imports it back, the service's
+//! layers import downward only, and the proxy reaches the service through its narrow
+//! doors. The layer order is the one written in `src/service/mod.rs`'s header.
+//!
+//! Run with `LAYERS_DUMP=1` to print every file and every file-level import.
+
+#[path = "layers/graph.rs"]
+mod graph;
+#[path = "layers/parse.rs"]
+mod parse;
+#[path = "layers/rules.rs"]
+mod rules;
+
+use graph::Graph;
+use rules::{layer_of, LAYERS, PROXY_DOORS, PROXY_DRIVER};
+use std::path::Path;
+
+fn graph() -> Graph {
+    Graph::read(Path::new(env!("CARGO_MANIFEST_DIR")))
+}
+
+fn edge_text(g: &Graph, e: &graph::Edge) -> String {
+    format!(
+        "  {}:{} -> {} ({})",
+        g.files[e.from].path, e.line, g.files[e.to].path, e.text
+    )
+}
+
+/// Files still inside an import circle while the service is taken apart; none may be
+/// added, and a file that leaves every circle must leave this list.
+const TANGLED: &[&str] = &[
+    "src/api_shapes/anthropic.rs",
+    "src/api_shapes/mod.rs",
+    "src/api_shapes/responses.rs",
+    "src/proxy/agents/front.rs",
+    "src/proxy/agents/mod.rs",
+    "src/proxy/body.rs",
+    "src/proxy/forward.rs",
+    "src/proxy/front.rs",
+    "src/proxy/health.rs",
+    "src/proxy/offload.rs",
+    "src/proxy/policies.rs",
+    "src/proxy/prompt.rs",
+    "src/proxy/queued.rs",
+    "src/proxy/state.rs",
+    "src/service/api/status/mod.rs",
+    "src/service/cluster/auth.rs",
+    "src/service/cluster/bridge.rs",
+    "src/service/cluster/load.rs",
+    "src/service/cluster/metrics.rs",
+    "src/service/cluster/nats.rs",
+    "src/service/cluster/nats/consume.rs",
+    "src/service/cluster/nats/publish.rs",
+    "src/service/cluster/peers.rs",
+    "src/service/routing/control.rs",
+    "src/service/runtime/core.rs",
+    "src/service/runtime/core/wait.rs",
+    "src/service/runtime/shared.rs",
+];
+
+/// Imports from a lower layer to a higher one not yet turned around (from, to); none
+/// may be added, and one that is gone must leave this list.
+const KNOWN_UPWARD: &[(&str, &str)] = &[
+    (
+        "src/service/net/hyper_io.rs",
+        "src/service/runtime/shared.rs",
+    ),
+    (
+        "src/service/routing/control.rs",
+        "src/service/cluster/bridge.rs",
+    ),
+    (
+        "src/service/routing/router.rs",
+        "src/service/api/status/model.rs",
+    ),
+    (
+        "src/service/routing/router.rs",
+        "src/service/cluster/load.rs",
+    ),
+    (
+        "src/service/runtime/core/requests.rs",
+        "src/service/cluster/load.rs",
+    ),
+    (
+        "src/service/runtime/shared.rs",
+        "src/service/api/status/mod.rs",
+    ),
+    (
+        "src/service/runtime/shared.rs",
+        "src/service/cluster/bridge.rs",
+    ),
+    (
+        "src/service/runtime/shared.rs",
+        "src/service/state/recorder.rs",
+    ),
+];
+
+/// Imports of the proxy's driver into the service other than its doors (from, to).
+const KNOWN_PROXY_REACH: &[(&str, &str)] = &[];
+
+#[test]
+fn no_file_circle() {
+    let g = graph();
+    let mut found = Vec::new();
+    let mut tangled = std::collections::BTreeSet::new();
+    for c in g.circles() {
+        let mut files: Vec<&str> = c.iter().map(|&i| g.files[i].path.as_str()).collect();
+        files.sort_unstable();
+        tangled.extend(files.iter().map(|f| f.to_string()));
+        if files.iter().all(|f| TANGLED.contains(f)) {
+            continue;
+        }
+        let inside: Vec<String> = g
+            .edges
+            .iter()
+            .filter(|e| c.contains(&e.from) && c.contains(&e.to))
+            .map(|e| edge_text(&g, e))
+            .collect();
+        found.push(format!("{}\n{}", files.join(" "), inside.join("\n")));
+    }
+    assert!(found.is_empty(), "import circles:\n{}", found.join("\n\n"));
+    let stale: Vec<&&str> = TANGLED.iter().filter(|f| !tangled.contains(**f)).collect();
+    assert!(
+        stale.is_empty(),
+        "no longer in a circle, drop from TANGLED: {stale:?}"
+    );
+}
+
+/// Every service layer (and the proxy's driver) imports only from its own layer or
+/// those below it (`rules::LAYERS`, lowest first).
+#[test]
+fn layers_import_downward() {
+    let g = graph();
+    let mut up = Vec::new();
+    let mut seen = Vec::new();
+    for e in &g.edges {
+        let (from, to) = (g.files[e.from].path.as_str(), g.files[e.to].path.as_str());
+        let (lf, lt) = (layer_of(from), layer_of(to));
+        if lf >= lt {
+            continue;
+        }
+        if KNOWN_UPWARD.contains(&(from, to)) {
+            seen.push((from, to));
+            continue;
+        }
+        up.push(format!(
+            "{} ({} below {})",
+            edge_text(&g, e),
+            LAYERS[lf].0,
+            LAYERS[lt].0
+        ));
+    }
+    assert!(up.is_empty(), "imports up the layers:\n{}", up.join("\n"));
+    let stale: Vec<_> = KNOWN_UPWARD.iter().filter(|k| !seen.contains(k)).collect();
+    assert!(stale.is_empty(), "gone, drop from KNOWN_UPWARD: {stale:?}");
+}
+
+/// The proxy's driver names nothing of the service but its doors: the routing handle
+/// (and its errors), the network layer and the metrics registry (`rules::PROXY_DOORS`).
+#[test]
+fn proxy_reaches_the_service_through_its_doors() {
+    let g = graph();
+    let mut bad = Vec::new();
+    let mut seen = Vec::new();
+    for e in &g.edges {
+        let (from, to) = (g.files[e.from].path.as_str(), g.files[e.to].path.as_str());
+        let driver = PROXY_DRIVER.iter().any(|p| from.starts_with(p));
+        if !driver || !to.starts_with("src/service/") {
+            continue;
+        }
+        if PROXY_DOORS.iter().any(|p| to.starts_with(p)) {
+            continue;
+        }
+        if KNOWN_PROXY_REACH.contains(&(from, to)) {
+            seen.push((from, to));
+            continue;
+        }
+        bad.push(edge_text(&g, e));
+    }
+    assert!(
+        bad.is_empty(),
+        "the proxy past its doors:\n{}",
+        bad.join("\n")
+    );
+    let stale: Vec<_> = KNOWN_PROXY_REACH
+        .iter()
+        .filter(|k| !seen.contains(k))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "gone, drop from KNOWN_PROXY_REACH: {stale:?}"
+    );
+}
+
+/// The project's bar: no Rust file of `src/` over 600 lines (split by concept).
+#[test]
+fn no_file_over_600_lines() {
+    let g = graph();
+    let long: Vec<String> = g
+        .files
+        .iter()
+        .filter(|f| f.lines > 600)
+        .map(|f| format!("  {} ({} lines)", f.path, f.lines))
+        .collect();
+    assert!(
+        long.is_empty(),
+        "files over 600 lines:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn dump() {
+    if std::env::var_os("LAYERS_DUMP").is_none() {
+        return;
+    }
+    let g = graph();
+    for f in &g.files {
+        println!(
+            "{} = {} ({} lines, layer {})",
+            f.module,
+            f.path,
+            f.lines,
+            LAYERS[layer_of(&f.path)].0
+        );
+    }
+    for e in &g.edges {
+        println!("{}", edge_text(&g, e).trim_start());
+    }
+}
