@@ -21,7 +21,8 @@
 //! 9. `api`: the binary and JSON APIs, `/metrics`, the status window and page;
 //! 10. the proxy's driver (`crate::proxy`: server, forward, body, health, pool...),
 //!     which names of the service only `net`, `metrics` and the routing handle;
-//! 11. this file.
+//! 11. this file, with the accept loop (`accept`) and the endpoint picker's bridge
+//!     (`epp_bridge`: the pipeline's second front end, on the proxy's door).
 //!
 //! Imports that still go up (the cores' shared state holding the features' state,
 //! registry writes publishing to replicas...) are listed in `tests/layers.rs` and may
