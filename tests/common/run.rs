@@ -110,14 +110,27 @@ impl Run {
         } else {
             format!("{what} ")
         };
-        lines
-            .iter()
-            .filter(|l| l.contains("listening"))
-            .find_map(|l| {
-                let i = l.find(&pat)? + pat.len();
-                l[i..].split(' ').next().map(str::to_string)
-            })
-            .unwrap_or_else(|| panic!("no {what} address in {lines:?}"))
+        // The service prints one listening line per front end; the later ones may not
+        // be read yet when the first arrived.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut lines = lines;
+        loop {
+            let found = lines
+                .iter()
+                .filter(|l| l.contains("listening"))
+                .find_map(|l| {
+                    let i = l.find(&pat)? + pat.len();
+                    l[i..].split(' ').next().map(str::to_string)
+                });
+            match found {
+                Some(a) => return a,
+                None if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                    lines = self.stdout();
+                }
+                None => panic!("no {what} address in {lines:?}"),
+            }
+        }
     }
 
     /// `GET http://{http}{path}`: (status, body).
