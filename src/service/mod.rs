@@ -422,13 +422,15 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             glommio::spawn_local(accept_loop(core.clone(), api_l, "api", api::binary::serve))
                 .detach();
             glommio::spawn_local(accept_loop(core.clone(), http_l, "http", serve_http)).detach();
+            // The pipeline's door on this core: its front ends (the proxy, the endpoint
+            // picker) reach routing through this core's handle only.
+            let front = crate::proxy::front::Front {
+                handle: routing::handle::Handle::new(core.clone()),
+                state: proxy,
+            };
             if let Some(l) = proxy_mine {
                 let l = l.into_glommio();
-                // The proxy reaches routing through this core's handle only.
-                let front = crate::proxy::front::Front {
-                    handle: routing::handle::Handle::new(core.clone()),
-                    state: proxy.clone(),
-                };
+                let front = front.clone();
                 let serve = move |_core, stream, slot| {
                     crate::proxy::server::serve(front.clone(), stream, slot)
                 };
@@ -439,11 +441,6 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             }
             glommio::spawn_local(self::runtime::core::expiry_loop(core.clone())).detach();
             if let Some(end) = epp_end {
-                // The endpoint picker is the pipeline's second driver: the proxy's door.
-                let front = crate::proxy::front::Front {
-                    handle: routing::handle::Handle::new(core.clone()),
-                    state: proxy,
-                };
                 glommio::spawn_local(epp_bridge::serve_core(core.clone(), front, end)).detach();
             }
             runtime::run_loop::run(core, bell).await;
