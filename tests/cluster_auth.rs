@@ -449,11 +449,21 @@ authorization {
     let route = json!({"request_id": "r1", "model": "m", "block_hashes": hashes(1, 4)});
     let (code, body) = call(&a, "POST", "/v1/route", ADMIN, Some(route));
     assert_eq!(code, 200, "{body}");
-    // Registry, event log and shared load all flow under the restricted permissions.
+    // Registry, event log and shared load all flow under the restricted permissions,
+    // and A's route, published right after the registration, counts on B even when it
+    // overtakes the registry watch there.
     let want = vec![("w1".to_string(), W1_URL.to_string(), 4, 1)];
-    poll("B holds A's worker, blocks and load", 30, || {
-        fleet(&b) == want
-    });
+    let held = eventually(30, || fleet(&b) == want);
+    assert!(
+        held,
+        "B's fleet {:?} (A's {:?}), want {want:?}; B dropped {} load ops for an unknown worker",
+        fleet(&b),
+        fleet(&a),
+        metric(
+            &b,
+            "kvroute_cluster_load_ops_total{outcome=\"unknown_worker\""
+        )
+    );
     // So does a load sync: a third replica takes r1 over at start.
     let c = replica(&nats, &creds);
     assert_eq!(fleet(&c), want);

@@ -20,7 +20,7 @@
 //! Submodules: `publish` (the publisher task) and `consume` (the stream consumer and
 //! the registry reader / watcher); this file connects, sets up and starts them.
 
-mod consume;
+pub(in crate::service::cluster) mod consume;
 mod publish;
 
 use crate::cluster::load::LoadOp;
@@ -297,7 +297,7 @@ async fn main(
         sync,
         peers::sync_responder(&sh, &cl, &client, sync_sub),
         peers::load_publisher(&sh, &cl, &client, &load_subject, load_rx),
-        peers::load_subscriber(&sh, &cl, sub, &apply),
+        peers::load_subscriber(&sh, &cl, &kv, sub, &apply),
         publisher(&sh, &cl, &js, &kv, &names, rx),
         consume(&sh, &cl, &stream, &kv, &names, start, &apply),
         watch_registry(&sh, &cl, &kv, &apply),

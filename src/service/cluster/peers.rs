@@ -15,6 +15,7 @@ use crate::cluster::load::{Batcher, LoadBatch, LoadOp, SeqGuard};
 use crate::cluster::names::{worker_key, Names};
 use crate::service::cluster::auth;
 use crate::service::cluster::bridge::{Apply, Cluster};
+use crate::service::cluster::nats::consume::learn_worker;
 use crate::service::runtime::shared::Shared;
 use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
@@ -187,10 +188,13 @@ pub(in crate::service) async fn sync_responder(
 }
 
 /// Peers' load changes, in arrival order, to the apply thread: only sealed batches
-/// of a replica incarnation, each at most once ([`SeqGuard`]).
+/// of a replica incarnation, each at most once ([`SeqGuard`]). A route naming a
+/// worker not known here yet (its registration still on the way through the KV
+/// watch) is preceded by that registration, read from the bucket.
 pub(in crate::service) async fn load_subscriber(
     sh: &Shared,
     cl: &Cluster,
+    kv: &jetstream::kv::Store,
     mut sub: async_nats::Subscriber,
     apply: &Sender<Apply>,
 ) {
@@ -209,6 +213,18 @@ pub(in crate::service) async fn load_subscriber(
         if !seqs.admit(&batch.origin, batch.seq) {
             auth::refuse(sh, "load", "stale", &batch.origin);
             continue;
+        }
+        let mut named: Vec<&str> = Vec::new();
+        for op in &batch.ops {
+            if let LoadOp::Route(r) = op {
+                named.push(&r.decode_worker);
+                named.extend(r.prefill_worker.as_deref());
+            }
+        }
+        named.sort_unstable();
+        named.dedup();
+        for id in named {
+            learn_worker(sh, cl, kv, id, apply).await;
         }
         if apply.send(Apply::Load(batch.ops)).await.is_err() {
             return;

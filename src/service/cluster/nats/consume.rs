@@ -5,7 +5,8 @@
 //! Guarantees: records reach the apply thread in stream order, each sequence at most
 //! once, from the sequence after the restored snapshot's (or the start); after any
 //! error (NATS restart) the consumer is re-created from the next sequence. A record
-//! of a worker this replica does not know yet is preceded by its KV registration.
+//! of a worker this replica does not know yet is preceded by its KV registration
+//! ([`learn_worker`], which the load subscriber uses too).
 //! Nothing is applied unless its tag verifies (`service::cluster::auth`); an
 //! undecodable, unsealed or foreign record is counted and skipped.
 
@@ -20,6 +21,27 @@ use async_nats::jetstream::{consumer, kv, stream};
 use futures_lite::StreamExt;
 use std::time::Duration;
 use tokio::sync::mpsc::Sender;
+
+/// Hands the apply thread worker `id`'s KV registration first when this replica does
+/// not know it yet: a peer's record or load op may overtake the registry watch, and
+/// would otherwise be dropped as naming an unknown worker.
+pub(in crate::service::cluster) async fn learn_worker(
+    sh: &Shared,
+    cl: &Cluster,
+    kv: &kv::Store,
+    id: &str,
+    apply: &Sender<Apply>,
+) {
+    if sh.registry.load().slot(id).is_some() {
+        return;
+    }
+    let key = worker_key(id);
+    if let Ok(Some(v)) = kv.get(&key).await {
+        if let Some(item) = registry_item(sh, cl, &key, &v) {
+            let _ = apply.send(item).await;
+        }
+    }
+}
 
 pub(super) async fn registry_sync(
     sh: &Shared,
@@ -137,14 +159,7 @@ pub(super) async fn consume(
                     Apply::Skip { seq }
                 }
                 Some(Ok(rec)) => {
-                    if sh.registry.load().slot(&rec.worker).is_none() {
-                        let key = worker_key(&rec.worker);
-                        if let Ok(Some(v)) = kv.get(&key).await {
-                            if let Some(item) = registry_item(sh, cl, &key, &v) {
-                                let _ = apply.send(item).await;
-                            }
-                        }
-                    }
+                    learn_worker(sh, cl, kv, &rec.worker, apply).await;
                     Apply::Record { seq, rec }
                 }
                 Some(Err(e)) => {
