@@ -48,6 +48,7 @@ pub mod service;
 pub mod settings;
 pub mod sim;
 pub mod snapshot;
+pub mod status;
 pub mod sync;
 pub mod tokenize;
 pub mod trace;

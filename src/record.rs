@@ -1,5 +1,5 @@
 //! Recording routed traffic as a Mooncake-format trace (`kvroute serve --record FILE`):
-//! the pure encoder; `service::state::recorder` runs it on a writer thread.
+//! the pure encoder; `service::runtime::recorder` runs it on a writer thread.
 //!
 //! Each ended request becomes one JSONL line
 //! `{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [..]}`, the

@@ -13,10 +13,12 @@
 //!    feature;
 //! 3. `net`: listeners, framed and HTTP connections, slots, deadlines, HTTP doors;
 //! 4. `runtime`: executors, per-core state `Core`, process-wide `Shared`, mailboxes
-//!    and messages, the run loop, start checks, blocking threads;
+//!    and messages, the run loop, start checks, blocking threads, the recorder, and
+//!    the link the cores publish to replicas through;
 //! 5. `routing`: route, lifecycle, the registry writes (`control`), error mapping;
-//! 6. `cluster`: the NATS bridge of router replicas;
-//! 7. `state`: snapshots, the state dir, the recorder;
+//! 6. `cluster`: the NATS side of router replicas and the thread applying what peers
+//!    send;
+//! 7. `state`: snapshots, the state dir;
 //! 8. `ingest`: binary event connections, ZMQ subscribers, the engines file;
 //! 9. `api`: the binary and JSON APIs, `/metrics`, the status window and page;
 //! 10. the proxy's driver (`crate::proxy`: server, forward, body, health, pool...),
@@ -24,9 +26,9 @@
 //! 11. this file, with the accept loop (`accept`) and the endpoint picker's bridge
 //!     (`epp_bridge`: the pipeline's second front end, on the proxy's door).
 //!
-//! Imports that still go up (the cores' shared state holding the features' state,
-//! registry writes publishing to replicas...) are listed in `tests/layers.rs` and may
-//! only go away.
+//! No import goes up: a lower layer that must reach a higher one does it through
+//! state it owns and the higher one fills (the cluster link, the status counters) or
+//! a trait it defines (`net::hyper_io::ConnHost`).
 
 pub mod accept;
 pub mod api;
@@ -336,14 +338,14 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     let _ = proxy.tracing.set(tracing);
     let _ = shared.tokenizers.set(tokenizers);
     if let Some(path) = shared.settings.record.clone() {
-        let cfg = state::recorder::RecordConfig {
+        let cfg = runtime::recorder::RecordConfig {
             path,
             block_size: shared.settings.router.block_size,
             max_bytes: shared.settings.record_max_bytes,
             max_ids: shared.settings.record_max_ids,
         };
         let m = &shared.metrics;
-        let r = state::recorder::Recorder::start(
+        let r = runtime::recorder::Recorder::start(
             cfg,
             m.record_lines.clone(),
             m.record_stopped.clone(),

@@ -16,13 +16,15 @@ use crate::cluster::auth::Kind;
 use crate::cluster::entry::{By, RegEntry};
 use crate::cluster::names::worker_key;
 use crate::credentials::Principal;
-use crate::service::cluster::bridge::{Apply, Cluster, Out};
-use crate::service::cluster::metrics::RefusedLabel;
+use crate::service::cluster::apply::Apply;
+use crate::service::runtime::cluster_link::{Cluster, Out};
+use crate::service::runtime::cluster_metrics::RefusedLabel;
 use crate::service::runtime::shared::Shared;
 
 /// Counts (and now and then logs) one refused message.
 pub fn refuse(sh: &Shared, kind: &'static str, reason: &'static str, what: &str) {
-    let c = crate::service::cluster::metrics::of(sh)
+    let c = sh
+        .cluster_metrics()
         .refused
         .get_or_create(&RefusedLabel { kind, reason });
     let n = c.inc() + 1;

@@ -1,61 +1,18 @@
-//! Shared active load between replicas, the cores' side (`--cluster`): the routes and
-//! lifecycle calls this replica answers go out through [`publish_route`] /
-//! [`publish_life`] (a `try_send` into a bounded channel, never blocking a core); a
-//! peer's arrive through [`apply_load`] as [`ReplicaOp`] messages to the cores, which
+//! Shared active load between replicas, the receiving side (`--cluster`): the routes
+//! and lifecycle calls this replica answers go out through `runtime::cluster_link`
+//! (`publish_route`, `publish_life`); a peer's arrive through [`apply_load`] as [`ReplicaOp`] messages to the cores, which
 //! admit a routed request like a restored one and run lifecycle calls wherever the
 //! record lives; a peer's route also enters this replica's prefix affinity
 //! (`select::affinity`) unless the peer's caller pinned its worker. [`load_sync`]
 //! takes the peers' in-flight requests over at start.
 //! The wire format is `cluster::load`; the NATS side is `cluster::peers`.
 
-use crate::service::cluster::bridge::Cluster;
 use crate::service::routing::control;
 use crate::service::runtime::msg::Msg;
 use crate::service::runtime::shared::Shared;
 use crate::types::WorkerSlot;
 
 pub use crate::service::runtime::msg::ReplicaOp;
-
-fn enqueue_load(sh: &Shared, cl: &Cluster, op: crate::cluster::load::LoadOp) {
-    match cl.load_tx.try_send(op) {
-        Ok(()) => cl.load_wake.notify_one(),
-        Err(_) => crate::service::cluster::metrics::of(sh).load("dropped", 1),
-    }
-}
-
-/// Publishes a request this replica routed (no-op without `--cluster`).
-pub fn publish_route(sh: &Shared, req: &crate::load::NewRequest) {
-    let Some(cl) = sh.cluster.get() else {
-        return;
-    };
-    let reg = sh.registry.load();
-    let name = |&s: &WorkerSlot| reg.get(s).map(|e| e.spec.id.clone());
-    let Some(route) = crate::load::CarriedRequest::fresh(req).map_workers(name) else {
-        return;
-    };
-    let op = crate::cluster::load::LoadOp::Route(route);
-    enqueue_load(sh, cl, op);
-}
-
-/// Publishes a lifecycle call this replica answered.
-pub fn publish_life(sh: &Shared, op: crate::service::runtime::msg::LifeOp, id: &str) {
-    use crate::cluster::load::LoadOp;
-    use crate::service::runtime::msg::LifeOp as L;
-    let Some(cl) = sh.cluster.get() else {
-        return;
-    };
-    let id = id.to_string();
-    let op = match op {
-        L::FirstToken => LoadOp::FirstToken { id },
-        L::Progress(n) => LoadOp::Progress {
-            id,
-            output_tokens: n,
-        },
-        L::Finish => LoadOp::Finish { id },
-        L::PrefillFailed => LoadOp::PrefillFailed { id },
-    };
-    enqueue_load(sh, cl, op);
-}
 
 /// A peer's load change as a core message (`None`: a worker unknown here).
 fn to_replica(sh: &Shared, op: crate::cluster::load::LoadOp) -> Option<(ReplicaOp, Option<usize>)> {
@@ -86,7 +43,7 @@ fn to_replica(sh: &Shared, op: crate::cluster::load::LoadOp) -> Option<(ReplicaO
 pub(in crate::service) fn apply_load(sh: &Shared, ops: Vec<crate::cluster::load::LoadOp>) {
     for op in ops {
         let Some((rop, to)) = to_replica(sh, op) else {
-            crate::service::cluster::metrics::of(sh).load("unknown_worker", 1);
+            sh.cluster_metrics().load("unknown_worker", 1);
             continue;
         };
         let ok = match (rop, to) {
@@ -103,7 +60,7 @@ pub(in crate::service) fn apply_load(sh: &Shared, ops: Vec<crate::cluster::load:
         if !ok {
             return;
         }
-        crate::service::cluster::metrics::of(sh).load("applied", 1);
+        sh.cluster_metrics().load("applied", 1);
     }
 }
 

@@ -25,8 +25,10 @@ mod publish;
 
 use crate::cluster::load::LoadOp;
 use crate::cluster::names::Names;
-use crate::service::cluster::bridge::{Apply, Cluster, Out};
+use crate::service::cluster::apply::Apply;
+use crate::service::cluster::log;
 use crate::service::cluster::peers;
+use crate::service::runtime::cluster_link::{Cluster, Out};
 use crate::service::runtime::shared::Shared;
 use async_nats::jetstream::{self, kv, stream};
 use consume::{consume, registry_sync, watch_registry};
@@ -35,10 +37,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc::Sender;
-
-fn log(msg: &str) {
-    eprintln!("kvroute: cluster: {msg}");
-}
 
 /// The thread's body; returns at shutdown.
 pub fn run(
@@ -126,12 +124,12 @@ fn on_event(sh: &Arc<Shared>, cl: &Arc<Cluster>, e: async_nats::Event) {
     match e {
         async_nats::Event::Connected => {
             log("connected to NATS");
-            cl.with_health(sh, |h| h.connected = true);
+            cl.with_health(|h| h.connected = true);
             republish_own(sh);
         }
         async_nats::Event::Disconnected => {
             log("lost NATS");
-            cl.with_health(sh, |h| h.on_disconnected());
+            cl.with_health(|h| h.on_disconnected());
         }
         _ => {}
     }
@@ -142,7 +140,7 @@ fn republish_own(sh: &Shared) {
     let reg = sh.registry.load();
     for e in reg.iter() {
         if e.origin != crate::registry::Origin::Restored {
-            crate::service::cluster::bridge::publish_worker(sh, &e.spec);
+            crate::service::runtime::cluster_hooks::publish_worker(sh, &e.spec);
         }
     }
 }
@@ -200,7 +198,7 @@ async fn main(
 ) {
     let names = Names::new(&sh.settings.cluster.name);
     let client = connect(&sh, &cl).await;
-    cl.with_health(&sh, |h| h.connected = true);
+    cl.with_health(|h| h.connected = true);
     let js = jetstream::new(client.clone());
     let (stream, kv) = loop {
         match setup(&sh, &js, &names).await {

@@ -13,9 +13,11 @@
 use crate::cluster::auth::Kind;
 use crate::cluster::load::{Batcher, LoadBatch, LoadOp, SeqGuard};
 use crate::cluster::names::{worker_key, Names};
+use crate::service::cluster::apply::Apply;
 use crate::service::cluster::auth;
-use crate::service::cluster::bridge::{Apply, Cluster};
+use crate::service::cluster::log;
 use crate::service::cluster::nats::consume::learn_worker;
+use crate::service::runtime::cluster_link::Cluster;
 use crate::service::runtime::shared::Shared;
 use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
@@ -25,10 +27,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc::Sender;
-
-fn log(msg: &str) {
-    eprintln!("kvroute: cluster: {msg}");
-}
 
 /// Batches this replica's load changes onto core NATS. While NATS is unreachable
 /// they are dropped (counted): load is transient, and each request's own record stays
@@ -45,7 +43,7 @@ pub(in crate::service) async fn load_publisher(
     // starts the next batch.
     let mut held: Option<LoadOp> = None;
     let t0 = std::time::Instant::now();
-    let m = crate::service::cluster::metrics::of(sh);
+    let m = sh.cluster_metrics();
     let mut seq = 0u64;
     loop {
         while b.len() < crate::cluster::load::MAX_OPS {
@@ -170,8 +168,8 @@ pub(in crate::service) async fn sync_responder(
         }
         let s = sh.clone();
         let ops = tokio::task::spawn_blocking(move || {
-            crate::service::cluster::bridge::carry_all(&s)
-                .map(|all| crate::service::cluster::bridge::carried_ops(&s, all))
+            crate::service::cluster::load::carry_all(&s)
+                .map(|all| crate::service::cluster::load::carried_ops(&s, all))
         })
         .await
         .ok()
@@ -204,7 +202,7 @@ pub(in crate::service) async fn load_subscriber(
             continue;
         };
         let Ok(batch) = LoadBatch::decode(p) else {
-            crate::service::cluster::metrics::of(sh).load("undecodable", 1);
+            sh.cluster_metrics().load("undecodable", 1);
             continue;
         };
         if batch.origin == cl.origin || !auth::origin_ok(sh, Kind::Load, &batch.origin) {
@@ -330,9 +328,7 @@ pub(in crate::service) async fn engine_leases(
             .iter()
             .filter(|f| f.load(Ordering::Acquire))
             .count();
-        crate::service::cluster::metrics::of(sh)
-            .engine_leases
-            .set(held as i64);
+        sh.cluster_metrics().engine_leases.set(held as i64);
         tokio::time::sleep(LEASE_REFRESH).await;
     }
 }

@@ -218,7 +218,7 @@ async fn events(
         cells.last_seen_ms.store(sh.now_ms(), Ordering::Release);
         // `--cluster`: records of this worker were dropped (publish buffer full), so
         // the peers' view of it is stale; a re-announce republishes all of it.
-        if crate::service::cluster::bridge::take_lost(sh, slot) && !resync_asked {
+        if crate::service::runtime::cluster_hooks::take_lost(sh, slot) && !resync_asked {
             resync_asked = true;
             WorkerBound::Resync {
                 reason: resync_reason::SEQUENCE_GAP,

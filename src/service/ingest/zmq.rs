@@ -478,7 +478,8 @@ impl Stream {
         }
         // `--cluster`: the replica holding this engine's lease ingests it; a standby
         // stays subscribed (in sequence) and discards, ready to take over.
-        if !crate::service::cluster::bridge::engine_may_ingest(&self.sh, &self.cfg.worker_id) {
+        if !crate::service::runtime::cluster_hooks::engine_may_ingest(&self.sh, &self.cfg.worker_id)
+        {
             self.out.clear();
             return true;
         }
@@ -495,7 +496,7 @@ impl Stream {
         }
         full.push(batch.take());
         for ops in full.into_iter().filter(|ops| !ops.is_empty()) {
-            crate::service::cluster::bridge::publish_ops(sh, self.slot, &ops);
+            crate::service::runtime::cluster_hooks::publish_ops(sh, self.slot, &ops);
             let ops: Arc<[IndexOp]> = ops.into();
             for to in 0..sh.cores {
                 let m = Msg::Index {

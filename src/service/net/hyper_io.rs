@@ -18,7 +18,6 @@
 use crate::service::net::conn_slot::Slot;
 use crate::service::net::http_clock::{Clock, Phase, Timeouts};
 use crate::service::net::slots::Activity;
-use crate::service::runtime::shared::Shared;
 use futures_lite::{AsyncRead, AsyncWrite};
 use std::cell::Cell;
 use std::future::Future;
@@ -29,34 +28,39 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+/// What a connection needs of the service it belongs to: its clock, its deadlines,
+/// and where protocol errors are counted (the runtime's shared state provides them).
+pub trait ConnHost: Send + Sync {
+    /// Milliseconds since the service started.
+    fn now_ms(&self) -> u64;
+    /// The header, idle and body deadlines.
+    fn timeouts(&self) -> Timeouts;
+    /// Counts a protocol error of kind `what`.
+    fn protocol_error(&self, what: &'static str);
+}
+
 /// The state an HTTP connection shares between its I/O adapter and its service.
 pub struct HttpConn {
     clock: Cell<Clock>,
     opened_ms: u64,
     timeouts: Timeouts,
     pub slot: Rc<Slot>,
-    shared: Arc<Shared>,
+    host: Arc<dyn ConnHost>,
     /// How long after its last response a keep-alive connection still counts as in
     /// use (not displaceable); 0 = displaceable as soon as it is idle.
     min_idle_ms: Cell<u64>,
 }
 
 impl HttpConn {
-    pub fn new(shared: Arc<Shared>, slot: Rc<Slot>) -> Rc<HttpConn> {
-        let s = &shared.settings;
-        let timeouts = Timeouts {
-            header_ms: s.http_header_timeout_ms,
-            idle_ms: s.http_idle_timeout_ms,
-            body_ms: s.http_body_timeout_ms,
-            body_min_rate: s.http_body_min_rate,
-        };
-        let now = shared.now_ms();
+    pub fn new(host: Arc<dyn ConnHost>, slot: Rc<Slot>) -> Rc<HttpConn> {
+        let timeouts = host.timeouts();
+        let now = host.now_ms();
         Rc::new(HttpConn {
             clock: Cell::new(Clock::new(now)),
             opened_ms: now,
             timeouts,
             slot,
-            shared,
+            host,
             min_idle_ms: Cell::new(0),
         })
     }
@@ -68,7 +72,7 @@ impl HttpConn {
     }
 
     fn now_ms(&self) -> u64 {
-        self.shared.now_ms()
+        self.host.now_ms()
     }
 
     fn update(&self, f: impl FnOnce(&mut Clock, u64)) {
@@ -107,7 +111,7 @@ impl HttpConn {
     }
 
     fn timed_out(&self, what: &'static str) -> io::Error {
-        self.shared.metrics.protocol_error(what);
+        self.host.protocol_error(what);
         io::Error::new(io::ErrorKind::TimedOut, what)
     }
 }

@@ -48,7 +48,7 @@ pub async fn register(
     let published = sh.cluster.get().map(|_| spec.clone());
     let (up, gen) = upsert(sh, spec, origin)?;
     if let Some(spec) = published {
-        crate::service::cluster::bridge::publish_worker(sh, &spec);
+        crate::service::runtime::cluster_hooks::publish_worker(sh, &spec);
     }
     let slot = up.slot();
     if let Upsert::NewEpoch(_) = up {
@@ -147,7 +147,7 @@ pub fn register_blocking(
     let published = sh.cluster.get().map(|_| spec.clone());
     let (up, gen) = upsert(sh, spec, origin)?;
     if let Some(spec) = published {
-        crate::service::cluster::bridge::publish_worker(sh, &spec);
+        crate::service::runtime::cluster_hooks::publish_worker(sh, &spec);
     }
     announce_blocking(sh, &up, gen, capacity)?;
     Ok((up, gen))
@@ -203,7 +203,7 @@ pub async fn deregister(core: &Core, id: &str) -> Result<(), ApiError> {
     crate::ids::check("worker id", id).map_err(EngineError::BadRequest)?;
     let sh = &core.shared;
     let slot = unregister(sh, id)?;
-    crate::service::cluster::bridge::publish_removal(sh, id);
+    crate::service::runtime::cluster_hooks::publish_removal(sh, id);
     broadcast(core, |_| Msg::Forget { slot }).await;
     sh.metrics.workers.set(sh.registry.load().len() as i64);
     Ok(())
@@ -214,7 +214,7 @@ pub async fn deregister(core: &Core, id: &str) -> Result<(), ApiError> {
 /// started first.
 pub fn deregister_blocking(sh: &Shared, id: &str) -> Result<(), ApiError> {
     let slot = unregister(sh, id)?;
-    crate::service::cluster::bridge::publish_removal(sh, id);
+    crate::service::runtime::cluster_hooks::publish_removal(sh, id);
     for to in 0..sh.cores {
         if !send_blocking(sh, to, Msg::Forget { slot }) {
             return Err(EngineError::BadRequest("shutting down".into()).into());
@@ -261,7 +261,7 @@ pub async fn index_ops(core: &Core, slot: WorkerSlot, gen: u64, ops: Vec<IndexOp
     if ops.is_empty() {
         return;
     }
-    crate::service::cluster::bridge::publish_ops(&core.shared, slot, &ops);
+    crate::service::runtime::cluster_hooks::publish_ops(&core.shared, slot, &ops);
     let ops: Arc<[IndexOp]> = ops.into();
     for to in 0..core.shared.cores {
         core.send(

@@ -6,7 +6,7 @@
 //!
 //! May import: `runtime`, `net`, `metrics`, the pure library. Still reaching up
 //! (listed in `tests/layers.rs`): registry writes and routes publish to replicas
-//! (`cluster`), decisions feed the status window (`api::status::model`).
+//! (`cluster`), decisions feed the status window (`crate::status`).
 
 pub mod control;
 pub mod errors;

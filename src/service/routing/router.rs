@@ -409,7 +409,7 @@ fn record_for_status(
     sampled: bool,
     explain: bool,
 ) {
-    use crate::service::api::status::model::{keep_candidates, DecisionRecord, MAX_CANDIDATES};
+    use crate::status::model::{keep_candidates, DecisionRecord, MAX_CANDIDATES};
     let c = &core.shared.status.counters;
     c.routed(d.decode_worker);
     let prefill = d.prefill_worker.filter(|&p| p != d.decode_worker);
@@ -436,7 +436,7 @@ fn record_for_status(
                     None => "since it registered".to_string(),
                     Some(_) => format!(
                         "in the last {} s",
-                        crate::service::api::status::model::SILENT_AFTER_MS / 1000
+                        crate::status::model::SILENT_AFTER_MS / 1000
                     ),
                 };
                 eprintln!(
@@ -493,7 +493,7 @@ pub async fn lifecycle(
         r => r,
     };
     if result.is_ok() {
-        crate::service::cluster::bridge::publish_life(&core.shared, op, id);
+        crate::service::runtime::cluster_hooks::publish_life(&core.shared, op, id);
     }
     match result? {
         LifeOutcome::Done => Ok(None),

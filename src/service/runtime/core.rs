@@ -26,11 +26,11 @@ use crate::sync::board::Published;
 use crate::types::{Tier, WorkerSlot};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
-use wait::Waiter;
+use wait::Waits;
 
 pub struct CoreState {
     pub index: IndexShard,
@@ -69,12 +69,21 @@ pub struct Core {
     pub id: usize,
     pub shared: Arc<Shared>,
     pub st: RefCell<CoreState>,
-    waiters: RefCell<HashMap<u64, Waiter>>,
-    next_qid: Cell<u64>,
+    waits: Waits,
     outbox: RefCell<VecDeque<(usize, Msg)>>,
 }
 
 impl Core {
+    /// Registers a waiter for a reply from another core and returns its query id.
+    pub fn new_wait(&self) -> u64 {
+        self.waits.register()
+    }
+
+    /// Resolves when the reply for `qid` has arrived.
+    pub fn wait(&self, qid: u64) -> WaitReply<'_> {
+        self.waits.wait(qid)
+    }
+
     pub fn new(id: usize, shared: Arc<Shared>, index: IndexShard) -> Core {
         let cfg = &shared.settings.router;
         let slots = shared.settings.limits.max_workers;
@@ -107,8 +116,7 @@ impl Core {
                 dirty: Vec::new(),
                 dirty_mark: vec![false; slots],
             }),
-            waiters: RefCell::new(HashMap::new()),
-            next_qid: Cell::new(1),
+            waits: Waits::default(),
             outbox: RefCell::new(VecDeque::new()),
             id,
             shared,
@@ -249,7 +257,7 @@ impl Core {
                     },
                 );
             }
-            Msg::Answer { qid, answer } => self.complete(qid, Reply::Answer(*answer)),
+            Msg::Answer { qid, answer } => self.waits.complete(qid, Reply::Answer(*answer)),
             Msg::Active {
                 slot,
                 add,
@@ -260,10 +268,12 @@ impl Core {
                 let result = self.lifecycle_local(op, &id);
                 self.post(from, Msg::LifecycleDone { qid, result });
             }
-            Msg::LifecycleDone { qid, result } => self.complete(qid, Reply::Lifecycle(result)),
+            Msg::LifecycleDone { qid, result } => {
+                self.waits.complete(qid, Reply::Lifecycle(result))
+            }
             Msg::Snapshot(collect) => collect.put(self.id, self.dump()),
             Msg::Barrier { from, qid } => self.post(from, Msg::Applied { qid }),
-            Msg::Applied { qid } => self.complete(qid, Reply::Applied),
+            Msg::Applied { qid } => self.waits.complete(qid, Reply::Applied),
             Msg::Replica(op) => self.apply_replica(*op),
             Msg::Expect => {
                 let waits = &self.shared.metrics.answer_waits;

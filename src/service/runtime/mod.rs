@@ -4,15 +4,20 @@
 //! (`run_loop`, applying index batches preemptibly with `ingest_slice`; batches cut
 //! by `index_batch`), a core's snapshot dump (`dump`), the start checks (`preflight`,
 //! `pinning`, `core_start`), the blocking threads (`blocking`), the answer spin
-//! (`answer_spin`) and the replicated request-id register (`claims`).
+//! (`answer_spin`), the replicated request-id register (`claims`), the routed-traffic
+//! recorder (`recorder`), and the cores' side of router replication: the link
+//! (`cluster_link`), the hooks that publish into it (`cluster_hooks`) and its metric
+//! families (`cluster_metrics`). The status page's state is the library's
+//! `crate::status`.
 //!
-//! May import: `net`, `metrics`, the pure library. Still reaching up (listed in
-//! `tests/layers.rs`): `Shared` holds the status window, the recorder and the cluster
-//! bridge; a core's requests publish to replicas (`cluster::load`).
+//! May import: `net`, `metrics`, the pure library.
 
 pub mod answer_spin;
 pub mod blocking;
 pub mod claims;
+pub mod cluster_hooks;
+pub mod cluster_link;
+pub mod cluster_metrics;
 pub mod core;
 pub mod core_start;
 pub mod dump;
@@ -21,5 +26,6 @@ pub mod ingest_slice;
 pub mod msg;
 pub mod pinning;
 pub mod preflight;
+pub mod recorder;
 pub mod run_loop;
 pub mod shared;

@@ -102,17 +102,27 @@ pub struct Shared {
     pub sessions: crate::select::Sessions,
     pub started: Instant,
     /// Status page counters, history and cached document (`status`).
-    pub status: crate::service::api::status::StatusState,
+    pub status: crate::status::StatusState,
     /// `--record`: the trace writer (set once at start).
-    pub recorder: std::sync::OnceLock<crate::service::state::recorder::Recorder>,
+    pub recorder: std::sync::OnceLock<crate::service::runtime::recorder::Recorder>,
     /// The models' tokenizers (`settings.tokenizers`, loaded once at start; set before
     /// any core runs, so `get()` is Some on every core).
     pub tokenizers: std::sync::OnceLock<Arc<crate::tokenize::Tokenizers>>,
     /// `--cluster`: the bridge to the other replicas (set once at start).
-    pub cluster: std::sync::OnceLock<Arc<crate::service::cluster::bridge::Cluster>>,
+    pub cluster: std::sync::OnceLock<Arc<crate::service::runtime::cluster_link::Cluster>>,
 }
 
+/// Without `--cluster` (or before the bridge is up): counted nowhere that is listed.
+static NO_CLUSTER: std::sync::LazyLock<crate::service::runtime::cluster_metrics::ClusterMetrics> =
+    std::sync::LazyLock::new(Default::default);
+
 impl Shared {
+    /// `kvroute_cluster_*` of this replica (a sink that is never listed without
+    /// `--cluster`).
+    pub fn cluster_metrics(&self) -> &crate::service::runtime::cluster_metrics::ClusterMetrics {
+        self.cluster.get().map_or(&NO_CLUSTER, |c| &c.metrics)
+    }
+
     /// `(shard_bits, replicated)` for `cores` executors under `settings.index_layout`.
     pub fn layout(settings: &Settings, cores: usize) -> (u32, bool) {
         let replicated =
@@ -174,7 +184,7 @@ impl Shared {
                 settings.router.session_ttl_ms,
             ),
             started: Instant::now(),
-            status: crate::service::api::status::StatusState::new(cores, max_workers),
+            status: crate::status::StatusState::new(cores, max_workers),
             recorder: std::sync::OnceLock::new(),
             tokenizers: std::sync::OnceLock::new(),
             cluster: std::sync::OnceLock::new(),
@@ -281,5 +291,25 @@ impl Shared {
     /// Core `to`'s inbox for `lane`.
     pub fn mailbox(&self, to: usize, lane: Lane) -> &Mailbox<Msg> {
         &self.mailboxes[to][lane as usize]
+    }
+}
+
+impl crate::service::net::hyper_io::ConnHost for Shared {
+    fn now_ms(&self) -> u64 {
+        Shared::now_ms(self)
+    }
+
+    fn timeouts(&self) -> crate::service::net::http_clock::Timeouts {
+        let s = &self.settings;
+        crate::service::net::http_clock::Timeouts {
+            header_ms: s.http_header_timeout_ms,
+            idle_ms: s.http_idle_timeout_ms,
+            body_ms: s.http_body_timeout_ms,
+            body_min_rate: s.http_body_min_rate,
+        }
+    }
+
+    fn protocol_error(&self, what: &'static str) {
+        self.metrics.protocol_error(what);
     }
 }

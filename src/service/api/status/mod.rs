@@ -1,9 +1,8 @@
 //! The live status page (`GET /ui`) and its data (`GET /v1/status`).
 //!
-//! - `counters`: what the routing pipeline records (hot path, lock-free);
-//! - `model`: the pure history / window / warning logic;
-//! - this file: the once-a-second sampler (a timer task on core 0), and the status
-//!   document, built at most once per [`REFRESH_MS`] whatever the number of pages
+//! The state it reads is `crate::status` (the cores' counters, the pure history /
+//! window / warning model, the cached document). This module owns the once-a-second
+//! sampler (a timer task on core 0), and the status document, built at most once per [`REFRESH_MS`] whatever the number of pages
 //!   polling it (every caller inside the interval gets the same cached bytes; while one
 //!   core builds a fresh document, on glommio's blocking-thread pool, the others serve
 //!   the previous one).
@@ -12,49 +11,20 @@
 //! last minute, sliding) of at most `max_workers` counters, 50 recorded decisions of at most 16 candidates each, and one cached
 //! document (whose size is linear in the registered workers).
 
-pub mod counters;
-pub mod model;
-
 use crate::service::runtime::core::Core;
 use crate::service::runtime::shared::Shared;
+use crate::status::model::{self, DecisionRecord, Point, SlotCount, Totals, Window, REFRESH_MS};
 use bytes::Bytes;
-use counters::Counters;
-use model::{DecisionRecord, History, Point, SlotCount, Totals, Window, REFRESH_MS};
 use serde::Serialize;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The page itself: HTML with inline CSS and JavaScript, no external resource.
 pub const INDEX_HTML: &str = include_str!("../ui/index.html");
 /// Answer to `GET /ui` without a valid token: a form asking for one.
 pub const LOGIN_HTML: &str = include_str!("../ui/login.html");
-
-#[derive(Default)]
-struct Sampler {
-    history: History,
-    window: Window,
-}
-
-/// Status state shared by all cores (a field of [`Shared`]).
-pub struct StatusState {
-    pub counters: Counters,
-    sampler: Mutex<Sampler>,
-    cache: Mutex<Option<(u64, Bytes)>>,
-    building: AtomicBool,
-}
-
-impl StatusState {
-    pub fn new(cores: usize, max_workers: usize) -> StatusState {
-        StatusState {
-            counters: Counters::new(cores, max_workers),
-            sampler: Mutex::new(Sampler::default()),
-            cache: Mutex::new(None),
-            building: AtomicBool::new(false),
-        }
-    }
-}
 
 fn totals(sh: &Shared) -> Totals {
     let c = &sh.status.counters;

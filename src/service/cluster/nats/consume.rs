@@ -10,12 +10,13 @@
 //! Nothing is applied unless its tag verifies (`service::cluster::auth`); an
 //! undecodable, unsealed or foreign record is counted and skipped.
 
-use super::log;
 use crate::cluster::auth::Kind;
 use crate::cluster::names::{worker_key, Names};
 use crate::cluster::wire::EventRecord;
+use crate::service::cluster::apply::Apply;
 use crate::service::cluster::auth::{self as auth, registry_delete, registry_item};
-use crate::service::cluster::bridge::{Apply, Cluster};
+use crate::service::cluster::log;
+use crate::service::runtime::cluster_link::Cluster;
 use crate::service::runtime::shared::Shared;
 use async_nats::jetstream::{consumer, kv, stream};
 use futures_lite::StreamExt;
@@ -163,7 +164,7 @@ pub(super) async fn consume(
                     Apply::Record { seq, rec }
                 }
                 Some(Err(e)) => {
-                    crate::service::cluster::metrics::of(sh).record("undecodable", 1);
+                    sh.cluster_metrics().record("undecodable", 1);
                     log(&format!("record {seq}: {e}; skipped"));
                     Apply::Skip { seq }
                 }

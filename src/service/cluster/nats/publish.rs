@@ -9,11 +9,11 @@
 //! (the rest wait in the bounded publish buffer), and the replica reports itself
 //! degraded while publishing fails.
 
-use super::log;
 use crate::cluster::auth::Kind;
 use crate::cluster::names::Names;
 use crate::cluster::wire::EventRecord;
-use crate::service::cluster::bridge::{Cluster, Out};
+use crate::service::cluster::log;
+use crate::service::runtime::cluster_link::{Cluster, Out};
 use crate::service::runtime::shared::Shared;
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
@@ -45,7 +45,7 @@ pub(super) async fn publisher(
     let mut seqs: HashMap<String, u64> = HashMap::new();
     let mut queue: VecDeque<Job> = VecDeque::new();
     let mut pause = Duration::from_millis(50);
-    let m = crate::service::cluster::metrics::of(sh);
+    let m = sh.cluster_metrics();
     loop {
         while queue.len() < 512 {
             let Ok(out) = rx.try_recv() else { break };
@@ -98,7 +98,7 @@ pub(super) async fn publisher(
                 m.record("published", events);
                 pause = Duration::from_millis(50);
                 let backlog = (queue.len() + rx.len()) as u64;
-                cl.with_health(sh, |h| {
+                cl.with_health(|h| {
                     h.publish_failing = false;
                     h.backlog = backlog;
                 });
@@ -110,11 +110,11 @@ pub(super) async fn publisher(
                 let backlog = (queue.len() + rx.len()) as u64;
                 let dropped = m
                     .records
-                    .get_or_create(&crate::service::cluster::metrics::OutcomeLabel {
+                    .get_or_create(&crate::service::runtime::cluster_metrics::OutcomeLabel {
                         outcome: "dropped",
                     })
                     .get();
-                let first = cl.with_health(sh, |h| {
+                let first = cl.with_health(|h| {
                     let first = !h.publish_failing;
                     h.publish_failing = true;
                     h.backlog = backlog;

@@ -51,7 +51,7 @@ impl Core {
         retained: Option<Box<Retained>>,
         spec: Option<SpecAdd>,
     ) {
-        crate::service::cluster::bridge::publish_route(&self.shared, &req);
+        crate::service::runtime::cluster_hooks::publish_route(&self.shared, &req);
         let hashes: Arc<[u64]> = Arc::from(req.hashes.as_slice());
         let slot = req.decode_worker;
         let id = req.id.clone();

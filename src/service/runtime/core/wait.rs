@@ -1,25 +1,42 @@
-//! Waiting for replies from other cores: a task registers a waiter (`Core::new_wait`),
-//! sends its query, and awaits `Core::wait`; the handler of the reply completes it.
+//! Waiting for replies from other cores: a task registers a waiter
+//! ([`Waits::register`], through `Core::new_wait`), sends its query, and awaits
+//! [`Waits::wait`]; the handler of the reply completes it ([`Waits::complete`]).
 //!
 //! Guarantees: a reply is delivered to exactly one waiter, and a cancelled wait (its
 //! future dropped, e.g. the connection closed) removes its entry, so waiters never
-//! accumulate.
+//! accumulate. Core-local: never shared between threads.
 
-use super::Core;
 use crate::service::runtime::msg::Reply;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 #[derive(Default)]
-pub(super) struct Waiter {
+struct Waiter {
     reply: Option<Reply>,
     waker: Option<Waker>,
 }
 
-impl Core {
+/// A core's tasks waiting for replies, by query id.
+pub struct Waits {
+    waiters: RefCell<HashMap<u64, Waiter>>,
+    next_qid: Cell<u64>,
+}
+
+impl Default for Waits {
+    fn default() -> Self {
+        Waits {
+            waiters: RefCell::new(HashMap::new()),
+            next_qid: Cell::new(1),
+        }
+    }
+}
+
+impl Waits {
     /// Registers a waiter and returns its query id.
-    pub fn new_wait(&self) -> u64 {
+    pub fn register(&self) -> u64 {
         let q = self.next_qid.get();
         self.next_qid.set(q + 1);
         self.waiters.borrow_mut().insert(q, Waiter::default());
@@ -28,10 +45,11 @@ impl Core {
 
     /// Resolves when the reply for `qid` has arrived.
     pub fn wait(&self, qid: u64) -> WaitReply<'_> {
-        WaitReply { core: self, qid }
+        WaitReply { waits: self, qid }
     }
 
-    pub(super) fn complete(&self, qid: u64, reply: Reply) {
+    /// Hands `reply` to the waiter of `qid` (dropped if it gave up waiting).
+    pub fn complete(&self, qid: u64, reply: Reply) {
         let mut w = self.waiters.borrow_mut();
         if let Some(waiter) = w.get_mut(&qid) {
             waiter.reply = Some(reply);
@@ -42,16 +60,16 @@ impl Core {
     }
 }
 
-/// Future of [`Core::wait`].
+/// Future of [`Waits::wait`].
 pub struct WaitReply<'a> {
-    core: &'a Core,
+    waits: &'a Waits,
     qid: u64,
 }
 
 impl Future for WaitReply<'_> {
     type Output = Reply;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Reply> {
-        let mut w = self.core.waiters.borrow_mut();
+        let mut w = self.waits.waiters.borrow_mut();
         match w.get_mut(&self.qid) {
             Some(waiter) => match waiter.reply.take() {
                 Some(r) => {
@@ -72,7 +90,7 @@ impl Future for WaitReply<'_> {
 impl Drop for WaitReply<'_> {
     fn drop(&mut self) {
         // A cancelled wait (connection closed) must not leak its slot.
-        if let Ok(mut w) = self.core.waiters.try_borrow_mut() {
+        if let Ok(mut w) = self.waits.waiters.try_borrow_mut() {
             w.remove(&self.qid);
         }
     }

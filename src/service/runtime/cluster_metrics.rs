@@ -1,13 +1,12 @@
 //! The `kvroute_cluster_*` metric families of router replicas: the cluster registers
-//! them into the service's registry at start (`bridge::start`) and keeps the handles
-//! in its [`super::bridge::Cluster`]; [`of`] finds them from any core.
+//! them into the service's registry at start (`service::cluster::bridge::start`) and
+//! keeps the handles in its link (`runtime::cluster_link::Cluster`);
+//! `Shared::cluster_metrics` finds them from any core.
 
-use crate::service::runtime::shared::Shared;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use std::sync::LazyLock;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
@@ -97,12 +96,4 @@ impl ClusterMetrics {
             .get_or_create(&OutcomeLabel { outcome })
             .inc_by(n);
     }
-}
-
-/// Without `--cluster` (or before the bridge is up): counted nowhere that is listed.
-static OFF: LazyLock<ClusterMetrics> = LazyLock::new(ClusterMetrics::default);
-
-/// The cluster's metrics of the service `sh`.
-pub fn of(sh: &Shared) -> &ClusterMetrics {
-    sh.cluster.get().map_or(&OFF, |c| &c.metrics)
 }
