@@ -22,7 +22,7 @@
 //! and `output_config.effort` (a reasoning effort for templates that read one), and a
 //! `tool_use` without `id` (vLLM names it after the clock).
 
-use super::{carry, model, opt_bool, opt_positive, opt_str, AgentRequest, Api, BadRequest};
+use super::fields::{carry, model, opt_bool, opt_positive, opt_str, AgentRequest, Api, BadRequest};
 use serde_json::{json, Map, Value};
 
 const BILLING_HEADER: &str = "x-anthropic-billing-header";

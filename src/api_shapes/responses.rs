@@ -17,7 +17,7 @@
 //! `previous_response_id` is kept for routing: the history it names lives on the
 //! engine that stored it, and is rendered there (a router sees only the new turn).
 
-use super::{carry, model, opt_bool, opt_positive, opt_str, AgentRequest, Api, BadRequest};
+use super::fields::{carry, model, opt_bool, opt_positive, opt_str, AgentRequest, Api, BadRequest};
 use serde_json::{json, Map, Value};
 
 /// Longest `previous_response_id` accepted (bytes).
