@@ -27,41 +27,13 @@ fn edge_text(g: &Graph, e: &graph::Edge) -> String {
     )
 }
 
-/// Files still inside an import circle while the service is taken apart; none may be
-/// added, and a file that leaves every circle must leave this list.
-const TANGLED: &[&str] = &[
-    "src/proxy/agents/front.rs",
-    "src/proxy/agents/mod.rs",
-    "src/proxy/body.rs",
-    "src/proxy/forward.rs",
-    "src/proxy/front.rs",
-    "src/proxy/health.rs",
-    "src/proxy/offload.rs",
-    "src/proxy/policies.rs",
-    "src/proxy/prompt.rs",
-    "src/proxy/queued.rs",
-    "src/proxy/state.rs",
-];
-
-/// Imports from a lower layer to a higher one not yet turned around (from, to); none
-/// may be added, and one that is gone must leave this list.
-const KNOWN_UPWARD: &[(&str, &str)] = &[];
-
-/// Imports of the proxy's driver into the service other than its doors (from, to).
-const KNOWN_PROXY_REACH: &[(&str, &str)] = &[];
-
 #[test]
 fn no_file_circle() {
     let g = graph();
     let mut found = Vec::new();
-    let mut tangled = std::collections::BTreeSet::new();
     for c in g.circles() {
         let mut files: Vec<&str> = c.iter().map(|&i| g.files[i].path.as_str()).collect();
         files.sort_unstable();
-        tangled.extend(files.iter().map(|f| f.to_string()));
-        if files.iter().all(|f| TANGLED.contains(f)) {
-            continue;
-        }
         let inside: Vec<String> = g
             .edges
             .iter()
@@ -71,11 +43,6 @@ fn no_file_circle() {
         found.push(format!("{}\n{}", files.join(" "), inside.join("\n")));
     }
     assert!(found.is_empty(), "import circles:\n{}", found.join("\n\n"));
-    let stale: Vec<&&str> = TANGLED.iter().filter(|f| !tangled.contains(**f)).collect();
-    assert!(
-        stale.is_empty(),
-        "no longer in a circle, drop from TANGLED: {stale:?}"
-    );
 }
 
 /// Every service layer (and the proxy's driver) imports only from its own layer or
@@ -84,15 +51,10 @@ fn no_file_circle() {
 fn layers_import_downward() {
     let g = graph();
     let mut up = Vec::new();
-    let mut seen = Vec::new();
     for e in &g.edges {
         let (from, to) = (g.files[e.from].path.as_str(), g.files[e.to].path.as_str());
         let (lf, lt) = (layer_of(from), layer_of(to));
         if lf >= lt {
-            continue;
-        }
-        if KNOWN_UPWARD.contains(&(from, to)) {
-            seen.push((from, to));
             continue;
         }
         up.push(format!(
@@ -103,8 +65,6 @@ fn layers_import_downward() {
         ));
     }
     assert!(up.is_empty(), "imports up the layers:\n{}", up.join("\n"));
-    let stale: Vec<_> = KNOWN_UPWARD.iter().filter(|k| !seen.contains(k)).collect();
-    assert!(stale.is_empty(), "gone, drop from KNOWN_UPWARD: {stale:?}");
 }
 
 /// The proxy's driver names nothing of the service but its doors: the routing handle
@@ -113,7 +73,6 @@ fn layers_import_downward() {
 fn proxy_reaches_the_service_through_its_doors() {
     let g = graph();
     let mut bad = Vec::new();
-    let mut seen = Vec::new();
     for e in &g.edges {
         let (from, to) = (g.files[e.from].path.as_str(), g.files[e.to].path.as_str());
         let driver = PROXY_DRIVER.iter().any(|p| from.starts_with(p));
@@ -123,24 +82,12 @@ fn proxy_reaches_the_service_through_its_doors() {
         if PROXY_DOORS.iter().any(|p| to.starts_with(p)) {
             continue;
         }
-        if KNOWN_PROXY_REACH.contains(&(from, to)) {
-            seen.push((from, to));
-            continue;
-        }
         bad.push(edge_text(&g, e));
     }
     assert!(
         bad.is_empty(),
         "the proxy past its doors:\n{}",
         bad.join("\n")
-    );
-    let stale: Vec<_> = KNOWN_PROXY_REACH
-        .iter()
-        .filter(|k| !seen.contains(k))
-        .collect();
-    assert!(
-        stale.is_empty(),
-        "gone, drop from KNOWN_PROXY_REACH: {stale:?}"
     );
 }
 

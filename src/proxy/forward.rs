@@ -18,9 +18,8 @@
 //! `retry-after` header (`overloaded`); a worker's 429 is re-routed like a 5xx but is
 //! not held against its breaker.
 
-use super::body::{self, ProxyBody};
+use super::body;
 use super::breaker::Allow;
-use super::errors;
 use super::front::Front;
 use super::health::{self, breaker_failure, breaker_success, spawn_probe};
 use super::pool::{self, Conn};
@@ -44,36 +43,11 @@ use std::time::{Duration, Instant};
 mod admit;
 mod ends;
 
+use super::respond::{error, overloaded, Resp};
 use admit::Turn;
-
-pub type Resp = Response<ProxyBody>;
 
 thread_local! {
     static COUNTER: Cell<u64> = const { Cell::new(0) };
-}
-
-/// An OpenAI-shaped error response.
-pub fn error(status: StatusCode, kind: &str, code: &str, msg: &str) -> Resp {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(ProxyBody::full(errors::body(kind, code, msg)))
-        .unwrap_or_else(|_| Response::new(ProxyBody::full(Bytes::new())))
-}
-
-/// A 429 in OpenAI's shape with `retry-after: secs`: the proxy is overloaded.
-pub fn overloaded(code: &str, msg: &str, secs: u32) -> Resp {
-    let mut r = error(
-        StatusCode::TOO_MANY_REQUESTS,
-        "rate_limit_exceeded",
-        code,
-        msg,
-    );
-    r.headers_mut().insert(
-        hyper::header::RETRY_AFTER,
-        hyper::header::HeaderValue::from(secs),
-    );
-    r
 }
 
 fn refused(core: &Front, kind: &'static str) {
@@ -236,7 +210,7 @@ async fn pipeline(
     }
     let prompt_tokens = tokens.as_ref().map_or(raw.len() / 4, Vec::len) as u64;
     let front =
-        match super::policies::front_door(&sh.state, &parts.headers, &creq.body, prompt_tokens) {
+        match super::front_door::front_door(&sh.state, &parts.headers, &creq.body, prompt_tokens) {
             Ok(f) => f,
             Err(r) => {
                 refused(&core, "policy");

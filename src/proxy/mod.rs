@@ -24,8 +24,11 @@
 //! streamed response and its lifecycle), `forward` (route → legs → retries), `health` (breakers per core, probes), `front` (one core's routing handle and the shared state), `server`
 //! (the listener's routes and auth), `spans` (the request's OpenTelemetry spans), `state` (metrics and the shared admission count),
 //! `refuse` (a 429 for a connection the listener has no slot for), `watch` (a client
-//! that went away, noticed while its request waits), `policies` and `queued` (the
-//! front door's hints, tenants and admission queue: docs/POLICIES.md).
+//! that went away, noticed while its request waits), `respond` (the proxy's own
+//! answers in OpenAI's error shape), `front_door`, `policies` and `queued` (the front
+//! door's hints, tenants and admission queue: docs/POLICIES.md). No file imports
+//! another that imports it back (`tests/layers.rs`): the shared state holds the
+//! policies and the response map, which import neither it nor the driver.
 
 pub mod agents;
 pub mod args;
@@ -52,6 +55,8 @@ pub mod forward;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod front;
 #[cfg(all(target_os = "linux", feature = "service"))]
+pub mod front_door;
+#[cfg(all(target_os = "linux", feature = "service"))]
 pub mod health;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod io;
@@ -65,6 +70,8 @@ pub mod pool;
 pub mod queued;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod refuse;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod respond;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod server;
 #[cfg(all(target_os = "linux", feature = "service"))]

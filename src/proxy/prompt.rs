@@ -32,7 +32,9 @@ pub fn prompt_tokens(
     body: &Value,
 ) -> Result<Option<Vec<u32>>, PromptError> {
     if super::agents::handles(endpoint) {
-        return super::agents::prompt_tokens(tok, endpoint, body, false).unwrap_or(Ok(None));
+        return super::agents::prompt_tokens(tok, endpoint, body, false, MAX_PROMPT_TOKENS)
+            .unwrap_or(Ok(None))
+            .map_err(PromptError);
     }
     match tok {
         Some(t) => t
@@ -63,7 +65,8 @@ pub fn prompt_tokens_quick(
     body: &Value,
 ) -> Option<Result<Option<Vec<u32>>, PromptError>> {
     if super::agents::handles(endpoint) {
-        return super::agents::prompt_tokens(tok, endpoint, body, true);
+        return super::agents::prompt_tokens(tok, endpoint, body, true, MAX_PROMPT_TOKENS)
+            .map(|r| r.map_err(PromptError));
     }
     match tok {
         Some(t) => t

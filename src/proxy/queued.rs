@@ -18,8 +18,8 @@
 //! (`SharedQueue::leave`), so no freed capacity is lost. Every path out of the queue
 //! updates the depth gauge and counts its reason.
 
-use super::forward::{overloaded, Resp};
 use super::policies::{Front, Policies, Queue, Wake};
+use super::respond::{overloaded, Resp};
 use super::watch::Gone;
 use crate::admission::queue::{Entry, Refusal};
 use crate::admission::shared::{Grant, Leave, Waiter, WaiterState, Waiting};
@@ -258,7 +258,7 @@ pub async fn wait_for_slot(
             Turn::Go(g) => prior = Some(g),
             Turn::Answer(r) => return Slot::Answer(r),
             Turn::Left => {
-                return Slot::Answer(super::forward::error(
+                return Slot::Answer(super::respond::error(
                     hyper::StatusCode::from_u16(499).unwrap_or(hyper::StatusCode::BAD_REQUEST),
                     "invalid_request_error",
                     "client_closed_request",

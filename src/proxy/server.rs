@@ -12,9 +12,10 @@
 //! content type; CORS for listed origins).
 
 use super::body::ProxyBody;
-use super::forward::{self, error, Resp};
+use super::forward;
 use super::front::Front;
 use super::request::Endpoint;
+use super::respond::{error, Resp};
 use super::watch::ClientWatch;
 use crate::service::net::conn_slot::Slot;
 use crate::service::net::doors::{self, Door, Pass};

@@ -15,9 +15,9 @@
 //!   Anthropic SDKs dispatch on; the worker's own answers pass unchanged.
 
 use super::super::body::ProxyBody;
-use super::super::forward::Resp;
 use super::super::front::Front;
 use super::super::request::Endpoint;
+use super::super::respond::Resp;
 use crate::api_shapes::errors;
 use bytes::Bytes;
 use hyper::{Response, StatusCode};

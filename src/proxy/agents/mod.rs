@@ -27,7 +27,6 @@
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod front;
 
-use super::prompt::{PromptError, MAX_PROMPT_TOKENS};
 use super::request::Endpoint;
 use super::track::{Seen, Tracker};
 use crate::api_shapes::response_map::ResponseMap;
@@ -79,19 +78,22 @@ pub fn candidate(endpoint: Endpoint, role: crate::types::Role) -> bool {
 /// The prompt token ids of a Messages / Responses body, rendered with the model's chat
 /// template as the engine renders it (`Ok(None)`: no tokenizer for the model, or a
 /// pass-through endpoint). `quick`: the render within `QUICK_FUEL` steps, `None` when
-/// it needs more. Without tokenizers the body is still converted (a bad one is a 400).
+/// it needs more. Without tokenizers the body is still converted (a bad one is a 400),
+/// its text bounded as `untokenized_max` tokens' worth. `Err`: why the prompt cannot
+/// be tokenized as given (400 to the client).
 pub fn prompt_tokens(
     tok: Option<&Tokenizers>,
     endpoint: Endpoint,
     body: &Value,
     quick: bool,
-) -> Option<Result<Option<Vec<u32>>, PromptError>> {
+    untokenized_max: usize,
+) -> Option<Result<Option<Vec<u32>>, String>> {
     let Some(api) = api_of(endpoint) else {
         return Some(Ok(None));
     };
-    let bad = |e: api_shapes::BadRequest| PromptError(e.0);
+    let bad = |e: api_shapes::BadRequest| e.0;
     let Some(t) = tok else {
-        let max = MAX_PROMPT_TOKENS.saturating_mul(tokenize::BYTES_PER_TOKEN_BOUND);
+        let max = untokenized_max.saturating_mul(tokenize::BYTES_PER_TOKEN_BOUND);
         return Some(
             api_shapes::from_value(api, body, max, false)
                 .map(|_| None)
@@ -112,7 +114,7 @@ pub fn prompt_tokens(
     } else {
         t.prompt_tokens(chat, &req.model, &req.chat)
     };
-    Some(r.map_err(|e| PromptError(e.0)))
+    Some(r.map_err(|e| e.0))
 }
 
 /// The lifecycle reader of one answer: `track` for completions, chat and the

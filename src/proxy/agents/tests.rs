@@ -2,6 +2,9 @@ use super::*;
 use crate::tokenize::testing;
 use serde_json::json;
 
+/// The proxy's bound on an untokenized prompt.
+const MAX: usize = crate::proxy::prompt::MAX_PROMPT_TOKENS;
+
 #[test]
 fn a_messages_prompt_is_the_chat_prompt_the_engine_renders() {
     let t = testing::in_memory("m", 64).unwrap();
@@ -14,11 +17,11 @@ fn a_messages_prompt_is_the_chat_prompt_the_engine_renders() {
         .unwrap();
     assert!(want.as_ref().is_some_and(|w| !w.is_empty()));
     for quick in [false, true] {
-        let got = prompt_tokens(Some(&t), Endpoint::Messages, &msgs, quick).unwrap();
+        let got = prompt_tokens(Some(&t), Endpoint::Messages, &msgs, quick, MAX).unwrap();
         assert_eq!(got.unwrap(), want);
     }
     let resp = json!({"model": "m", "instructions": "t1 t2", "input": "t3 t4"});
-    let got = prompt_tokens(Some(&t), Endpoint::Responses, &resp, false).unwrap();
+    let got = prompt_tokens(Some(&t), Endpoint::Responses, &resp, false, MAX).unwrap();
     assert_eq!(got.unwrap(), want);
 }
 
@@ -27,12 +30,12 @@ fn bad_bodies_are_refused_with_or_without_a_tokenizer_and_passthroughs_have_no_p
     let t = testing::in_memory("m", 64).unwrap();
     let bad = json!({"model": "m", "max_tokens": 1, "messages": "nope"});
     for tok in [Some(&t), None] {
-        let r = prompt_tokens(tok, Endpoint::Messages, &bad, false).unwrap();
+        let r = prompt_tokens(tok, Endpoint::Messages, &bad, false, MAX).unwrap();
         assert!(r.is_err(), "{r:?}");
     }
     let ok = json!({"model": "m", "input": "t1"});
     assert_eq!(
-        prompt_tokens(None, Endpoint::Responses, &ok, true).unwrap(),
+        prompt_tokens(None, Endpoint::Responses, &ok, true, MAX).unwrap(),
         Ok(None)
     );
     for e in [
@@ -41,7 +44,10 @@ fn bad_bodies_are_refused_with_or_without_a_tokenizer_and_passthroughs_have_no_p
         Endpoint::Detokenize,
     ] {
         assert!(passthrough(e) && handles(e) && api_of(e).is_none());
-        assert_eq!(prompt_tokens(Some(&t), e, &ok, true).unwrap(), Ok(None));
+        assert_eq!(
+            prompt_tokens(Some(&t), e, &ok, true, MAX).unwrap(),
+            Ok(None)
+        );
     }
     assert!(!handles(Endpoint::Chat) && !passthrough(Endpoint::Messages));
 }
