@@ -302,17 +302,13 @@ impl Job {
         let mut last: Option<(String, Failure)> = None;
         // Every wait on a worker below ends as soon as the client goes away (`watch`).
         let mut gone = self.watch.gone();
-        // A grant from the admission queue, until the request is routed (`queued`).
+        // A grant from the admission queue, until a worker takes the request (`queued`).
         let mut turn = None;
         // The attempt every worker tried answered 429 on (`bounced`), the attempt the
         // retries restart from after a grant (`since`), no retry left (`spent`).
         let (mut bounced, mut since, mut spent) = (None, 0u32, false);
         loop {
-            let allow = if spent {
-                None
-            } else {
-                self.allow_list(&excluded)
-            };
+            let allow = (!spent).then(|| self.allow_list(&excluded)).flatten();
             let Some(allow) = allow else {
                 let at = bounced
                     .take()
@@ -359,7 +355,9 @@ impl Job {
             };
             let blocks = self.tokens.as_ref().map_or(0, |t| t.len() as u64)
                 / u64::from(sh.handle.settings().router.block_size.max(1));
-            ReqTrace::decision(&span, &d, blocks, sh.handle.settings().router.mode.name());
+            let waited = turn.as_ref().map_or(0, |g| g.waited_us);
+            let mode = sh.handle.settings().router.mode.name();
+            ReqTrace::decision(&span, &d, blocks, mode, waited);
             drop(span);
             let mut body = self.raw.clone();
             let mut fallback = false;
