@@ -13,6 +13,7 @@
 #    alternating round by round ($ROUNDS rounds):
 #      off     admission.queue = false (a refused request gets 429 at once)
 #      on      the default queue (max_wait_ms 30,000)
+#      on-flat as on, admission.max_priority = 0 (priorities ignored)
 #      on-slo  the queue with max_wait_ms = $SLO_MS (a request that cannot start
 #              within the SLO leaves with 429 instead of waiting on)
 #      on-slo-flat  as on-slo, admission.max_priority = 0 (priorities ignored)
@@ -33,7 +34,7 @@ LOAD=${LOAD:-2}              # times the fleet's capacity
 HIGH=${HIGH:-0.2}            # share of high-priority requests
 SLO_MS=${SLO_MS:-1000}       # TTFT SLO of the goodput
 ROUNDS=${ROUNDS:-2}
-CONFIGS=${CONFIGS:-"off on on-slo on-slo-flat"}
+CONFIGS=${CONFIGS:-"off on on-flat on-slo on-slo-flat"}
 OUT=${OUT:-$(mktemp -d /tmp/policies_bench.XXXXXX)}; mkdir -p "$OUT"
 # shellcheck source=tools/proxy_fleet.sh
 source tools/proxy_fleet.sh
@@ -72,6 +73,7 @@ flags() {
   case $1 in
     off) echo "--admission-queue false" ;;
     on) echo "" ;;
+    on-flat) echo "--admission-max-priority 0" ;;
     on-slo) echo "--admission-max-wait-ms $SLO_MS" ;;
     on-slo-flat) echo "--admission-max-wait-ms $SLO_MS --admission-max-priority 0" ;;
   esac
