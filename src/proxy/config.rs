@@ -196,6 +196,14 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.validate().is_err());
+        for (n, ttl) in [(0, 60_000), (MAX_RESPONSES + 1, 60_000), (16, 999)] {
+            let bad = ProxySettings {
+                responses_max_entries: n,
+                responses_ttl_ms: ttl,
+                ..Default::default()
+            };
+            assert!(bad.validate().is_err(), "{n} {ttl}");
+        }
         assert!(is_off("") && is_off("OFF") && !is_off(DEFAULT_PROXY_ADDR));
     }
 
