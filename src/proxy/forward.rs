@@ -414,7 +414,8 @@ impl Job {
                     body::life(&self.core, LifeOp::Finish, &rid);
                     excluded.push(w.clone());
                     last = Some((w, f));
-                    bounced = retry::is_busy(f).then(|| (rr.model.clone(), seen));
+                    // The epoch after the refusal (see `admit::wait_refused`).
+                    bounced = retry::is_busy(f).then(|| (rr.model.clone(), self.queue_epoch(&rr)));
                     attempt += 1;
                     match policy.backoff(attempt - since) {
                         Some(wait) => {

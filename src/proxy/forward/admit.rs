@@ -89,6 +89,10 @@ impl Job {
     /// as when the router finds every worker busy, so with the queue on the request
     /// waits for capacity in the same queue (or goes back to its place with `prior`)
     /// instead of a 429 `workers_busy`. `None`: not that case (answer as before).
+    /// The epoch is read after the last refusal, not before the attempt: a release
+    /// during the attempt did not free the worker that then refused, and rechecking on
+    /// it would grant the same request again at once, a loop of refusals while the
+    /// worker finishes freeing its slot; a later release (or the 100 ms tick) does.
     pub(super) async fn wait_refused(
         &self,
         at: Option<(Option<String>, u64)>,
