@@ -397,3 +397,46 @@ fn agent_apis_are_routed_decode_only_in_a_disaggregated_fleet() {
     assert_eq!(f.stats(0)["requests"], 0, "the prefill worker was asked");
     assert_eq!(s.metric("kvroute_proxy_prefill_fallbacks_total"), 0.0);
 }
+
+/// `proxy.responses_max_entries`: past it the oldest Responses id is forgotten, and
+/// its follow-up is routed like a new request (a worker answers) instead of being
+/// held to the worker that stored it.
+#[test]
+fn a_forgotten_responses_id_is_routed_as_a_new_request() {
+    let s = Server::start(1, &["--proxy-responses-max-entries", "1"]);
+    let _f = Fleet::start(&[
+        "--workers",
+        "2",
+        "--events",
+        "none",
+        "--timing",
+        FAST,
+        "--register",
+        &s.http,
+    ]);
+    s.wait_until("the workers", |s| s.workers().len() == 2);
+    let url = format!("http://{}/v1/responses", s.proxy);
+    let create = |input: &str| {
+        let b = json!({"model": "sim-model", "max_output_tokens": 1, "input": input});
+        let (c, w, b) = call(&url, ("x-other", "1"), &b);
+        assert_eq!(c, 200, "{b}");
+        let v: Value = serde_json::from_str(&b).unwrap();
+        (v["id"].as_str().unwrap().to_string(), w)
+    };
+    let (first, w) = create("t1 t2");
+    create("t3 t4");
+    // The first id's worker leaves: remembered, its follow-up would be the proxy's
+    // own 404 naming it; forgotten, another worker gets it.
+    assert_eq!(s.delete(&format!("/v1/workers/{w}")).0, 200);
+    let r = ureq::post(&url)
+        .timeout(Duration::from_secs(60))
+        .send_json(json!({"model": "sim-model", "previous_response_id": first,
+            "input": "t5", "max_output_tokens": 1}));
+    let r = match r {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(r.header("x-kvroute-stored-on"), None);
+    let other = r.header("x-kvroute-worker").unwrap_or("").to_string();
+    assert!(other.starts_with("sim-") && other != w, "{other} {w}");
+}

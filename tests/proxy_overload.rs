@@ -171,9 +171,18 @@ fn a_workers_429_is_retried_elsewhere_and_all_busy_is_a_429_never_a_502() {
     if !python_ok() {
         return;
     }
+    // The admission queue off: every worker refusing is then answered at once (with
+    // the queue on, the request waits instead: `tests/proxy_policies.rs`).
     let s = Server::start(
         2,
-        &["--proxy-retries", "3", "--proxy-retry-backoff-ms", "1"],
+        &[
+            "--proxy-retries",
+            "3",
+            "--proxy-retry-backoff-ms",
+            "1",
+            "--admission-queue",
+            "false",
+        ],
     );
     let w1 = FakeWorker::start("w1", &["--mode", "busy"]);
     let w2 = FakeWorker::start("w2", &[]);

@@ -4,6 +4,8 @@
 //! step), and a small admission queue.
 //!
 //! - a burst above capacity is queued and served in priority order, none lost;
+//! - with no busy threshold, a burst the worker itself refuses (429 past its own
+//!   bound) is queued the same way, not answered 429;
 //! - a deadline passing in the queue is a 429 `queue_timeout` with `retry-after`;
 //! - a queued client that disconnects leaves the queue at once;
 //! - at the proxy's concurrency cap (`queue_at_max_concurrent`), requests wait for a
@@ -41,15 +43,18 @@ struct Setup {
 }
 
 fn start(extra: &[&str]) -> Setup {
-    let fleet = Fleet::start(&["--workers", "1", "--block-size", "4", "--timing", SLOW]);
+    start_on(&[], &["--busy-threshold", "0.0001"], extra)
+}
+
+/// One SLOW worker (more `fleet` flags), the router's busy rule (`busy`) and `extra`.
+fn start_on(fleet: &[&str], busy: &[&str], extra: &[&str]) -> Setup {
+    let mut fa = vec!["--workers", "1", "--block-size", "4", "--timing", SLOW];
+    fa.extend_from_slice(fleet);
+    let fleet = Fleet::start(&fa);
     let engine = fleet.workers[0].engine.clone().expect("engine flag");
-    let mut args = vec![
-        "--block-size",
-        "4",
-        "--engine",
-        &engine,
-        "--busy-threshold",
-        "0.0001",
+    let mut args = vec!["--block-size", "4", "--engine", &engine];
+    args.extend_from_slice(busy);
+    args.extend_from_slice(&[
         "--admission-max-queued",
         "4",
         "--admission-max-wait-ms",
@@ -60,7 +65,7 @@ fn start(extra: &[&str]) -> Setup {
         "0.1",
         "--admission-tenant-burst-ms",
         "20000",
-    ];
+    ]);
     args.extend_from_slice(extra);
     let s = Server::start(1, &args);
     let url = format!("http://{}/v1/completions", s.proxy);
@@ -229,6 +234,32 @@ fn the_queue_orders_bounds_and_lets_go() {
         s.metric("kvroute_proxy_queue_dropped_total{reason=\"full\"}"),
         2.0
     );
+    assert_eq!(depth(s), 0.0);
+}
+
+#[test]
+fn without_a_busy_threshold_a_burst_the_worker_refuses_is_queued() {
+    // A default router (no busy threshold: it never finds the worker busy) in front of
+    // a worker that runs one request at a time and answers 429 past that.
+    let st = start_on(&["--max-active", "1"], &[], &[]);
+    let s = &st.s;
+    let done: Done = Arc::new(Mutex::new(Vec::new()));
+    let mut hs = vec![occupy(&st, 60, &done)];
+    for (i, prio) in [(1u32, 5), (2, -5), (3, 0)] {
+        hs.push(spawn(&st.url, body(i, 2, prio), i, &done));
+        wait_depth(s, f64::from(i));
+    }
+    for h in hs {
+        h.join().unwrap();
+    }
+    let order: Vec<(u32, u16, String)> = done.lock().unwrap().clone();
+    assert_eq!(
+        order.iter().map(|o| (o.0, o.1)).collect::<Vec<_>>(),
+        vec![(0, 200), (2, 200), (3, 200), (1, 200)],
+        "queued, served by priority, none refused: {order:?}"
+    );
+    assert!(s.metric("kvroute_proxy_upstream_errors_total{kind=\"busy\"}") >= 1.0);
+    assert_eq!(s.metric("kvroute_proxy_queued_total"), 3.0);
     assert_eq!(depth(s), 0.0);
 }
 

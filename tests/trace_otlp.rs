@@ -435,3 +435,71 @@ fn a_proxied_request_is_one_trace_and_its_worker_joins_it() {
     );
     assert_eq!(got[0]["tracestate"], "vendor=1");
 }
+
+#[test]
+fn a_queued_requests_route_span_says_how_long_it_waited() {
+    use common::fleet::{post, Fleet};
+    // One worker that runs one request at a time, 20 ms per decode step.
+    let slow = "prefill_base_us=1000,prefill_us_per_token=1,prefill_attention_us=0,decode_step_base_us=20000,decode_us_per_seq=0";
+    let fleet = Fleet::start(&[
+        "--workers",
+        "1",
+        "--block-size",
+        "4",
+        "--max-active",
+        "1",
+        "--timing",
+        slow,
+    ]);
+    let engine = fleet.workers[0].engine.clone().expect("engine flag");
+    let c = Collector::start("grpc");
+    let endpoint = format!("http://127.0.0.1:{}", c.port);
+    let s = common::Server::start(
+        1,
+        &[
+            "--block-size",
+            "4",
+            "--engine",
+            &engine,
+            "--otlp-endpoint",
+            &endpoint,
+        ],
+    );
+    let url = format!("http://{}/v1/completions", s.proxy);
+    let body = |tag: u32, n: u32| serde_json::json!({"model": "sim-model", "prompt": [1, 2, 3, tag], "max_tokens": n});
+    // The first holds the worker ~400 ms; the second is refused by it and queues.
+    let u = url.clone();
+    let first = std::thread::spawn(move || post(&u, body(1, 20)).0);
+    s.wait_until("the first request runs", |s| {
+        s.metric("kvroute_proxy_active") >= 1.0
+    });
+    let u = url.clone();
+    let second = std::thread::spawn(move || post(&u, body(2, 1)).0);
+    s.wait_until("the second request queued", |s| {
+        s.metric("kvroute_proxy_queued_total") >= 1.0
+    });
+    assert_eq!(first.join().unwrap(), 200);
+    assert_eq!(second.join().unwrap(), 200);
+    // Spans of both requests (the second has a route span per attempt).
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut waited = Vec::new();
+    while waited.iter().all(|w: &i64| *w == 0) && Instant::now() < end {
+        let Ok(sp) = c
+            .spans
+            .recv_timeout(end.saturating_duration_since(Instant::now()))
+        else {
+            break;
+        };
+        if sp["name"] == "route" {
+            waited.push(
+                sp["attributes"]["kvroute.queue_wait_us"]
+                    .as_i64()
+                    .unwrap_or(-1),
+            );
+        }
+    }
+    assert!(
+        waited.iter().any(|w| *w > 0) && waited.iter().all(|w| *w >= 0),
+        "route spans' kvroute.queue_wait_us: {waited:?}"
+    );
+}

@@ -11,7 +11,8 @@ use clap::Args;
 
 #[derive(Args, Debug, Default, Clone)]
 pub struct AdmissionArgs {
-    /// Queue requests that find every worker busy instead of answering 429 (true|false).
+    /// Queue requests that every worker refused (429) or the router found busy
+    /// instead of answering 429 (true|false).
     #[arg(
         id = "admission_queue",
         long = "admission-queue",

@@ -19,8 +19,9 @@ pub const MAX_PRIORITY: i32 = 1000;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdmissionSettings {
-    /// Queue requests that find every eligible worker busy (or the proxy at its
-    /// concurrency cap) instead of answering 429 at once. Default true.
+    /// Queue requests that every worker tried refused with 429, or that find every
+    /// eligible worker busy (`router.busy_threshold`), instead of answering 429 at
+    /// once. Default true.
     pub queue: bool,
     /// Also queue requests that find the proxy at `proxy.max_concurrent` (ordered by
     /// their headers' hints; their bodies are not read while they wait) instead of an

@@ -78,6 +78,20 @@ pub struct ProxyArgs {
         env = "KVROUTE_PROXY_TOKENIZE_INLINE_MAX_BYTES"
     )]
     pub tokenize_inline_max_bytes: Option<usize>,
+    /// Responses ids whose worker is remembered for `previous_response_id` follow-ups.
+    #[arg(
+        id = "proxy_responses_max_entries",
+        long = "proxy-responses-max-entries",
+        env = "KVROUTE_PROXY_RESPONSES_MAX_ENTRIES"
+    )]
+    pub responses_max_entries: Option<usize>,
+    /// How long a Responses id's worker is remembered, ms.
+    #[arg(
+        id = "proxy_responses_ttl_ms",
+        long = "proxy-responses-ttl-ms",
+        env = "KVROUTE_PROXY_RESPONSES_TTL_MS"
+    )]
+    pub responses_ttl_ms: Option<u64>,
     /// At the first SIGTERM / SIGINT, how long proxied requests in flight may run on
     /// (new connections refused) before the service stops; 0 = stop at once.
     #[arg(
@@ -139,6 +153,8 @@ impl ProxyArgs {
             pool_max_idle,
             max_prefill_response_bytes,
             tokenize_inline_max_bytes,
+            responses_max_entries,
+            responses_ttl_ms,
             drain_ms
         );
         if let Some(k) = &self.api_keys {

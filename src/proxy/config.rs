@@ -55,6 +55,12 @@ pub struct ProxySettings {
     /// so a long prompt (a 40 KB prompt takes ~2 ms) does not hold the core's other
     /// streams. 0 = every tokenized prompt off the core. Default 8,192 bytes.
     pub tokenize_inline_max_bytes: usize,
+    /// Responses ids whose worker the proxy remembers for `previous_response_id`
+    /// follow-ups (per process; the oldest is forgotten first). Default 65,536.
+    pub responses_max_entries: usize,
+    /// A remembered Responses id is forgotten this long after its answer. Default
+    /// 3,600,000 ms (one hour).
+    pub responses_ttl_ms: u64,
 }
 
 impl Default for ProxySettings {
@@ -76,9 +82,14 @@ impl Default for ProxySettings {
             max_prefill_response_bytes: 1 << 20,
             tokenize_inline_max_bytes: 8192,
             drain_ms: 20_000,
+            responses_max_entries: super::agents::RESPONSES_CAPACITY,
+            responses_ttl_ms: super::agents::RESPONSES_TTL_MS,
         }
     }
 }
+
+/// Largest `responses_max_entries` (each entry holds an id of at most 256 bytes).
+pub const MAX_RESPONSES: usize = 1 << 20;
 
 /// Default `proxy_addr`.
 pub const DEFAULT_PROXY_ADDR: &str = "127.0.0.1:8000";
@@ -107,6 +118,13 @@ impl ProxySettings {
         }
         if self.max_prefill_response_bytes < 1024 {
             return Err("proxy max_prefill_response_bytes must be >= 1024".into());
+        }
+        if !(1..=MAX_RESPONSES).contains(&self.responses_max_entries)
+            || !(1_000..=7 * 86_400_000).contains(&self.responses_ttl_ms)
+        {
+            return Err(format!(
+                "proxy responses_max_entries must be 1..={MAX_RESPONSES} and responses_ttl_ms 1000..=604800000"
+            ));
         }
         if self.api_keys.iter().any(|k| k.is_empty()) {
             return Err("proxy api_keys must not be empty strings".into());
@@ -178,6 +196,14 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.validate().is_err());
+        for (n, ttl) in [(0, 60_000), (MAX_RESPONSES + 1, 60_000), (16, 999)] {
+            let bad = ProxySettings {
+                responses_max_entries: n,
+                responses_ttl_ms: ttl,
+                ..Default::default()
+            };
+            assert!(bad.validate().is_err(), "{n} {ttl}");
+        }
         assert!(is_off("") && is_off("OFF") && !is_off(DEFAULT_PROXY_ADDR));
     }
 

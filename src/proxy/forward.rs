@@ -16,7 +16,9 @@
 //! Overload is answered, never dropped: `max_concurrent` reached, or every worker tried
 //! answering 429 (at its limit), gives the client a 429 in OpenAI's error shape with a
 //! `retry-after` header (`overloaded`); a worker's 429 is re-routed like a 5xx but is
-//! not held against its breaker.
+//! not held against its breaker. With the admission queue on, a request every worker
+//! tried refused waits in its model's queue instead (`admit`), and retries afresh when
+//! granted.
 
 use super::body;
 use super::breaker::Allow;
@@ -274,12 +276,28 @@ impl Job {
         let mut last: Option<(String, Failure)> = None;
         // Every wait on a worker below ends as soon as the client goes away (`watch`).
         let mut gone = self.watch.gone();
-        // A grant from the admission queue, until the request is routed (`queued`).
+        // A grant from the admission queue, until a worker takes the request (`queued`).
         let mut turn = None;
+        // The attempt every worker tried answered 429 on (`bounced`), the attempt the
+        // retries restart from after a grant (`since`), no retry left (`spent`).
+        let (mut bounced, mut since, mut spent) = (None, 0u32, false);
         loop {
-            let allow = match self.allow_list(&excluded) {
-                Some(a) => a,
-                None => return self.no_worker(last.as_ref()),
+            let allow = (!spent).then(|| self.allow_list(&excluded)).flatten();
+            let Some(allow) = allow else {
+                let at = bounced
+                    .take()
+                    .filter(|_| last.as_ref().is_some_and(|l| retry::is_busy(l.1)));
+                match self.wait_refused(at, turn.take(), &mut gone).await {
+                    None if spent => return self.gave_up(last.as_ref()),
+                    None => return self.no_worker(last.as_ref()),
+                    Some(Turn::Go(g)) => {
+                        (turn, last, spent, since) = (Some(g), None, false, attempt);
+                        excluded.clear();
+                        continue;
+                    }
+                    Some(Turn::Answer(r)) => return r,
+                    Some(Turn::Left) => return self.client_left(None, ""),
+                }
             };
             let rid = request::router_id(
                 &self.client_id,
@@ -309,10 +327,11 @@ impl Job {
                 Err(Some(e)) => return self.route_failed(&e, last.as_ref()),
                 Err(None) => return self.gave_up(last.as_ref()),
             };
-            self.served(turn.take());
             let blocks = self.tokens.as_ref().map_or(0, |t| t.len() as u64)
                 / u64::from(sh.handle.settings().router.block_size.max(1));
-            ReqTrace::decision(&span, &d, blocks, sh.handle.settings().router.mode.name());
+            let waited = turn.as_ref().map_or(0, |g| g.waited_us);
+            let mode = sh.handle.settings().router.mode.name();
+            ReqTrace::decision(&span, &d, blocks, mode, waited);
             drop(span);
             let mut body = self.raw.clone();
             let mut fallback = false;
@@ -355,6 +374,9 @@ impl Job {
             };
             match sent {
                 Ok(a) => {
+                    // A grant is used up once a worker takes the request (until then a
+                    // 429 puts the request back in its place).
+                    self.served(turn.take());
                     breaker_success(&self.core, &w);
                     let mut r = self.respond(a, &rid, &w, attempt, fallback, (admitted, gone));
                     self.prefill_path(&mut r, &d);
@@ -366,8 +388,10 @@ impl Job {
                     body::life(&self.core, LifeOp::Finish, &rid);
                     excluded.push(w.clone());
                     last = Some((w, f));
+                    // The epoch after the refusal (see `admit::wait_refused`).
+                    bounced = retry::is_busy(f).then(|| (rr.model.clone(), self.queue_epoch(&rr)));
                     attempt += 1;
-                    match policy.backoff(attempt) {
+                    match policy.backoff(attempt - since) {
                         Some(wait) => {
                             sh.state.metrics.retries.inc();
                             let slept = glommio::timer::sleep(wait);
@@ -376,7 +400,7 @@ impl Job {
                                 return self.client_left(None, w);
                             }
                         }
-                        None => return self.gave_up(last.as_ref()),
+                        None => spent = true,
                     }
                 }
             }

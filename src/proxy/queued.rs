@@ -6,7 +6,8 @@
 //! - a grant (capacity freed, `policies::Policies::freed`): [`Turn::Go`], route again;
 //! - a displacement by a better request on a full queue: 429 `queue_full`;
 //! - its time limit (`max_wait_ms`, or its deadline header if sooner): it leaves the
-//!   queue, 429 `queue_timeout` with `retry-after`;
+//!   queue, 429 `queue_timeout` with `retry-after` (also when the limit passed while a
+//!   grant it held was trying the workers);
 //! - its client going away (`watch`): it leaves the queue at once ([`Turn::Left`]);
 //! - a periodic tick ([`TICK`]) that grants the queue's best waiter a try, in case
 //!   capacity freed without a proxied request ending on this replica.
@@ -82,6 +83,10 @@ pub async fn wait_turn(
     let waiter: Arc<Waiter>;
     let ticket: Ticket;
     match prior {
+        // Its time ran out while it tried (a grant that bounced off busy workers):
+        // it leaves instead of taking its place again, so grants that keep bouncing
+        // cannot hold a request past its time limit.
+        Some(g) if p.now_us() >= until(p, &g.ticket) => return expired(p, model, q, g.ticket),
         Some(g) => {
             wake = g.item.item.clone();
             waiter = g.item.waiter.clone();
@@ -120,11 +125,7 @@ pub async fn wait_turn(
         }
     }
     p.show_depth(model, q);
-    let max_wait = p.settings.max_wait_ms.saturating_mul(1000);
-    let until_us = ticket
-        .arrival_us
-        .saturating_add(max_wait)
-        .min(ticket.deadline_us);
+    let until_us = until(p, &ticket);
     loop {
         match waiter.state() {
             WaiterState::Granted => {
@@ -189,6 +190,13 @@ pub async fn wait_turn(
             }
         }
     }
+}
+
+/// When a request's wait ends: `max_wait_ms` after its arrival, or its deadline if
+/// sooner (µs on the queues' clock).
+fn until(p: &Policies, t: &Ticket) -> u64 {
+    let max_wait = p.settings.max_wait_ms.saturating_mul(1000);
+    t.arrival_us.saturating_add(max_wait).min(t.deadline_us)
 }
 
 fn refused(p: &Policies, model: &str, q: &Queue, why: Refusal) -> Turn {

@@ -99,8 +99,15 @@ impl ReqTrace {
         self.req.route()
     }
 
-    /// Records decision `d` on the `route` span.
-    pub fn decision(stage: &Stage, d: &RouteDecision, prompt_blocks: u64, mode: &str) {
+    /// Records decision `d` on the `route` span; `queue_wait_us`: how long the request
+    /// waited in the admission queue before this attempt (0: it did not).
+    pub fn decision(
+        stage: &Stage,
+        d: &RouteDecision,
+        prompt_blocks: u64,
+        mode: &str,
+        queue_wait_us: u64,
+    ) {
         stage.decision(&RouteAttrs {
             worker: &d.decode_worker,
             prefill_worker: d.prefill_worker.as_deref(),
@@ -108,7 +115,7 @@ impl ReqTrace {
             prompt_blocks,
             cost: d.cost,
             mode,
-            queue_wait_us: 0,
+            queue_wait_us,
         });
     }
 

@@ -326,6 +326,10 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     let proxy = Arc::new(crate::proxy::state::ProxyShared::new(&shared.metrics));
     let _ = proxy.keys.set(proxy_keys);
     proxy.set_upstream_key(upstream_key.as_deref());
+    let ps = &shared.settings.proxy;
+    proxy
+        .responses
+        .configure(ps.responses_max_entries, ps.responses_ttl_ms);
     let policies = crate::proxy::policies::Policies::new(
         &shared.settings.admission,
         &shared.settings.router,

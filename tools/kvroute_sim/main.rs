@@ -37,6 +37,7 @@
 //! Every figure is computed by `kvroute::sim` (one model for all paths); hit rate is
 //! measured on the simulated workers. Errors are reported, never panics.
 
+mod classes;
 mod clock;
 mod demo;
 mod fleet;

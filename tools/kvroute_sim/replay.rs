@@ -85,6 +85,8 @@ pub struct ReplayArgs {
     /// Runtime threads (default: the machine's cores).
     #[arg(long)]
     threads: Option<usize>,
+    #[command(flatten)]
+    classes: crate::classes::ClassArgs,
 }
 
 impl ReplayArgs {
@@ -157,7 +159,7 @@ fn prompt_ids(l: &Line, a: &ReplayArgs) -> Vec<u32> {
     t
 }
 
-fn body(l: &Line, a: &ReplayArgs) -> Bytes {
+fn body(l: &Line, a: &ReplayArgs, i: usize) -> Bytes {
     let ids = prompt_ids(l, a);
     let max_tokens = a
         .max_output_tokens
@@ -178,6 +180,7 @@ fn body(l: &Line, a: &ReplayArgs) -> Bytes {
     };
     v["max_tokens"] = json!(max_tokens);
     v["ignore_eos"] = json!(true);
+    a.classes.mark(i, &mut v);
     if a.stream {
         v["stream"] = json!(true);
         v["stream_options"] = json!({"include_usage": true});
@@ -444,6 +447,7 @@ pub fn measure(a: &ReplayArgs) -> Result<Value, String> {
     if a.trace_block == 0 {
         return Err("--trace-block must be > 0".into());
     }
+    a.classes.check()?;
     let lines = read_trace(a)?;
     if lines.is_empty() {
         return Err("the trace has no requests".into());
@@ -457,7 +461,7 @@ pub fn measure(a: &ReplayArgs) -> Result<Value, String> {
                 Some(r) => (i as f64 * 1e6 / r) as u64,
                 None => ((l.at_ms - t_first) * 1000.0 / a.time_scale).max(0.0) as u64,
             };
-            (at_us, body(l, a))
+            (at_us, body(l, a, i))
         })
         .collect();
     let stats_urls: Vec<String> = a
@@ -565,6 +569,7 @@ fn summarize(a: &ReplayArgs, s: &[Sample], wall: Duration, before: &Stats, after
         "worker_cached_blocks": cached,
         "hit_rate": hit,
         "worker_requests": delta.iter().map(|d| d.2).collect::<Vec<_>>(),
+        "classes": a.classes.report(&s.iter().map(|x| (x.ok, x.ttft_us)).collect::<Vec<_>>(), dist),
     })
 }
 

@@ -41,10 +41,12 @@ use std::sync::Mutex;
 /// id (a longer one still streams through; its lifecycle then ends without them).
 pub const MAX_JSON_ANSWER: usize = 4 << 20;
 
-/// Most stored responses remembered (the oldest is forgotten first).
+/// Default `proxy.responses_max_entries`: stored responses remembered (the oldest is
+/// forgotten first).
 pub const RESPONSES_CAPACITY: usize = 65_536;
 
-/// How long a stored response's worker is remembered (1 h).
+/// Default `proxy.responses_ttl_ms`: how long a stored response's worker is
+/// remembered (1 h).
 pub const RESPONSES_TTL_MS: u64 = 3_600_000;
 
 /// The agent API of an endpoint, if it is one.
@@ -193,6 +195,12 @@ impl Default for Responses {
 }
 
 impl Responses {
+    /// Sizes the map (`proxy.responses_max_entries`, `proxy.responses_ttl_ms`) at start.
+    pub fn configure(&self, capacity: usize, ttl_ms: u64) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *m = ResponseMap::new(capacity, ttl_ms);
+    }
+
     /// `worker` answered response `id` at `now_ms`.
     pub fn remember(&self, id: &str, worker: &str, now_ms: u64) {
         if let Ok(mut m) = self.0.lock() {

@@ -1,8 +1,9 @@
 //! Where a proxied request meets the admission queue (`proxy::queued`): before its
 //! first routing attempt when others of its model already wait (it queues behind
 //! them), and when routing finds every eligible worker busy (it waits for capacity
-//! instead of an immediate answer); and, once it is answered, which prefill path a
-//! disaggregated request took.
+//! instead of an immediate answer), or when every worker it tried answered 429 at its
+//! own limit (the same saturation, seen by the workers); and, once it is answered,
+//! which prefill path a disaggregated request took.
 
 use super::super::policies::{PathLabel, Policies, Queue};
 use super::super::queued;
@@ -81,6 +82,28 @@ impl Job {
                 .get_or_create(&PathLabel { path })
                 .inc();
         }
+    }
+
+    /// Every worker tried answered 429 (each at its own limit) on the attempt `at`
+    /// (its model and the queue's epoch before it): the fleet is saturated as surely
+    /// as when the router finds every worker busy, so with the queue on the request
+    /// waits for capacity in the same queue (or goes back to its place with `prior`)
+    /// instead of a 429 `workers_busy`. `None`: not that case (answer as before).
+    /// The epoch is read after the last refusal, not before the attempt: a release
+    /// during the attempt did not free the worker that then refused, and rechecking on
+    /// it would grant the same request again at once, a loop of refusals while the
+    /// worker finishes freeing its slot; a later release (or the 100 ms tick) does.
+    pub(super) async fn wait_refused(
+        &self,
+        at: Option<(Option<String>, u64)>,
+        prior: Option<queued_grant::G>,
+        gone: &mut Gone,
+    ) -> Option<Turn> {
+        let (model, seen) = at?;
+        let model = model.as_deref().unwrap_or("");
+        let (p, front) = (self.policies()?, self.front.as_ref()?);
+        let q = p.queue(model)?;
+        Some(queued::wait_turn(p, model, &q, front, seen, prior, gone).await)
     }
 
     /// Waits for the request's turn (see `proxy::queued`).
