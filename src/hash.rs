@@ -130,11 +130,18 @@ mod tests {
         let long: Vec<u32> = (0..5000u32).map(|i| i.wrapping_mul(0x9e37_79b9)).collect();
         for n in [0, 1, 15, 16, 17, 64, 1000, MAX_BLOCK_SIZE, 5000] {
             let bytes: Vec<u8> = long[..n].iter().flat_map(|t| t.to_le_bytes()).collect();
-            assert_eq!(local_block_hash(&long[..n]), xxh3_64_with_seed(&bytes, SEED), "{n}");
+            assert_eq!(
+                local_block_hash(&long[..n]),
+                xxh3_64_with_seed(&bytes, SEED),
+                "{n}"
+            );
         }
         // A block that does not start at the beginning of its prompt.
         let bytes: Vec<u8> = long[3..19].iter().flat_map(|t| t.to_le_bytes()).collect();
-        assert_eq!(local_block_hash(&long[3..19]), xxh3_64_with_seed(&bytes, SEED));
+        assert_eq!(
+            local_block_hash(&long[3..19]),
+            xxh3_64_with_seed(&bytes, SEED)
+        );
     }
 
     #[test]

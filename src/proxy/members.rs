@@ -11,8 +11,7 @@
 //! JSON reader answers as it would for any client; the members the router reads are
 //! parsed with serde_json's full rules. Keys are decoded in full; UTF-8, control
 //! characters and escape syntax are checked everywhere, so every span is valid UTF-8
-//! JSON. Case by case against serde_json in `members_tests` (and the `members` fuzz
-//! target).
+//! JSON. Case by case against serde_json in `members_tests`.
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
