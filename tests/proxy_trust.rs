@@ -94,6 +94,13 @@ fn a_clients_engine_members_never_reach_an_aggregated_worker() {
     let plain = r#"{"model":"m",  "prompt":[1,2], "max_tokens":2}"#;
     assert_eq!(post(&s, "/v1/completions", plain, &[]).status, 200);
     assert_eq!(w.received()[3]["raw"], plain);
+    // A stripped body keeps the rest of its bytes as sent: numbers, spacing, order.
+    let mixed = r#"{"model":"m",  "prompt":[1,2], "temperature": 1.50, "kv_transfer_params":{"remote_host":"203.0.113.66"},"max_tokens":2 }"#;
+    assert_eq!(post(&s, "/v1/completions", mixed, &[]).status, 200);
+    assert_eq!(
+        w.received()[4]["raw"],
+        r#"{"model":"m",  "prompt":[1,2], "temperature": 1.50,"max_tokens":2 }"#
+    );
     wait_until("load released", || router_active(&s) == 0.0);
 }
 

@@ -38,37 +38,6 @@ python3 -c "import sglang_router" 2>/dev/null || GATEWAY=0
 # shellcheck source=tools/proxy_fleet.sh
 source tools/proxy_fleet.sh
 
-# cpu_ns PID: CPU time of PID and its descendants, "schedstat_ns stat_ns".
-cpu_ns() {
-  python3 - "$1" <<'EOF'
-import os, sys
-tck = os.sysconf("SC_CLK_TCK")
-def kids(p):
-    out = []
-    for t in os.listdir(f"/proc/{p}/task"):
-        try:
-            out += [int(c) for c in open(f"/proc/{p}/task/{t}/children").read().split()]
-        except OSError:
-            pass
-    return out
-todo, seen, sched, stat = [int(sys.argv[1])], set(), 0, 0
-while todo:
-    p = todo.pop()
-    if p in seen:
-        continue
-    seen.add(p)
-    try:
-        f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
-        stat += (int(f[11]) + int(f[12])) * 10**9 // tck
-        for t in os.listdir(f"/proc/{p}/task"):
-            sched += int(open(f"/proc/{p}/task/{t}/schedstat").read().split()[0])
-        todo += kids(p)
-    except OSError:
-        pass
-print(sched, stat)
-EOF
-}
-
 start_fleet one --workers 1 --timing "$FAST" --max-active 4096
 
 # start_kvroute BIN[,FLAGS]: sets KV_URL, KV_PID.

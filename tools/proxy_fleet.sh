@@ -29,6 +29,36 @@ start_fleet() {
   URLS=$(sed -n 's/^worker .* url=\([^ ]*\).*/\1/p' "$OUT/$name.fleet" | paste -sd' ')
   ENGINES=$(grep -o 'engine=[^ ]*' "$OUT/$name.fleet" | cut -d= -f2- || true)
 }
+# cpu_ns PID: CPU time of PID and its descendants, "schedstat_ns stat_ns".
+cpu_ns() {
+  python3 - "$1" <<'EOF'
+import os, sys
+tck = os.sysconf("SC_CLK_TCK")
+def kids(p):
+    out = []
+    for t in os.listdir(f"/proc/{p}/task"):
+        try:
+            out += [int(c) for c in open(f"/proc/{p}/task/{t}/children").read().split()]
+        except OSError:
+            pass
+    return out
+todo, seen, sched, stat = [int(sys.argv[1])], set(), 0, 0
+while todo:
+    p = todo.pop()
+    if p in seen:
+        continue
+    seen.add(p)
+    try:
+        f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+        stat += (int(f[11]) + int(f[12])) * 10**9 // tck
+        for t in os.listdir(f"/proc/{p}/task"):
+            sched += int(open(f"/proc/{p}/task/{t}/schedstat").read().split()[0])
+        todo += kids(p)
+    except OSError:
+        pass
+print(sched, stat)
+EOF
+}
 stop_pid() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 # start_gateway: SGLang Model Gateway (cache_aware) over $URLS; sets GW_URL, GW_PID.

@@ -11,6 +11,7 @@
 
 use super::pick::{EndpointInfo, Life, NoPick, Pick, PickFuture, PickRequest, Picker};
 use crate::proxy::prompt;
+use crate::proxy::request::Member;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -116,9 +117,9 @@ fn prefix_key(req: &PickRequest) -> Result<Option<u64>, NoPick> {
     let bytes: Vec<u8> = match tokens {
         Some(t) => t.iter().take(64).flat_map(|x| x.to_le_bytes()).collect(),
         None => {
-            let p = r.body.get("prompt").or_else(|| r.body.get("messages"));
+            let p = (r.body.get(Member::Prompt)).or_else(|| r.body.get(Member::Messages));
             match p {
-                Some(v) => v.to_string().into_bytes().into_iter().take(256).collect(),
+                Some(v) => v.bytes().take(256).collect(),
                 None => return Ok(None),
             }
         }

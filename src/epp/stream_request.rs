@@ -177,7 +177,7 @@ impl Stream {
             let m = "the request body is empty".to_string();
             return self.refuse("missing_body", BAD_REQUEST, &m, out);
         }
-        let creq = match request::parse(&buf) {
+        let creq = match request::parse(buf.as_slice()) {
             Ok(c) => c,
             Err(e) => return self.refuse("bad_request", BAD_REQUEST, &e.0, out),
         };

@@ -168,8 +168,8 @@ async fn pipeline(
         }
     };
     // Engine-to-engine members never come from a client (`strip`): the body then goes
-    // out re-serialised without them, on every leg.
-    let stripped = super::strip::strip(&mut creq.body);
+    // out with them cut from its bytes, on every leg.
+    let stripped = creq.body.strip();
     let raw = if stripped.is_empty() {
         raw
     } else {
@@ -178,7 +178,7 @@ async fn pipeline(
                 .get_or_create(&FieldLabel { field })
                 .inc();
         }
-        Bytes::from(serde_json::to_vec(&creq.body).unwrap_or_default())
+        creq.body.bytes().clone()
     };
     trace.borrow().model(&creq.model);
     // A Responses follow-up goes to the worker that stored what it continues.
@@ -211,8 +211,13 @@ async fn pipeline(
         m.untokenized.inc();
     }
     let prompt_tokens = tokens.as_ref().map_or(raw.len() / 4, Vec::len) as u64;
+    // The hints read a few members: a tree of those only, when there are policies.
+    let hinted = match sh.state.policies.get() {
+        None => serde_json::Value::Null,
+        Some(_) => creq.body.subset(&request::HINTS).unwrap_or_default(),
+    };
     let front =
-        match super::front_door::front_door(&sh.state, &parts.headers, &creq.body, prompt_tokens) {
+        match super::front_door::front_door(&sh.state, &parts.headers, &hinted, prompt_tokens) {
             Ok(f) => f,
             Err(r) => {
                 refused(&core, "policy");

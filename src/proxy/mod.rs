@@ -7,7 +7,8 @@
 //! Split like the rest of the crate: the decisions are pure and unit-tested —
 //! - `url`: the upstream URL of a worker (`http://host:port[/base]`);
 //! - `config`: the proxy's settings (`[proxy]` in TOML), `args` their flags;
-//! - `request`: the client body (limits, the fields routing needs, ids);
+//! - `request`: the client body (limits, the fields routing needs, ids), read in place
+//!   (`members`: the spans of an object's members, no JSON tree);
 //! - `agents`: Anthropic Messages, OpenAI Responses and the pass-through endpoints;
 //! - `strip`: the members engines trust as engine-to-engine data, removed from it;
 //! - `prompt`: token ids of a prompt (the one call site of tokenization);
@@ -37,9 +38,14 @@ pub mod config;
 pub mod errors;
 pub mod event;
 pub mod jscan;
+pub mod members;
+#[cfg(test)]
+mod members_tests;
 pub mod pd;
 pub mod prompt;
 pub mod request;
+#[cfg(test)]
+mod request_tests;
 pub mod retry;
 pub mod route_request;
 #[cfg(all(target_os = "linux", feature = "service"))]

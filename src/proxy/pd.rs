@@ -6,11 +6,20 @@
 //! leg's come from the prefill answer only; every other member is kept as the client
 //! sent it.
 
+use super::request::Body;
 use serde_json::{json, Map, Value};
 
+/// The client body's members (a JSON tree: both legs rewrite some of them).
+fn members(client: &Body) -> Map<String, Value> {
+    match client.to_value() {
+        Value::Object(o) => o,
+        _ => Map::new(),
+    }
+}
+
 /// The prefill leg's body.
-pub fn prefill_body(client: &Value) -> Vec<u8> {
-    let mut obj = client.as_object().cloned().unwrap_or_default();
+pub fn prefill_body(client: &Body) -> Vec<u8> {
+    let mut obj = members(client);
     obj.insert("max_tokens".into(), json!(1));
     if obj.contains_key("max_completion_tokens") {
         obj.insert("max_completion_tokens".into(), json!(1));
@@ -41,8 +50,8 @@ pub fn answer_params(answer: &[u8]) -> Option<Value> {
 }
 
 /// The decode leg's body: the client's, with the prefill's `kv_transfer_params`.
-pub fn decode_body(client: &Value, params: Value) -> Vec<u8> {
-    let mut obj: Map<String, Value> = client.as_object().cloned().unwrap_or_default();
+pub fn decode_body(client: &Body, params: Value) -> Vec<u8> {
+    let mut obj = members(client);
     obj.insert("kv_transfer_params".into(), params);
     serde_json::to_vec(&Value::Object(obj)).unwrap_or_default()
 }
@@ -55,6 +64,7 @@ mod tests {
     fn legs_carry_the_nixl_fields_and_keep_the_rest() {
         let c = json!({"model":"m","prompt":[1,2],"stream":true,"max_tokens":50,
                        "stream_options":{"include_usage":true},"custom":{"a":1}});
+        let c = Body::parse(bytes::Bytes::from(c.to_string())).unwrap();
         let p: Value = serde_json::from_slice(&prefill_body(&c)).unwrap();
         assert_eq!(p["max_tokens"], 1);
         assert_eq!(p["stream"], false);

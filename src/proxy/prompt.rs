@@ -8,8 +8,8 @@
 //! the model: the request is routed by load only (counted in
 //! `kvroute_proxy_untokenized_total`), never refused.
 
-use super::request::Endpoint;
-use serde_json::Value;
+use super::request::{Body, Endpoint, Member};
+use crate::tokenize::given::{self, Given};
 
 /// A prompt that cannot be tokenized as given (400 to the client).
 #[derive(Debug, PartialEq, Eq)]
@@ -24,35 +24,35 @@ impl std::fmt::Display for PromptError {
 /// Most token ids read from one prompt (the router's hash limit caps them later).
 pub const MAX_PROMPT_TOKENS: usize = 1 << 21;
 
+/// The members a chat template reads (`tokenize::chat`).
+pub(crate) const CHAT: [Member; 7] = [
+    Member::Messages,
+    Member::Tools,
+    Member::Documents,
+    Member::ChatTemplateKwargs,
+    Member::AddGenerationPrompt,
+    Member::ContinueFinalMessage,
+    Member::AddSpecialTokens,
+];
+
 /// Through the model's tokenizer when `tok` has one (else as [`token_ids`]).
 pub fn prompt_tokens(
     tok: Option<&crate::tokenize::Tokenizers>,
     endpoint: Endpoint,
     model: &str,
-    body: &Value,
+    body: &Body,
 ) -> Result<Option<Vec<u32>>, PromptError> {
-    if super::agents::handles(endpoint) {
-        return super::agents::prompt_tokens(tok, endpoint, body, false, MAX_PROMPT_TOKENS)
-            .unwrap_or(Ok(None))
-            .map_err(PromptError);
-    }
-    match tok {
-        Some(t) => t
-            .prompt_tokens(tok_endpoint(endpoint), model, body)
-            .map_err(|e| PromptError(e.0)),
-        None => token_ids(endpoint, model, body),
-    }
+    tokens_of(tok, endpoint, model, body, false)
+        .unwrap_or_else(|| Err(PromptError("chat template: out of fuel".into())))
 }
 
 /// The request's `cache_salt` (vLLM and SGLang's tenant isolation field), routed in
 /// that salt's hash space (`engines::chain_start`); the body is forwarded unchanged, so
 /// the engine sees the same salt. Anything but a non-empty string of at most 64 KiB is
 /// no salt here (the engine answers for a malformed one).
-pub fn cache_salt(body: &Value) -> Option<String> {
-    match body.get("cache_salt") {
-        Some(Value::String(s)) if !s.is_empty() && s.len() <= u16::MAX as usize => Some(s.clone()),
-        _ => None,
-    }
+pub fn cache_salt(body: &Body) -> Option<String> {
+    let s = body.get_str(Member::CacheSalt)?;
+    (!s.is_empty() && s.len() <= u16::MAX as usize).then_some(s)
 }
 
 /// [`prompt_tokens`] with a quick chat render (`Tokenizers::prompt_tokens_quick`):
@@ -62,40 +62,82 @@ pub fn prompt_tokens_quick(
     tok: Option<&crate::tokenize::Tokenizers>,
     endpoint: Endpoint,
     model: &str,
-    body: &Value,
+    body: &Body,
+) -> Option<Result<Option<Vec<u32>>, PromptError>> {
+    tokens_of(tok, endpoint, model, body, true)
+}
+
+fn tokens_of(
+    tok: Option<&crate::tokenize::Tokenizers>,
+    endpoint: Endpoint,
+    model: &str,
+    body: &Body,
+    quick: bool,
 ) -> Option<Result<Option<Vec<u32>>, PromptError>> {
     if super::agents::handles(endpoint) {
-        return super::agents::prompt_tokens(tok, endpoint, body, true, MAX_PROMPT_TOKENS)
+        // Converted to a chat request as a whole (`api_shapes`): a tree of the body.
+        let v = body.to_value();
+        let r = super::agents::prompt_tokens(tok, endpoint, &v, quick, MAX_PROMPT_TOKENS)
             .map(|r| r.map_err(PromptError));
+        return if quick {
+            r
+        } else {
+            Some(r.unwrap_or(Ok(None)))
+        };
     }
-    match tok {
-        Some(t) => t
-            .prompt_tokens_quick(tok_endpoint(endpoint), model, body)
-            .map(|r| r.map_err(|e| PromptError(e.0))),
-        None => Some(token_ids(endpoint, model, body)),
+    let Some(t) = tok else {
+        return Some(token_ids(endpoint, model, body));
+    };
+    let err = |e: crate::tokenize::PromptError| PromptError(e.0);
+    if endpoint == Endpoint::Completions {
+        // Read in place: no JSON tree of the prompt (`tokenize::given`).
+        let r = given::read(
+            body.get(Member::Prompt),
+            body.get(Member::AddSpecialTokens),
+            t.max_prompt_tokens(),
+        )
+        .and_then(|(g, special)| t.completion_tokens(model, g, special));
+        return Some(r.map_err(err));
+    }
+    // A template reads JSON values: a tree of its members only.
+    let sub = match body.subset(&CHAT) {
+        Ok(v) => v,
+        Err(m) => return Some(Err(PromptError(m))),
+    };
+    let e = crate::tokenize::Endpoint::Chat;
+    if quick {
+        t.prompt_tokens_quick(e, model, &sub)
+            .map(|r| r.map_err(err))
+    } else {
+        Some(t.prompt_tokens(e, model, &sub).map_err(err))
     }
 }
 
-/// The tokenizer's endpoint for completions or chat (the agent APIs render as chat).
-fn tok_endpoint(e: Endpoint) -> crate::tokenize::Endpoint {
-    match e {
-        Endpoint::Completions => crate::tokenize::Endpoint::Completions,
-        _ => crate::tokenize::Endpoint::Chat,
-    }
-}
-
-/// Token-id prompts of completions only (no tokenizer needed).
+/// Token-id prompts of completions only (no tokenizer needed): a list of ids, or a
+/// list of such lists (the first), read in place.
 pub fn token_ids(
     endpoint: Endpoint,
     _model: &str,
-    body: &Value,
+    body: &Body,
 ) -> Result<Option<Vec<u32>>, PromptError> {
     if endpoint != Endpoint::Completions {
         return Ok(None);
     }
-    let Some(Value::Array(items)) = body.get("prompt") else {
+    let Some(raw) = body.get(Member::Prompt).filter(|t| t.starts_with('[')) else {
         return Ok(None);
     };
+    // The common shape in one pass; every other one (and every error) as a tree.
+    if let Ok((Given::Ids(ids), _)) = given::read(Some(raw), None, MAX_PROMPT_TOKENS) {
+        return Ok(Some(ids));
+    }
+    let items: Vec<serde_json::Value> =
+        serde_json::from_str(raw).map_err(|e| PromptError(format!("prompt: {e}")))?;
+    tree_ids(&items)
+}
+
+/// [`token_ids`] of a prompt list as a tree.
+fn tree_ids(items: &[serde_json::Value]) -> Result<Option<Vec<u32>>, PromptError> {
+    use serde_json::Value;
     let first = match items.first() {
         None => return Err(PromptError("prompt is empty".into())),
         Some(Value::Array(inner)) => inner,
@@ -124,43 +166,47 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn b(v: serde_json::Value) -> Body {
+        Body::parse(bytes::Bytes::from(v.to_string())).unwrap()
+    }
+
     #[test]
     fn token_prompts_are_read_and_text_needs_a_tokenizer() {
         let c = Endpoint::Completions;
-        let prompt_tokens = token_ids;
+        let prompt_tokens = |e, m, v| token_ids(e, m, &b(v));
         assert_eq!(
-            prompt_tokens(c, "m", &json!({"prompt": [1, 2, 3]})).unwrap(),
+            prompt_tokens(c, "m", json!({"prompt": [1, 2, 3]})).unwrap(),
             Some(vec![1, 2, 3])
         );
         assert_eq!(
-            prompt_tokens(c, "m", &json!({"prompt": [[4, 5], [6]]})).unwrap(),
+            prompt_tokens(c, "m", json!({"prompt": [[4, 5], [6]]})).unwrap(),
             Some(vec![4, 5])
         );
         assert_eq!(
-            prompt_tokens(c, "m", &json!({"prompt": "hi"})).unwrap(),
+            prompt_tokens(c, "m", json!({"prompt": "hi"})).unwrap(),
             None
         );
         assert_eq!(
-            prompt_tokens(c, "m", &json!({"prompt": ["hi"]})).unwrap(),
+            prompt_tokens(c, "m", json!({"prompt": ["hi"]})).unwrap(),
             None
         );
         assert_eq!(
-            prompt_tokens(Endpoint::Chat, "m", &json!({"messages": []})).unwrap(),
+            prompt_tokens(Endpoint::Chat, "m", json!({"messages": []})).unwrap(),
             None
         );
-        assert!(prompt_tokens(c, "m", &json!({"prompt": [1, -2]})).is_err());
-        assert!(prompt_tokens(c, "m", &json!({"prompt": []})).is_err());
-        assert!(prompt_tokens(c, "m", &json!({"prompt": [1.5]})).is_err());
+        assert!(prompt_tokens(c, "m", json!({"prompt": [1, -2]})).is_err());
+        assert!(prompt_tokens(c, "m", json!({"prompt": []})).is_err());
+        assert!(prompt_tokens(c, "m", json!({"prompt": [1.5]})).is_err());
     }
 
     #[test]
     fn cache_salt_is_a_non_empty_string_or_nothing() {
         assert_eq!(
-            cache_salt(&json!({"cache_salt": "t1"})).as_deref(),
+            cache_salt(&b(json!({"cache_salt": "t1"}))).as_deref(),
             Some("t1")
         );
-        assert_eq!(cache_salt(&json!({"cache_salt": ""})), None);
-        assert_eq!(cache_salt(&json!({"cache_salt": 7})), None);
-        assert_eq!(cache_salt(&json!({"prompt": [1]})), None);
+        assert_eq!(cache_salt(&b(json!({"cache_salt": ""}))), None);
+        assert_eq!(cache_salt(&b(json!({"cache_salt": 7}))), None);
+        assert_eq!(cache_salt(&b(json!({"prompt": [1]}))), None);
     }
 }

@@ -13,10 +13,15 @@
 //! SGLang `srt/entrypoints/openai/protocol.py`, TensorRT-LLM `serve/openai_protocol.py`).
 //!
 //! Guarantees: no member of [`TOP`] is left at the top level of the body, nor any of
-//! [`XARGS`] inside its `vllm_xargs` object; everything else is kept as sent. Each
-//! removal is named by its [`FIELDS`] label so the caller can count it.
+//! [`XARGS`] inside its `vllm_xargs` object (every occurrence of a repeated one);
+//! everything else is kept byte for byte as sent. A body with none of them is not
+//! touched (nothing is scanned beyond the parse that found none); otherwise the
+//! members are cut out of the bytes (`members::removals`), never re-serialised. Each
+//! removal is named by its [`FIELDS`] label so the caller can count it. The proxy
+//! calls it through `request::Body::strip`, which keeps the body's member spans.
 
-use serde_json::Value;
+use super::members;
+use std::ops::Range;
 
 /// Top-level members removed, with what trusts them.
 pub const TOP: [(&str, &str); 10] = [
@@ -77,32 +82,101 @@ pub const FIELDS: [&str; 12] = [
     "vllm_xargs.ec_transfer_params",
 ];
 
-/// Removes the trusted members from a client body (a JSON object; anything else is
-/// left alone) and returns the labels ([`FIELDS`]) of what was removed, in order.
-pub fn strip(body: &mut Value) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    let Some(obj) = body.as_object_mut() else {
-        return out;
+/// The bytes of client body `raw` (a JSON object) without the trusted members, and
+/// the labels ([`FIELDS`]) of what was removed, in order; `None` when there is none
+/// to remove (the body is then forwarded as it is).
+pub fn strip(raw: &[u8]) -> Option<(Vec<u8>, Vec<&'static str>)> {
+    let mut found = [false; FIELDS.len()];
+    let mut values = Vec::new();
+    let mut drop = Vec::new();
+    let mut cuts = Vec::new();
+    let ok = members::object(raw, |k, r| {
+        let top = TOP.iter().position(|(n, _)| *n == k);
+        if let Some(i) = top {
+            found[i] = true;
+        } else if k == "vllm_xargs" && raw[r.start] == b'{' {
+            cuts.extend(xargs_removals(raw, r.clone(), &mut found));
+        }
+        drop.push(top.is_some());
+        values.push(r);
+    });
+    if ok.is_err() || !found.contains(&true) {
+        return None;
+    }
+    cuts.extend(members::removals(
+        raw,
+        members::open_index(raw),
+        &values,
+        |i| drop[i],
+    ));
+    cuts.sort_by_key(|r| r.start);
+    let labels = FIELDS
+        .iter()
+        .zip(found)
+        .filter_map(|(f, hit)| hit.then_some(*f))
+        .collect();
+    Some((members::cut(raw, &cuts), labels))
+}
+
+/// The members removed through a JSON tree (re-serialised): what `Body::strip` falls
+/// back to should an edit of the bytes not read back as an object.
+pub fn tree_strip(raw: &[u8]) -> Vec<u8> {
+    let Ok(serde_json::Value::Object(mut obj)) = serde_json::from_slice(raw) else {
+        return b"{}".to_vec();
     };
-    for (i, (name, _)) in TOP.iter().enumerate() {
-        if obj.shift_remove(*name).is_some() {
-            out.push(FIELDS[i]);
+    for (name, _) in TOP {
+        obj.shift_remove(name);
+    }
+    if let Some(serde_json::Value::Object(x)) = obj.get_mut("vllm_xargs") {
+        for name in XARGS {
+            x.shift_remove(name);
         }
     }
-    if let Some(Value::Object(x)) = obj.get_mut("vllm_xargs") {
-        for (i, name) in XARGS.iter().enumerate() {
-            if x.shift_remove(*name).is_some() {
-                out.push(FIELDS[TOP.len() + i]);
-            }
+    serde_json::to_vec(&obj).unwrap_or_else(|_| b"{}".to_vec())
+}
+
+/// The cuts that take [`XARGS`] out of the `vllm_xargs` object at `span` of `raw`.
+fn xargs_removals(
+    raw: &[u8],
+    span: Range<usize>,
+    found: &mut [bool; FIELDS.len()],
+) -> Vec<Range<usize>> {
+    let text = &raw[span.clone()];
+    let (mut values, mut drop) = (Vec::new(), Vec::new());
+    let ok = members::object(text, |k, r| {
+        let x = XARGS.iter().position(|n| *n == k);
+        if let Some(i) = x {
+            found[TOP.len() + i] = true;
         }
+        drop.push(x.is_some());
+        values.push(r);
+    });
+    if ok.is_err() {
+        return Vec::new();
     }
-    out
+    let cuts = members::removals(text, members::open_index(text), &values, |i| drop[i]);
+    cuts.into_iter()
+        .map(|r| r.start + span.start..r.end + span.start)
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
+
+    fn strip(b: &mut Value) -> Vec<&'static str> {
+        let Some((bytes, out)) = super::strip(b.to_string().as_bytes()) else {
+            return Vec::new();
+        };
+        *b = serde_json::from_slice(&bytes).unwrap();
+        out
+    }
+
+    fn cut(text: &str) -> (String, Vec<&'static str>) {
+        let (bytes, out) = super::strip(text.as_bytes()).unwrap();
+        (String::from_utf8(bytes).unwrap(), out)
+    }
 
     #[test]
     fn engine_members_go_and_the_rest_stays_in_order() {
@@ -134,7 +208,28 @@ mod tests {
         let before = c.clone();
         assert!(strip(&mut c).is_empty());
         assert_eq!(c, before);
-        assert!(strip(&mut json!([1])).is_empty());
+    }
+
+    #[test]
+    fn the_bytes_kept_are_the_clients() {
+        let text = "{ \"a\": 1.50 ,\"kv_transfer_params\" : {\"x\":[1]},\n \"vllm_xargs\": {\"kv_transfer_params\":1, \"m\": 2e0},\"bootstrap_room\":3, \"kv_transfer_params\":null }";
+        let (got, labels) = cut(text);
+        assert_eq!(
+            labels,
+            [
+                "kv_transfer_params",
+                "bootstrap_room",
+                "vllm_xargs.kv_transfer_params"
+            ]
+        );
+        assert_eq!(got, "{ \"a\": 1.50,\n \"vllm_xargs\": { \"m\": 2e0} }");
+        // Only the stripped members first: the separator after them goes too.
+        let (got, labels) = cut("{\"routed_dp_rank\":1, \"model\":\"m\"}");
+        assert_eq!(labels, ["routed_dp_rank"]);
+        assert_eq!(got, "{ \"model\":\"m\"}");
+        assert_eq!(cut("{\"routed_dp_rank\":1}").0, "{}");
+        // Nothing to strip: nothing to do.
+        assert_eq!(super::strip(b"{\"a\":{\"kv_transfer_params\":1}}"), None);
     }
 
     #[test]

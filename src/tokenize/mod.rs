@@ -36,6 +36,7 @@
 mod bounds;
 pub mod chat;
 pub mod fixture;
+pub mod given;
 mod ids;
 mod lean;
 #[cfg(test)]
@@ -279,6 +280,22 @@ impl Tokenizers {
         body: &serde_json::Value,
     ) -> Option<Result<Option<Vec<u32>>, PromptError>> {
         self.tokens_in(endpoint, model, body, true)
+    }
+
+    /// [`Self::prompt_tokens`] of a completions prompt read in place from a body's
+    /// bytes ([`given::read`]): the same answer, without a JSON tree.
+    pub fn completion_tokens(
+        &self,
+        model: &str,
+        given: given::Given<'_>,
+        add_special: bool,
+    ) -> Result<Option<Vec<u32>>, PromptError> {
+        given::tokens(
+            self.resolve(model),
+            given,
+            add_special,
+            self.max_prompt_tokens,
+        )
     }
 
     fn tokens_in(

@@ -16,7 +16,7 @@
 
 use super::super::body::ProxyBody;
 use super::super::front::Front;
-use super::super::request::Endpoint;
+use super::super::request::{Body, Endpoint, Member};
 use super::super::respond::Resp;
 use crate::api_shapes::errors;
 use bytes::Bytes;
@@ -25,13 +25,14 @@ use serde_json::Value;
 
 /// The worker a Responses request must go to (`Ok(None)`: route as usual), or the
 /// 404 to answer when that worker is gone.
-pub fn pin(core: &Front, endpoint: Endpoint, body: &Value) -> Result<Option<String>, Box<Resp>> {
+pub fn pin(core: &Front, endpoint: Endpoint, body: &Body) -> Result<Option<String>, Box<Resp>> {
     if endpoint != Endpoint::Responses {
         return Ok(None);
     }
-    let Some(id) = body.get("previous_response_id").and_then(Value::as_str) else {
+    let Some(id) = body.get_str(Member::PreviousResponseId) else {
         return Ok(None);
     };
+    let id = id.as_str();
     let Some(w) = core.state.responses.worker(id, core.handle.now_ms()) else {
         return Ok(None);
     };

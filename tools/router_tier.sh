@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# Router tiers side by side (docs/PERFORMANCE.md, "Router-tier cost"). Run by hand,
+# not in CI: it installs NVIDIA Dynamo from PyPI and takes minutes.
+#
+# Everything runs on loopback inside a private network namespace that has only `lo`
+# (the script re-executes itself under `unshare -n` once the Python packages are
+# installed): Dynamo's ZMQ event plane binds 0.0.0.0, and nothing started here may be
+# reachable from outside. Each stack is started, measured and stopped in turn, and
+# the stacks alternate within every round (ROUNDS rounds).
+#
+# Stacks:
+# - dynamo:  Dynamo 1.6.1's router tier, `python -m dynamo.frontend --router-mode kv`
+#   in front of two `python -m dynamo.mocker` workers (file discovery, TCP request
+#   plane, ZMQ event plane, block size 16, --speedup-ratio 1000), PyPI `ai-dynamo`
+#   and `ai-dynamo-runtime` ==1.6.1 installed --no-deps into $DYN_VENV with the few
+#   packages they import;
+# - kvroute: `kvroute serve` (--cores $KV_CORES) with its proxy in front of
+#   `kvroute-sim fleet` (two workers, block size 16, --time-scale 1000, ZMQ events),
+#   the same tokenizer (`kvroute-sim tokenizer`, word tN = token N) on both sides;
+# - gateway: SGLang Model Gateway 0.3.2 (`--policy cache_aware`), relay (`kvroute-sim
+#   relay`, a byte relay: the floor of any hop), kvroute, and direct, each in front of
+#   the same stand-in worker (a cheap `kvroute-sim fleet` worker).
+#
+# Parts (PARTS="ids text low tput"):
+# - ids:  the conversation trace's first $N requests at x$SCALE, token-id prompts,
+#         streamed, $OSL output tokens: dynamo and kvroute;
+# - text: the same as chat text (both sides render and tokenize);
+# - low:  one streamed chat request at a time ($LOW_N at $LOW_RATE/s, 256-token
+#         prompts), keep-alive and new connections: direct, relay, gateway, kvroute;
+# - tput: wrk, $TPUT_CONNS connections, non-streamed completions, $TPUT_SECS s each:
+#         direct, gateway, kvroute.
+# Each row: TTFT p50/p99 (ms), the router's CPU per request (its process tree, µs),
+# and for kvroute its decision latency (`kvroute_decision_latency_seconds`, from the
+# histogram's buckets: p50/p99 as bucket bounds, and the mean).
+#
+# Needs: cargo build --release --bin kvroute --bin kvroute-sim; python3 -m pip install
+# sglang-router==0.3.2 (else no gateway rows); wrk (tput); root (unshare -n).
+# E.g.: ROUNDS=3 PARTS="ids" tools/router_tier.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DYN_VENV=${DYN_VENV:-$HOME/.cache/kvroute-dynamo-venv}
+PARTS=${PARTS:-"ids text low tput"}
+DYNAMO=${DYNAMO:-1}
+
+if [ -z "${KVR_TIER_NETNS:-}" ]; then
+  if [ "$DYNAMO" = 1 ] && [[ " $PARTS " == *" ids "* || " $PARTS " == *" text "* ]] &&
+    ! "$DYN_VENV/bin/python" -c "import dynamo.frontend.main, dynamo.mocker.main" 2>/dev/null; then
+    echo "installing Dynamo 1.6.1 into $DYN_VENV" >&2
+    python3 -m venv "$DYN_VENV"
+    "$DYN_VENV/bin/pip" install -q --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
+    # What they import at run time (their declared dependencies pull in far more).
+    "$DYN_VENV/bin/pip" install -q uvloop "pydantic<=2.13.5" typing_extensions msgspec pyzmq \
+      prometheus-client packaging pyyaml
+  fi
+  exec unshare -n env KVR_TIER_NETNS=1 "$0" "$@"
+fi
+ip link set lo up
+
+BIN=${BIN:-target/release}
+TRACE=${TRACE:-/work/shared/traces/mooncake_conversation_trace.jsonl}
+[ -f "$TRACE" ] || TRACE=tests/data/mooncake_slice.jsonl
+ROUNDS=${ROUNDS:-3}
+N=${N:-1500}
+SCALE=${SCALE:-10}
+OSL=${OSL:-16}
+KV_CORES=${KV_CORES:-2}
+KV_FLAGS=${KV_FLAGS:-}
+LOW_N=${LOW_N:-300}
+LOW_RATE=${LOW_RATE:-20}
+TPUT_CONNS=${TPUT_CONNS:-64}
+TPUT_SECS=${TPUT_SECS:-10}
+OUT=${OUT:-$(mktemp -d /tmp/router_tier.XXXXXX)}; mkdir -p "$OUT"
+HAVE_GW=${GATEWAY:-1}
+[ "$HAVE_GW" = 0 ] || python3 -c "import sglang_router" 2>/dev/null || { HAVE_GW=0; echo "note: no sglang_router, no gateway rows" >&2; }
+# shellcheck source=tools/proxy_fleet.sh
+source tools/proxy_fleet.sh
+# Dynamo reads a model directory: the tokenizer plus a config.json.
+cat >"$TOK/config.json" <<'EOF'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32009,
+ "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+ "num_key_value_heads": 8, "num_hidden_layers": 32, "max_position_embeddings": 1048576,
+ "torch_dtype": "bfloat16", "bos_token_id": 32001, "eos_token_id": 32002}
+EOF
+
+# start_kv FLEET_ARGS...: a fleet and kvroute serve in front of it; sets KV_PID, KV_URL, KV_HTTP.
+start_kv() {
+  start_fleet "kv" "$@"
+  local pp hp ep ap args=()
+  pp=$(free_port); hp=$(free_port); ep=$(free_port); ap=$(free_port)
+  while read -r e; do [ -n "$e" ] && args+=(--engine "$e"); done <<<"$ENGINES"
+  # shellcheck disable=SC2086
+  "$BIN/kvroute" serve --cores "$KV_CORES" --block-size 16 $KV_FLAGS --tokenizer "sim-model=$TOK" \
+    --proxy-addr "127.0.0.1:$pp" --http-addr "127.0.0.1:$hp" --events-addr "127.0.0.1:$ep" \
+    --api-addr "127.0.0.1:$ap" "${args[@]}" >>"$OUT/kvroute.log" 2>&1 &
+  KV_PID=$!; PIDS+=("$KV_PID")
+  for _ in $(seq 200); do curl -sf "127.0.0.1:$pp/health" >/dev/null 2>&1 && break; sleep 0.05; done
+  KV_URL="http://127.0.0.1:$pp"; KV_HTTP="127.0.0.1:$hp"
+  sleep 0.5 # ZMQ subscriptions
+}
+
+# start_dynamo: the frontend and two mockers; sets DYN_PID (the frontend), DYN_URL.
+start_dynamo() {
+  local fp; fp=$(free_port)
+  export DYN_FILE_KV="$OUT/dyn_kv" DYN_DISCOVERY_BACKEND=file DYN_REQUEST_PLANE=tcp DYN_EVENT_PLANE=zmq
+  rm -rf "$DYN_FILE_KV"; mkdir -p "$DYN_FILE_KV"
+  DYN_MOCKS=()
+  for i in 0 1; do
+    "$DYN_VENV/bin/python" -m dynamo.mocker --model-path "$TOK" --model-name sim-model \
+      --block-size 16 --speedup-ratio 1000 --discovery-backend file >"$OUT/mocker$i.log" 2>&1 &
+    DYN_MOCKS+=($!); PIDS+=($!)
+  done
+  "$DYN_VENV/bin/python" -m dynamo.frontend --router-mode kv --http-host 127.0.0.1 --http-port "$fp" \
+    --discovery-backend file --kv-cache-block-size 16 >"$OUT/frontend.log" 2>&1 &
+  DYN_PID=$!; PIDS+=("$DYN_PID")
+  DYN_URL="http://127.0.0.1:$fp"
+  # Ready when both workers are known and a request is answered.
+  for _ in $(seq 600); do
+    [ "$(grep -c 'Adding worker' "$OUT/frontend.log" 2>/dev/null)" -ge 2 ] &&
+      curl -sf "$DYN_URL/v1/completions" -H 'content-type: application/json' \
+        -d '{"model":"sim-model","prompt":[1,2,3],"max_tokens":1}' >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+}
+stop_dynamo() { stop_pid "$DYN_PID"; for p in "${DYN_MOCKS[@]}"; do stop_pid "$p"; done; }
+
+# hist URL: kvroute's decision-latency histogram, "le:count ... sum count".
+hist() {
+  curl -s "$1/metrics" | awk '/^kvroute_decision_latency_seconds_bucket/ { match($0, /le="[^"]*"/); printf "%s:%s ", substr($0, RSTART + 4, RLENGTH - 5), $NF }
+    /^kvroute_decision_latency_seconds_(sum|count)/ { printf "%s ", $NF }'
+}
+
+# measure LABEL PID TARGET METRICS ARGS...: one replay; TTFT, CPU per request of the
+# PID's tree (0: none), decision latency (METRICS: kvroute's http address, or "-").
+measure() {
+  local label=$1 pid=$2 target=$3 metrics=$4; shift 4
+  local f before after h0="" h1=""; f="$OUT/$(echo "$label" | tr -s ' /()' '____')"
+  [ "$metrics" != - ] && h0=$(hist "$metrics")
+  before=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
+  "$BIN/kvroute-sim" replay --trace "$TRACE" --target "$target" --json "$f.json" "$@" >"$f.line" 2>&1 \
+    || echo "replay $label failed: $(tail -1 "$f.line")" >&2
+  after=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
+  [ "$metrics" != - ] && h1=$(hist "$metrics")
+  python3 - "$f.json" "$label" "$before $after" "$h0" "$h1" <<'EOF' | tee -a "$OUT/table.txt"
+import json, sys
+label = sys.argv[2]
+b_s, b_t, a_s, a_t = map(int, sys.argv[3].split())
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("%-28s no report: %s" % (label, e)); sys.exit()
+ok = max(1, r["requests"] - r["errors"])
+line = "%-28s %5d req %3d err | TTFT p50 %7.2f p99 %7.2f | CPU %7.0f us/req" % (
+    label, r["requests"], r["errors"], r["ttft_ms"]["p50"], r["ttft_ms"]["p99"], (a_s - b_s) / 1e3 / ok)
+def parse(h):
+    # Buckets "le:count", then the sum and the count (in the order scraped).
+    f = h.split()
+    b = [(float(x.split(":")[0]), float(x.split(":")[1])) for x in f if ":" in x]
+    rest = [float(x) for x in f if ":" not in x]
+    if not b or len(rest) < 2:
+        return None
+    return b, rest[0], rest[1]
+h0, h1 = parse(sys.argv[4]), parse(sys.argv[5])
+if h0 and h1:
+    b = [(le, c1 - c0) for (le, c0), (_, c1) in zip(h0[0], h1[0])]
+    n = h1[2] - h0[2]
+    def q(p):
+        for le, c in b:
+            if c >= p * n:
+                return le * 1e3
+        return float("inf")
+    if n > 0:
+        line += " | decision p50 <= %.2f p99 <= %.2f mean %.2f ms" % (q(0.5), q(0.99), (h1[1] - h0[1]) / n * 1e3)
+print(line)
+EOF
+}
+
+# tput LABEL PID URL: wrk, non-streamed completions; req/s and CPU per request.
+tput() {
+  local label=$1 pid=$2 url=$3 before after
+  cat >"$OUT/post.lua" <<EOF
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model":"sim-model","prompt":"$(seq 1 256 | sed 's/^/t/' | paste -sd' ')","max_tokens":8}'
+EOF
+  before=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
+  wrk -t 2 -c "$TPUT_CONNS" -d "${TPUT_SECS}s" -s "$OUT/post.lua" "$url/v1/completions" >"$OUT/wrk.txt" 2>&1 || true
+  after=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
+  python3 - "$OUT/wrk.txt" "$label" "$before $after" <<'EOF' | tee -a "$OUT/table.txt"
+import re, sys
+t = open(sys.argv[1]).read()
+b_s, _, a_s, _ = map(int, sys.argv[3].split())
+n = int(re.search(r"(\d+) requests in", t).group(1)) if "requests in" in t else 0
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1)) if "Requests/sec" in t else 0
+bad = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
+print("%-28s %8.0f req/s %6s non-2xx | CPU %6.0f us/req" % (sys.argv[2], rps, bad.group(1) if bad else "0", (a_s - b_s) / 1e3 / max(1, n)))
+EOF
+}
+
+echo "== router tiers side by side: $OUT (rounds $ROUNDS, load average $(cut -d' ' -f1-3 /proc/loadavg))" | tee "$OUT/table.txt"
+trace_parts=()
+for p in ids text; do [[ " $PARTS " == *" $p "* ]] && trace_parts+=("$p"); done
+for part in "${trace_parts[@]}"; do
+  args=(--limit "$N" --time-scale "$SCALE" --stream --max-output-tokens "$OSL")
+  [ "$part" = ids ] && args+=(--token-ids) || args+=(--chat)
+  echo "-- $part: first $N requests at x$SCALE, streamed" | tee -a "$OUT/table.txt"
+  for round in $(seq "$ROUNDS"); do
+    if [ "$DYNAMO" = 1 ]; then
+      start_dynamo
+      measure "dynamo  $part r$round" "$DYN_PID" "$DYN_URL" - "${args[@]}"
+      stop_dynamo
+    fi
+    start_kv --workers 2 --block-size 16 --capacity-blocks 16384 --time-scale 1000
+    measure "kvroute $part r$round" "$KV_PID" "$KV_URL" "$KV_HTTP" "${args[@]}"
+    stop_pid "$KV_PID"; stop_pid "$FLEET_PID"
+  done
+done
+
+if [[ " $PARTS " == *" low "* || " $PARTS " == *" tput "* ]]; then
+  start_kv --workers 1 --timing "$FAST" --max-active 4096 --time-scale 10
+  STAND=$URLS; STAND_FLEET=$FLEET_PID
+  "$BIN/kvroute-sim" relay --upstream "${STAND#http://}" >"$OUT/relay.log" 2>&1 &
+  RELAY_PID=$!; PIDS+=("$RELAY_PID")
+  for _ in $(seq 100); do grep -q listening "$OUT/relay.log" && break; sleep 0.05; done
+  RELAY_URL="http://$(sed -n 's/^relay listening on \([^ ]*\).*/\1/p' "$OUT/relay.log")"
+  [ "$HAVE_GW" = 1 ] && { start_gateway; sleep 1; }
+  if [[ " $PARTS " == *" low "* ]]; then
+    for conn in keep-alive new; do
+      flag=(); [ "$conn" = new ] && flag=(--new-connections)
+      low=(--limit "$LOW_N" --rate "$LOW_RATE" --max-inflight 1 --chat --stream $SHORT "${flag[@]}")
+      echo "-- low: one request at a time, $conn" | tee -a "$OUT/table.txt"
+      for round in $(seq "$ROUNDS"); do
+        measure "direct  low $conn r$round" 0 "$STAND" - "${low[@]}"
+        measure "relay   low $conn r$round" "$RELAY_PID" "$RELAY_URL" - "${low[@]}"
+        [ "$HAVE_GW" = 1 ] && measure "gateway low $conn r$round" "$GW_PID" "$GW_URL" - "${low[@]}"
+        measure "kvroute low $conn r$round" "$KV_PID" "$KV_URL" "$KV_HTTP" "${low[@]}"
+      done
+    done
+  fi
+  if [[ " $PARTS " == *" tput "* ]]; then
+    echo "-- tput: wrk -c $TPUT_CONNS, ${TPUT_SECS}s, non-streamed" | tee -a "$OUT/table.txt"
+    for round in $(seq "$ROUNDS"); do
+      tput "direct  tput r$round" 0 "$STAND"
+      [ "$HAVE_GW" = 1 ] && tput "gateway tput r$round" "$GW_PID" "$GW_URL"
+      tput "kvroute tput r$round" "$KV_PID" "$KV_URL"
+    done
+  fi
+  stop_pid "$KV_PID"; stop_pid "$RELAY_PID"; [ "$HAVE_GW" = 1 ] && stop_pid "$GW_PID"; stop_pid "$STAND_FLEET"
+fi
+echo "table: $OUT/table.txt"
