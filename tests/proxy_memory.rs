@@ -46,9 +46,18 @@ fn held(s: &Server, n: usize) -> TcpStream {
     .unwrap();
     let mut got = 0usize;
     let mut buf = vec![0u8; 64 << 10];
+    // The answer's first bytes, to say what came back if it ends early.
+    let mut head = Vec::new();
     while got < n {
         let k = c.read(&mut buf).expect("read the answer");
-        assert!(k > 0, "closed after {got} bytes");
+        assert!(
+            k > 0,
+            "closed after {got} bytes: {}",
+            String::from_utf8_lossy(&head)
+        );
+        if head.len() < 512 {
+            head.extend_from_slice(&buf[..k.min(512 - head.len())]);
+        }
         got += k;
     }
     c
