@@ -291,6 +291,10 @@ def main():
     p.add_argument("--delay-ms", type=int, default=0)
     ARGS = p.parse_args()
     STATE["mode"] = ARGS.mode
+    # The default listen backlog (5) overflows when a test opens dozens of connections
+    # at once on a loaded machine: the kernel then drops SYNs, and a connect can wait
+    # past the proxy's connect timeout. A real engine's backlog is far larger.
+    ThreadingHTTPServer.request_queue_size = 1024
     srv = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
     srv.daemon_threads = True
     print("PORT %d" % srv.server_address[1], flush=True)
