@@ -31,9 +31,15 @@ pub fn object<'a>(text: &'a [u8], f: impl FnMut(Key<'a>, Range<usize>)) -> Resul
         .iter()
         .find(|b| !matches!(b, b' ' | b'\n' | b'\t' | b'\r'));
     if first != Some(&b'{') {
-        // Not an object: tell broken JSON from JSON of another type.
-        return match serde_json::from_slice::<de::IgnoredAny>(text) {
-            Ok(_) => Err(ObjectError::NotObject),
+        // Not an object: tell broken JSON from JSON of another type. Skipping a value
+        // does not check the UTF-8 of its strings, so that is checked first (with
+        // serde_json's own error when it fails).
+        let parsed = match std::str::from_utf8(text) {
+            Ok(s) => serde_json::from_str::<de::IgnoredAny>(s).map(drop),
+            Err(_) => serde_json::from_slice::<serde_json::Value>(text).map(drop),
+        };
+        return match parsed {
+            Ok(()) => Err(ObjectError::NotObject),
             Err(e) => Err(ObjectError::Json(e)),
         };
     }
@@ -193,6 +199,14 @@ mod tests {
         assert!(object(b"[1]", |_, _| {}).is_err_and(|e| matches!(e, ObjectError::NotObject)));
         assert!(object(b" 3 ", |_, _| {}).is_err_and(|e| matches!(e, ObjectError::NotObject)));
         assert!(object(b"{\"a\":\"\xff\"}", |_, _| {}).is_err());
+        // Invalid UTF-8 in a value that is not an object is broken JSON, not "not an
+        // object" (found by the body_members fuzz target).
+        for bad in [&b"\"\xff\""[..], b" [\"a\xc3\"] ", b"\xff"] {
+            assert!(
+                object(bad, |_, _| {}).is_err_and(|e| matches!(e, ObjectError::Json(_))),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
