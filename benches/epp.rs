@@ -8,52 +8,11 @@
 //!   chunks of one token each, end of stream): the lifecycle reading included.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
-use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request;
-use envoy_types::pb::envoy::service::ext_proc::v3::{HttpBody, HttpHeaders, ProcessingRequest};
+use envoy_types::pb::envoy::service::ext_proc::v3::ProcessingRequest;
+use kvroute::epp::gateway::{body, headers, Phase};
 use kvroute::epp::pick::Pick;
 use kvroute::epp::stream::{Limits, Out, Stream};
 use std::hint::black_box;
-
-fn headers(pairs: &[(&str, &str)], response: bool) -> ProcessingRequest {
-    let h = HttpHeaders {
-        headers: Some(HeaderMap {
-            headers: pairs
-                .iter()
-                .map(|(k, v)| HeaderValue {
-                    key: k.to_string(),
-                    value: String::new(),
-                    raw_value: v.as_bytes().to_vec(),
-                })
-                .collect(),
-        }),
-        ..Default::default()
-    };
-    ProcessingRequest {
-        request: Some(if response {
-            Request::ResponseHeaders(h)
-        } else {
-            Request::RequestHeaders(h)
-        }),
-        ..Default::default()
-    }
-}
-
-fn body(b: &[u8], eos: bool, response: bool) -> ProcessingRequest {
-    let h = HttpBody {
-        body: b.to_vec(),
-        end_of_stream: eos,
-        ..Default::default()
-    };
-    ProcessingRequest {
-        request: Some(if response {
-            Request::ResponseBody(h)
-        } else {
-            Request::RequestBody(h)
-        }),
-        ..Default::default()
-    }
-}
 
 fn request() -> Vec<ProcessingRequest> {
     let content = "Summarize the following text in one sentence. ".repeat(20);
@@ -72,14 +31,15 @@ fn request() -> Vec<ProcessingRequest> {
         ("accept", "application/json"),
     ];
     vec![
-        headers(&h, false),
-        body(x, false, false),
-        body(y, true, false),
+        headers(Phase::Request, &h, false),
+        body(Phase::Request, x, false),
+        body(Phase::Request, y, true),
     ]
 }
 
 fn response() -> Vec<ProcessingRequest> {
     let mut v = vec![headers(
+        Phase::Response,
         &[(":status", "200"), ("content-type", "text/event-stream")],
         true,
     )];
@@ -87,7 +47,7 @@ fn response() -> Vec<ProcessingRequest> {
         let ev = format!(
             "data: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}}}}]}}\n\n"
         );
-        v.push(body(ev.as_bytes(), i == 31, true));
+        v.push(body(Phase::Response, ev.as_bytes(), i == 31));
     }
     v
 }

@@ -15,11 +15,9 @@
 //! `cargo bench --bench epp_service` (release binaries; the figures are in
 //! docs/ENDPOINT_PICKER.md).
 
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
-use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
-use envoy_types::pb::envoy::service::ext_proc::v3::{HttpBody, HttpHeaders, ProcessingRequest};
+use kvroute::epp::gateway::{self, headers, Phase};
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -48,32 +46,6 @@ fn tokens(i: u64) -> Vec<u32> {
     t
 }
 
-fn headers(pairs: &[(&str, &str)], response: bool) -> ProcessingRequest {
-    let h = HttpHeaders {
-        headers: Some(HeaderMap {
-            headers: pairs
-                .iter()
-                .map(|(k, v)| HeaderValue {
-                    key: k.to_string(),
-                    value: String::new(),
-                    raw_value: v.as_bytes().to_vec(),
-                })
-                .collect(),
-        }),
-        end_of_stream: response,
-        ..Default::default()
-    };
-    let request = if response {
-        Request::ResponseHeaders(h)
-    } else {
-        Request::RequestHeaders(h)
-    };
-    ProcessingRequest {
-        request: Some(request),
-        ..Default::default()
-    }
-}
-
 /// One gateway stream; the time to the pick.
 async fn one_stream(
     client: &mut ExternalProcessorClient<tonic::transport::Channel>,
@@ -85,6 +57,7 @@ async fn one_stream(
     let t0 = Instant::now();
     let _ = tx
         .send(headers(
+            Phase::Request,
             &[
                 (":method", "POST"),
                 (":path", "/v1/completions"),
@@ -94,14 +67,7 @@ async fn one_stream(
         ))
         .await;
     let _ = tx
-        .send(ProcessingRequest {
-            request: Some(Request::RequestBody(HttpBody {
-                body: body.into_bytes(),
-                end_of_stream: true,
-                ..Default::default()
-            })),
-            ..Default::default()
-        })
+        .send(gateway::body(Phase::Request, body.as_bytes(), true))
         .await;
     let mut answers = client
         .process(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -131,6 +97,7 @@ async fn one_stream(
     }
     let _ = tx
         .send(headers(
+            Phase::Response,
             &[(":status", "200"), ("content-type", "application/json")],
             true,
         ))

@@ -11,7 +11,8 @@
 //!   subset hint; `route`: the hint applied; `reply`: the responses sent;
 //! - `pick`: the interface to routing ([`pick::Picker`]), the same pipeline the proxy
 //!   drives (the body is parsed by `proxy::request`, tokenized by `proxy::prompt`);
-//!   `fake`: a picker for tests;
+//!   `fake`: a picker for tests; `gateway`: the messages a gateway sends, for tests
+//!   and benchmarks;
 //! - `config` / `args`: the `[epp]` settings and `--epp-*` flags; `metrics`:
 //!   `kvroute_epp_*` —
 //!
@@ -22,6 +23,8 @@ pub mod args;
 pub mod config;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod fake;
+#[cfg(all(target_os = "linux", feature = "service"))]
+pub mod gateway;
 #[cfg(all(target_os = "linux", feature = "service"))]
 pub mod headers;
 #[cfg(all(target_os = "linux", feature = "service"))]

@@ -2,15 +2,14 @@
 //! two forms, refusals, lifecycle from the response, and protocol errors.
 
 use super::*;
+use crate::epp::gateway::{self, Phase};
 use crate::epp::pick::PickRequest;
 use crate::epp::reply::{DESTINATION_KEY, DESTINATION_NAMESPACE, SERVED_KEY};
 use crate::epp::subset;
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, Metadata};
 use envoy_types::pb::envoy::service::ext_proc::v3::body_mutation::Mutation;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as R;
-use envoy_types::pb::envoy::service::ext_proc::v3::{
-    CommonResponse, HttpBody, HttpHeaders, HttpTrailers, ProtocolConfiguration,
-};
+use envoy_types::pb::envoy::service::ext_proc::v3::{CommonResponse, ProtocolConfiguration};
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 
 const LIMITS: Limits = Limits {
@@ -20,23 +19,19 @@ const LIMITS: Limits = Limits {
 };
 
 fn headers(pairs: &[(&str, &str)], eos: bool) -> ProcessingRequest {
-    ProcessingRequest {
-        request: Some(Request::RequestHeaders(HttpHeaders {
-            headers: Some(HeaderMap {
-                headers: pairs
-                    .iter()
-                    .map(|(k, v)| HeaderValue {
-                        key: k.to_string(),
-                        value: String::new(),
-                        raw_value: v.as_bytes().to_vec(),
-                    })
-                    .collect(),
-            }),
-            end_of_stream: eos,
-            ..Default::default()
-        })),
-        ..Default::default()
-    }
+    gateway::headers(Phase::Request, pairs, eos)
+}
+
+fn body(b: &[u8], eos: bool) -> ProcessingRequest {
+    gateway::body(Phase::Request, b, eos)
+}
+
+fn trailers(response: bool) -> ProcessingRequest {
+    gateway::trailers(if response {
+        Phase::Response
+    } else {
+        Phase::Request
+    })
 }
 
 fn chat() -> ProcessingRequest {
@@ -61,35 +56,12 @@ fn mode(mut m: ProcessingRequest, req: i32, resp: i32, no_wait: bool) -> Process
     m
 }
 
-fn body(b: &[u8], eos: bool) -> ProcessingRequest {
-    ProcessingRequest {
-        request: Some(Request::RequestBody(HttpBody {
-            body: b.to_vec(),
-            end_of_stream: eos,
-            ..Default::default()
-        })),
-        ..Default::default()
-    }
-}
-
-fn trailers(response: bool) -> ProcessingRequest {
-    let t = HttpTrailers::default();
-    let r = if response {
-        Request::ResponseTrailers(t)
-    } else {
-        Request::RequestTrailers(t)
-    };
-    ProcessingRequest {
-        request: Some(r),
-        ..Default::default()
-    }
-}
-
 fn resp_headers(status: &str, ct: &str, served: Option<&str>, eos: bool) -> ProcessingRequest {
-    let mut m = headers(&[(":status", status), ("content-type", ct)], eos);
-    if let Some(Request::RequestHeaders(h)) = m.request.take() {
-        m.request = Some(Request::ResponseHeaders(h));
-    }
+    let mut m = gateway::headers(
+        Phase::Response,
+        &[(":status", status), ("content-type", ct)],
+        eos,
+    );
     if let Some(s) = served {
         let mut inner = Struct::default();
         inner.fields.insert(
@@ -107,11 +79,7 @@ fn resp_headers(status: &str, ct: &str, served: Option<&str>, eos: bool) -> Proc
 }
 
 fn resp_body(b: &[u8], eos: bool) -> ProcessingRequest {
-    let mut m = body(b, eos);
-    if let Some(Request::RequestBody(x)) = m.request.take() {
-        m.request = Some(Request::ResponseBody(x));
-    }
-    m
+    gateway::body(Phase::Response, b, eos)
 }
 
 fn pick() -> Pick {
