@@ -20,6 +20,7 @@
 //! - `epp` (service feature): the endpoint picker of Kubernetes inference gateways
 //!   (Envoy ext_proc over gRPC).
 //! - [`admission`]: the front door's policies (admission queue, priorities, tenants).
+//! - `families` (service feature): registering metric families, one line each.
 
 pub mod admission;
 pub mod api_shapes;
@@ -32,6 +33,8 @@ pub mod credentials;
 pub mod engine;
 pub mod engines;
 pub mod epp;
+#[cfg(all(target_os = "linux", feature = "service"))]
+mod families;
 pub mod hash;
 pub mod ids;
 pub mod index;

@@ -58,37 +58,15 @@ impl Default for EppMetrics {
 
 impl EppMetrics {
     pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
-        r.register("epp_streams", "ext_proc streams open", self.streams.clone());
-        r.register(
-            "epp_streams_refused",
-            "ext_proc streams refused (max_streams open)",
-            self.streams_refused.clone(),
-        );
-        r.register(
-            "epp_finished",
-            "Requests routed by the endpoint picker, by how they ended (ok, cut, refused)",
-            self.finished.clone(),
-        );
-        r.register("epp_picks", "Endpoint picks per worker", self.picks.clone());
-        r.register(
-            "epp_errors",
-            "Endpoint picker refusals and stream errors by kind",
-            self.errors.clone(),
-        );
-        r.register(
-            "epp_subset_unknown",
-            "Subset hint entries naming no known worker (ignored)",
-            self.subset_unknown.clone(),
-        );
-        r.register(
-            "epp_pick_seconds",
-            "Seconds from the request headers to the pick",
-            self.pick_seconds.clone(),
-        );
-        r.register(
-            "epp_route_seconds",
-            "Seconds the picker took (tokenize and route)",
-            self.route_seconds.clone(),
+        crate::families::register_all!(r;
+            "epp_streams", "ext_proc streams open" => self.streams;
+            "epp_streams_refused", "ext_proc streams refused (max_streams open)" => self.streams_refused;
+            "epp_finished", "Requests routed by the endpoint picker, by how they ended (ok, cut, refused)" => self.finished;
+            "epp_picks", "Endpoint picks per worker" => self.picks;
+            "epp_errors", "Endpoint picker refusals and stream errors by kind" => self.errors;
+            "epp_subset_unknown", "Subset hint entries naming no known worker (ignored)" => self.subset_unknown;
+            "epp_pick_seconds", "Seconds from the request headers to the pick" => self.pick_seconds;
+            "epp_route_seconds", "Seconds the picker took (tokenize and route)" => self.route_seconds;
         );
     }
 

@@ -91,40 +91,14 @@ impl PolicyMetrics {
     }
 
     fn register(&self, r: &mut prometheus_client::registry::Registry) {
-        r.register(
-            "proxy_queue_depth",
-            "Requests waiting in the admission queue, by model (this replica)",
-            self.depth.clone(),
-        );
-        r.register(
-            "proxy_queued",
-            "Requests that found every eligible worker busy and entered the admission queue",
-            self.queued.clone(),
-        );
-        r.register(
-            "proxy_queue_wait_seconds",
-            "Time queued requests waited before their turn came",
-            self.waited.clone(),
-        );
-        r.register(
-            "proxy_queue_dropped",
-            "Requests that left the admission queue without being served, by reason (full, tenant_share, timeout, client_gone)",
-            self.dropped.clone(),
-        );
-        r.register(
-            "proxy_tenant_requests",
-            "Proxied requests by tenant (named tenants, then the first max_tenant_labels others, the rest as other)",
-            self.tenant_requests.clone(),
-        );
-        r.register(
-            "proxy_tenant_limited",
-            "Requests refused with 429 because their tenant went over a rate limit, by tenant and limit",
-            self.tenant_limited.clone(),
-        );
-        r.register(
-            "proxy_prefill_path",
-            "Disaggregated-fleet requests by where their prefill ran (remote: a prefill worker; local: on the decode worker)",
-            self.prefill_path.clone(),
+        crate::families::register_all!(r;
+            "proxy_queue_depth", "Requests waiting in the admission queue, by model (this replica)" => self.depth;
+            "proxy_queued", "Requests that found every eligible worker busy and entered the admission queue" => self.queued;
+            "proxy_queue_wait_seconds", "Time queued requests waited before their turn came" => self.waited;
+            "proxy_queue_dropped", "Requests that left the admission queue without being served, by reason (full, tenant_share, timeout, client_gone)" => self.dropped;
+            "proxy_tenant_requests", "Proxied requests by tenant (named tenants, then the first max_tenant_labels others, the rest as other)" => self.tenant_requests;
+            "proxy_tenant_limited", "Requests refused with 429 because their tenant went over a rate limit, by tenant and limit" => self.tenant_limited;
+            "proxy_prefill_path", "Disaggregated-fleet requests by where their prefill ran (remote: a prefill worker; local: on the decode worker)" => self.prefill_path;
         );
     }
 

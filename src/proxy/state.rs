@@ -85,80 +85,22 @@ impl ProxyMetrics {
     }
 
     fn register(&self, r: &mut prometheus_client::registry::Registry) {
-        r.register(
-            "proxy_requests",
-            "Proxied requests by routed model, worker and outcome (ok, upstream_error, client_disconnect, failed)",
-            self.requests.clone(),
-        );
-        r.register(
-            "proxy_refused",
-            "Proxy requests refused before routing, by kind (unauthorized, too_large, too_many, bad_request, no_worker, workers_busy: every worker tried answered 429)",
-            self.refused.clone(),
-        );
-        r.register(
-            "proxy_ttft_seconds",
-            "Time to first output token as seen by the proxy",
-            self.ttft.clone(),
-        );
-        r.register(
-            "proxy_itl_seconds",
-            "Time between output-carrying chunks as seen by the proxy",
-            self.itl.clone(),
-        );
-        r.register(
-            "proxy_e2e_seconds",
-            "End-to-end time of proxied requests (accept to last byte)",
-            self.e2e.clone(),
-        );
-        r.register(
-            "proxy_upstream_errors",
-            "Upstream failures by kind (connect, connect_timeout, reset, timeout, status_5xx, busy: a worker's 429, mid_stream, prefill)",
-            self.upstream_errors.clone(),
-        );
-        r.register(
-            "proxy_retries",
-            "Proxied requests re-routed to another worker after a failure",
-            self.retries.clone(),
-        );
-        r.register(
-            "proxy_breaker_open",
-            "Cores on which the worker's circuit breaker is open or half-open",
-            self.breaker_open.clone(),
-        );
-        r.register(
-            "proxy_tokenize_seconds",
-            "Time to read a request's prompt token ids",
-            self.tokenize_seconds.clone(),
-        );
-        r.register(
-            "proxy_untokenized",
-            "Proxied requests routed by load only (no token ids for their prompt)",
-            self.untokenized.clone(),
-        );
-        r.register(
-            "proxy_tokenized_off_core",
-            "Prompts tokenized on the core's blocking thread (bodies over tokenize_inline_max_bytes)",
-            self.tokenized_off_core.clone(),
-        );
-        r.register(
-            "proxy_renders_off_core",
-            "Chat renders of short bodies that took more steps than the core's budget and were finished on its blocking thread (within chat_template_fuel)",
-            self.renders_off_core.clone(),
-        );
-        r.register(
-            "proxy_prefill_fallbacks",
-            "Disaggregated requests whose prefill leg failed and that were served decode-only",
-            self.prefill_fallbacks.clone(),
-        );
-        r.register(
-            "proxy_active",
-            "Proxied requests in flight",
-            self.active.clone(),
-        );
-        r.register(
-            "proxy_stripped_fields",
-            "Members removed from client bodies because engines trust them as engine-to-engine data (kv_transfer_params, bootstrap_host, ...), by name",
-            self.stripped.clone(),
+        crate::families::register_all!(r;
+            "proxy_requests", "Proxied requests by routed model, worker and outcome (ok, upstream_error, client_disconnect, failed)" => self.requests;
+            "proxy_refused", "Proxy requests refused before routing, by kind (unauthorized, too_large, too_many, bad_request, no_worker, workers_busy: every worker tried answered 429)" => self.refused;
+            "proxy_ttft_seconds", "Time to first output token as seen by the proxy" => self.ttft;
+            "proxy_itl_seconds", "Time between output-carrying chunks as seen by the proxy" => self.itl;
+            "proxy_e2e_seconds", "End-to-end time of proxied requests (accept to last byte)" => self.e2e;
+            "proxy_upstream_errors", "Upstream failures by kind (connect, connect_timeout, reset, timeout, status_5xx, busy: a worker's 429, mid_stream, prefill)" => self.upstream_errors;
+            "proxy_retries", "Proxied requests re-routed to another worker after a failure" => self.retries;
+            "proxy_breaker_open", "Cores on which the worker's circuit breaker is open or half-open" => self.breaker_open;
+            "proxy_tokenize_seconds", "Time to read a request's prompt token ids" => self.tokenize_seconds;
+            "proxy_untokenized", "Proxied requests routed by load only (no token ids for their prompt)" => self.untokenized;
+            "proxy_tokenized_off_core", "Prompts tokenized on the core's blocking thread (bodies over tokenize_inline_max_bytes)" => self.tokenized_off_core;
+            "proxy_renders_off_core", "Chat renders of short bodies that took more steps than the core's budget and were finished on its blocking thread (within chat_template_fuel)" => self.renders_off_core;
+            "proxy_prefill_fallbacks", "Disaggregated requests whose prefill leg failed and that were served decode-only" => self.prefill_fallbacks;
+            "proxy_active", "Proxied requests in flight" => self.active;
+            "proxy_stripped_fields", "Members removed from client bodies because engines trust them as engine-to-engine data (kv_transfer_params, bootstrap_host, ...), by name" => self.stripped;
         );
     }
 }

@@ -202,227 +202,53 @@ impl Metrics {
             engines_file_reloads: Family::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
-            r.register(
-                "routes",
-                "Routing decisions by mode and outcome",
-                m.routes.clone(),
-            );
-            r.register(
-                "decision_latency_seconds",
-                "Time from request parsed to decision ready, per decision",
-                m.decision_latency.clone(),
-            );
-            r.register("events", "KV events ingested by type", m.events.clone());
-            r.register(
-                "protocol_errors",
-                "Protocol errors by kind",
-                m.protocol_errors.clone(),
-            );
-            r.register(
-                "connections",
-                "Open connections by listener",
-                m.connections.clone(),
-            );
-            r.register(
-                "connections_accepted",
-                "Accepted connections",
-                m.connections_total.clone(),
-            );
-            r.register(
-                "sequence_gaps",
-                "Event sequence gaps detected",
-                m.sequence_gaps.clone(),
-            );
-            r.register(
-                "overlap_blocks",
-                "Blocks of routed requests found cached on the chosen worker",
-                m.overlap_blocks.clone(),
-            );
-            r.register(
-                "request_blocks",
-                "Blocks of routed requests",
-                m.request_blocks.clone(),
-            );
-            r.register(
-                "index_blocks",
-                "Indexed (block, worker, tier) entries",
-                m.index_blocks.clone(),
-            );
-            r.register("workers", "Registered workers", m.workers.clone());
-            r.register(
-                "active_requests",
-                "Tracked in-flight requests",
-                m.active_requests.clone(),
-            );
-            r.register(
-                "overlap_hit_ratio",
-                "overlap_blocks / request_blocks",
-                m.hit_ratio.clone(),
-            );
-            r.register(
-                "worker_active_requests",
-                "In-flight requests per worker",
-                m.worker_active_requests.clone(),
-            );
-            r.register(
-                "worker_prefill_tokens",
-                "Prompt tokens in prefill per worker",
-                m.worker_prefill_tokens.clone(),
-            );
-            r.register(
-                "worker_decode_blocks",
-                "Active KV blocks per worker",
-                m.worker_decode_blocks.clone(),
-            );
-            r.register(
-                "worker_cached_blocks",
-                "Indexed cached blocks per worker",
-                m.worker_cached_blocks.clone(),
-            );
-            r.register(
-                "worker_live",
-                "1 if the worker is eligible for routing",
-                m.worker_live.clone(),
-            );
-            r.register(
-                "worker_routed_prompt_blocks",
-                "Prompt blocks routed to the worker's prefill since it registered",
-                m.worker_routed_prompt_blocks.clone(),
-            );
-            r.register(
-                "worker_routed_cached_blocks",
-                "Of those, blocks the index found cached on the worker (any tier)",
-                m.worker_routed_cached_blocks.clone(),
-            );
-            r.register(
-                "worker_hit_rate",
-                "Block-weighted hit rate as routed: routed cached blocks / routed prompt blocks",
-                m.worker_hit_rate.clone(),
-            );
-            r.register(
-                "routed_prompt_blocks",
-                "Prompt blocks routed, fleet-wide (workers registered now)",
-                m.routed_prompt_blocks.clone(),
-            );
-            r.register(
-                "routed_cached_blocks",
-                "Of those, blocks found cached on the worker that prefills them",
-                m.routed_cached_blocks.clone(),
-            );
-            r.register(
-                "hit_rate",
-                "Block-weighted hit rate as routed, fleet-wide",
-                m.hit_rate.clone(),
-            );
-            r.register(
-                "routed_without_events",
-                "Decisions that sent a request to a worker with no KV event in the last minute (routing to it is load-only)",
-                m.routed_without_events.clone(),
-            );
-            r.register(
-                "engine_stream",
-                "ZMQ engine event streams: gaps, replays, replay failures, clears, restarts, batches",
-                m.engine_stream.clone(),
-            );
-            r.register(
-                "snapshots",
-                "Warm-restart snapshots written (periodic and shutdown)",
-                m.snapshots.clone(),
-            );
-            r.register(
-                "snapshot_failures",
-                "Warm-restart snapshot attempts that failed",
-                m.snapshot_failures.clone(),
-            );
-            r.register(
-                "snapshot_consecutive_failures",
-                "Snapshot attempts failed since the last success (> 0: /healthz degraded)",
-                m.snapshot_consecutive_failures.clone(),
-            );
-            r.register(
-                "snapshot_last_success_timestamp_seconds",
-                "Unix time of the last snapshot written by this process (0: none yet)",
-                m.snapshot_last_success.clone(),
-            );
-            r.register(
-                "snapshot_bytes",
-                "Size of the last snapshot written",
-                m.snapshot_bytes.clone(),
-            );
-            r.register(
-                "index_refused",
-                "Block stores refused: worker_limit (capacity / max_blocks_per_worker) or index_budget (max_index_entries)",
-                m.index_refused.clone(),
-            );
-            r.register(
-                "index_budget_used",
-                "Index entries counted against max_index_entries",
-                m.index_budget_used.clone(),
-            );
-            r.register(
-                "requests_expired",
-                "In-flight requests ended without a finish: ttl (no lifecycle call for request_ttl_ms) or restart (their proxy died with the previous process)",
-                m.requests_expired.clone(),
-            );
-            r.register(
-                "index_budget_limit",
-                "max_index_entries: the index entries the budget allows (each copy's, with index_layout replicated)",
-                m.index_budget_limit.clone(),
-            );
-            r.register(
-                "proxy_tokenize_lean_mismatches",
-                "Sampled prompts whose token ids by the lean walk differed from the HF pipeline's (each turns the lean walk off for its model)",
-                m.tokenize_lean_mismatches.clone(),
-            );
-            r.register(
-                "speculative_blocks",
-                "Blocks of routed requests credited as pending (speculative) on the chosen worker",
-                m.speculative_blocks.clone(),
-            );
-            r.register(
-                "worker_approximate",
-                "1 when the worker publishes no KV events and its cache is modelled from the prompts routed to it (approximate mode)",
-                m.worker_approximate.clone(),
-            );
-            r.register(
-                "worker_approximate_blocks",
-                "Approximate mode: blocks modelled in the worker's cache",
-                m.worker_approximate_blocks.clone(),
-            );
-            r.register(
-                "approximate_credited_blocks",
-                "Blocks of routed requests credited from the approximate model on the chosen worker",
-                m.approximate_credited_blocks.clone(),
-            );
-            r.register(
-                "approximate_switches",
-                "Approximate workers switched to exact by their first KV event",
-                m.approximate_switches.clone(),
-            );
-            r.register(
-                "record_lines",
-                "Lines written to the --record trace",
-                m.record_lines.clone(),
-            );
-            r.register(
-                "record_dropped",
-                "Ended requests not recorded because the writer's channel was full",
-                m.record_dropped.clone(),
-            );
-            r.register(
-                "record_stopped",
-                "1 once the --record trace stopped at a limit or a write error",
-                m.record_stopped.clone(),
-            );
-            r.register(
-                "answer_waits",
-                "Run-loop parks (parked, parked_long) and ended spins (spin_expired) while an answer from another core was outstanding; queries announced by other cores (expected) and announced queries that did not come in time (expect_expired)",
-                m.answer_waits.clone(),
-            );
-            r.register(
-                "engines_file_reloads",
-                "Reads of the engines file applied (changes made, or none needed) or rejected (unusable file, nothing changed)",
-                m.engines_file_reloads.clone(),
+            crate::families::register_all!(r;
+                "routes", "Routing decisions by mode and outcome" => m.routes;
+                "decision_latency_seconds", "Time from request parsed to decision ready, per decision" => m.decision_latency;
+                "events", "KV events ingested by type" => m.events;
+                "protocol_errors", "Protocol errors by kind" => m.protocol_errors;
+                "connections", "Open connections by listener" => m.connections;
+                "connections_accepted", "Accepted connections" => m.connections_total;
+                "sequence_gaps", "Event sequence gaps detected" => m.sequence_gaps;
+                "overlap_blocks", "Blocks of routed requests found cached on the chosen worker" => m.overlap_blocks;
+                "request_blocks", "Blocks of routed requests" => m.request_blocks;
+                "index_blocks", "Indexed (block, worker, tier) entries" => m.index_blocks;
+                "workers", "Registered workers" => m.workers;
+                "active_requests", "Tracked in-flight requests" => m.active_requests;
+                "overlap_hit_ratio", "overlap_blocks / request_blocks" => m.hit_ratio;
+                "worker_active_requests", "In-flight requests per worker" => m.worker_active_requests;
+                "worker_prefill_tokens", "Prompt tokens in prefill per worker" => m.worker_prefill_tokens;
+                "worker_decode_blocks", "Active KV blocks per worker" => m.worker_decode_blocks;
+                "worker_cached_blocks", "Indexed cached blocks per worker" => m.worker_cached_blocks;
+                "worker_live", "1 if the worker is eligible for routing" => m.worker_live;
+                "worker_routed_prompt_blocks", "Prompt blocks routed to the worker's prefill since it registered" => m.worker_routed_prompt_blocks;
+                "worker_routed_cached_blocks", "Of those, blocks the index found cached on the worker (any tier)" => m.worker_routed_cached_blocks;
+                "worker_hit_rate", "Block-weighted hit rate as routed: routed cached blocks / routed prompt blocks" => m.worker_hit_rate;
+                "routed_prompt_blocks", "Prompt blocks routed, fleet-wide (workers registered now)" => m.routed_prompt_blocks;
+                "routed_cached_blocks", "Of those, blocks found cached on the worker that prefills them" => m.routed_cached_blocks;
+                "hit_rate", "Block-weighted hit rate as routed, fleet-wide" => m.hit_rate;
+                "routed_without_events", "Decisions that sent a request to a worker with no KV event in the last minute (routing to it is load-only)" => m.routed_without_events;
+                "engine_stream", "ZMQ engine event streams: gaps, replays, replay failures, clears, restarts, batches" => m.engine_stream;
+                "snapshots", "Warm-restart snapshots written (periodic and shutdown)" => m.snapshots;
+                "snapshot_failures", "Warm-restart snapshot attempts that failed" => m.snapshot_failures;
+                "snapshot_consecutive_failures", "Snapshot attempts failed since the last success (> 0: /healthz degraded)" => m.snapshot_consecutive_failures;
+                "snapshot_last_success_timestamp_seconds", "Unix time of the last snapshot written by this process (0: none yet)" => m.snapshot_last_success;
+                "snapshot_bytes", "Size of the last snapshot written" => m.snapshot_bytes;
+                "index_refused", "Block stores refused: worker_limit (capacity / max_blocks_per_worker) or index_budget (max_index_entries)" => m.index_refused;
+                "index_budget_used", "Index entries counted against max_index_entries" => m.index_budget_used;
+                "requests_expired", "In-flight requests ended without a finish: ttl (no lifecycle call for request_ttl_ms) or restart (their proxy died with the previous process)" => m.requests_expired;
+                "index_budget_limit", "max_index_entries: the index entries the budget allows (each copy's, with index_layout replicated)" => m.index_budget_limit;
+                "proxy_tokenize_lean_mismatches", "Sampled prompts whose token ids by the lean walk differed from the HF pipeline's (each turns the lean walk off for its model)" => m.tokenize_lean_mismatches;
+                "speculative_blocks", "Blocks of routed requests credited as pending (speculative) on the chosen worker" => m.speculative_blocks;
+                "worker_approximate", "1 when the worker publishes no KV events and its cache is modelled from the prompts routed to it (approximate mode)" => m.worker_approximate;
+                "worker_approximate_blocks", "Approximate mode: blocks modelled in the worker's cache" => m.worker_approximate_blocks;
+                "approximate_credited_blocks", "Blocks of routed requests credited from the approximate model on the chosen worker" => m.approximate_credited_blocks;
+                "approximate_switches", "Approximate workers switched to exact by their first KV event" => m.approximate_switches;
+                "record_lines", "Lines written to the --record trace" => m.record_lines;
+                "record_dropped", "Ended requests not recorded because the writer's channel was full" => m.record_dropped;
+                "record_stopped", "1 once the --record trace stopped at a limit or a write error" => m.record_stopped;
+                "answer_waits", "Run-loop parks (parked, parked_long) and ended spins (spin_expired) while an answer from another core was outstanding; queries announced by other cores (expected) and announced queries that did not come in time (expect_expired)" => m.answer_waits;
+                "engines_file_reloads", "Reads of the engines file applied (changes made, or none needed) or rejected (unusable file, nothing changed)" => m.engines_file_reloads;
             );
         }
         m

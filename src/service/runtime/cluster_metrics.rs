@@ -43,45 +43,15 @@ pub struct ClusterMetrics {
 
 impl ClusterMetrics {
     pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
-        r.register(
-            "cluster_state",
-            "Replica state: 0 connecting, 1 catching up (not ready), 2 ready, 3 degraded",
-            self.state.clone(),
-        );
-        r.register(
-            "cluster_records",
-            "Replicated event records by outcome",
-            self.records.clone(),
-        );
-        r.register(
-            "cluster_publish_backlog",
-            "Event records waiting to be published to NATS",
-            self.publish_backlog.clone(),
-        );
-        r.register(
-            "cluster_applied_seq",
-            "Last stream sequence this replica applied",
-            self.applied_seq.clone(),
-        );
-        r.register(
-            "cluster_registry",
-            "Replicated registry writes by outcome",
-            self.registry.clone(),
-        );
-        r.register(
-            "cluster_load_ops",
-            "Shared-load ops (route, lifecycle) by outcome",
-            self.load_ops.clone(),
-        );
-        r.register(
-            "cluster_refused",
-            "Messages from NATS refused (bad or missing tag, foreign origin, ownership, replay) by kind and reason",
-            self.refused.clone(),
-        );
-        r.register(
-            "cluster_engine_leases",
-            "ZMQ engines whose lease this replica holds (it alone ingests them)",
-            self.engine_leases.clone(),
+        crate::families::register_all!(r;
+            "cluster_state", "Replica state: 0 connecting, 1 catching up (not ready), 2 ready, 3 degraded" => self.state;
+            "cluster_records", "Replicated event records by outcome" => self.records;
+            "cluster_publish_backlog", "Event records waiting to be published to NATS" => self.publish_backlog;
+            "cluster_applied_seq", "Last stream sequence this replica applied" => self.applied_seq;
+            "cluster_registry", "Replicated registry writes by outcome" => self.registry;
+            "cluster_load_ops", "Shared-load ops (route, lifecycle) by outcome" => self.load_ops;
+            "cluster_refused", "Messages from NATS refused (bad or missing tag, foreign origin, ownership, replay) by kind and reason" => self.refused;
+            "cluster_engine_leases", "ZMQ engines whose lease this replica holds (it alone ingests them)" => self.engine_leases;
         );
     }
 
