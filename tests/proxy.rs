@@ -87,18 +87,10 @@ fn the_official_openai_client_works_streamed_and_not() {
     let s = Server::start(1, &["--proxy-api-keys", "sk-test"]);
     let w = FakeWorker::start("w1", &[]);
     register(&s, "w1", "m", "aggregated", &w.url());
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/openai_client.py");
-    let out = std::process::Command::new("python3")
-        .args([script, &format!("http://{}/v1", s.proxy), "sk-test", "m"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let r = common::py_client(
+        "openai_client.py",
+        &[&format!("http://{}/v1", s.proxy), "sk-test", "m"],
     );
-    let r: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(r["chat"], "t0 t1 t2 ");
     assert_eq!(r["chat_stream"], "t0 t1 t2 ");
     assert_eq!(r["completion"], "t0 t1 ");

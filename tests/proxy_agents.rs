@@ -152,21 +152,10 @@ fn agent_apis_route_by_their_rendered_prompt_through_the_proxy() {
     let base = format!("http://{}", s.proxy);
 
     // The official clients.
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/py/proxy_agent_clients.py"
+    let r = common::py_client(
+        "proxy_agent_clients.py",
+        &[&base, CLIENT_KEY, "sim-model", "t1 t2 t3 t4"],
     );
-    let out = Command::new("python3")
-        .args([script, &base, CLIENT_KEY, "sim-model", "t1 t2 t3 t4"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Value = serde_json::from_str(stdout.trim()).unwrap();
     let m = &r["messages"];
     assert!(
         m["worker"].as_str().is_some_and(|w| w.starts_with("sim-")),

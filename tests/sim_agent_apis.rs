@@ -13,7 +13,6 @@ use common::fleet::{post, Fleet, FAST};
 use common::tokenizer::TestTokenizer;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn words(r: std::ops::Range<u32>) -> String {
@@ -32,18 +31,10 @@ fn official_clients_read_messages_responses_and_embeddings() {
         "--api-key",
         "sek",
     ]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/agent_clients.py");
-    let out = Command::new("python3")
-        .args([script, &f.workers[0].url, "sek", "sim-model", "t1 t2 t3 t4"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let r = common::py_client(
+        "agent_clients.py",
+        &[&f.workers[0].url, "sek", "sim-model", "t1 t2 t3 t4"],
     );
-    let r: Value = serde_json::from_str(stdout.trim()).unwrap();
     let m = &r["messages"];
     assert_eq!(
         m["text"].as_str().unwrap().split_whitespace().count(),

@@ -355,3 +355,22 @@ pub fn req(id: &str, h: &[u64]) -> kvroute::engine::RouteRequest {
         ..Default::default()
     }
 }
+
+/// Runs the Python client `tests/py/{script}` with `args` and reads the JSON object it
+/// prints; a failed run fails the test with the client's stdout and stderr.
+pub fn py_client(script: &str, args: &[&str]) -> Value {
+    let path = format!("{}/tests/py/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(&path)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("python3 {path}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("{script} printed no JSON object ({e}):\n{stdout}"))
+}

@@ -13,20 +13,14 @@ import sys
 import anthropic
 import openai
 
+from agent_convo import TOOLS, conversation
+
 base, key, model, prompt = sys.argv[1:5]
 out = {}
 
 a = anthropic.Anthropic(base_url=base, api_key=key, max_retries=0, timeout=60)
-convo = [
-    {"role": "user", "content": prompt},
-    {"role": "assistant", "content": [
-        {"type": "text", "text": "t5 t6"},
-        {"type": "tool_use", "id": "tu_1", "name": "ls", "input": {"path": "/"}}]},
-    {"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "tu_1", "content": "t7 t8"},
-        {"type": "text", "text": "t9"}]},
-]
-tools = [{"name": "ls", "description": "list", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+convo = conversation(prompt)
+tools = TOOLS
 m = a.messages.create(model=model, max_tokens=4, system="t1 t2", messages=convo, tools=tools)
 out["messages"] = {"id": m.id, "text": "".join(b.text for b in m.content if b.type == "text"),
                    "stop_reason": m.stop_reason, "output_tokens": m.usage.output_tokens,
