@@ -444,7 +444,13 @@ mod tests {
                     }
                 }
             }
-            check(&t, &model);
+            // The full check walks every key: after every step at first, then every
+            // 16th (the length after each), which keeps the test quick in debug builds.
+            if round < 2_000 || round % 16 == 0 {
+                check(&t, &model);
+            } else {
+                assert_eq!(t.len(), model.len());
+            }
             assert!(t.len() * 20 <= t.slots.len() * 13 || t.len() <= 1);
         }
     }
