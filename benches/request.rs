@@ -9,31 +9,15 @@
 
 use std::hint::black_box;
 
-use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kvroute::engine::RouteRequest;
 use kvroute::proxy::prompt;
 use kvroute::proxy::request::{self, Endpoint};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-/// A completions body of `n` tokens: ids, or `t{N}` text.
-fn body(n: usize, ids: bool) -> Bytes {
-    let toks: Vec<u32> = (0..n as u64)
-        .map(|i| (kvroute::hash::mix_external_id(i / 512 * 7 + i) % 32_000) as u32)
-        .collect();
-    let prompt = if ids {
-        json!(toks)
-    } else {
-        json!(toks
-            .iter()
-            .map(|t| format!("t{t}"))
-            .collect::<Vec<_>>()
-            .join(" "))
-    };
-    let v = json!({"model": "sim-model", "prompt": prompt, "max_tokens": 16,
-                   "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}});
-    Bytes::from(v.to_string())
-}
+#[path = "support/request_body.rs"]
+mod request_body;
+use request_body::body;
 
 /// The tree path the proxy had: the whole body as a `Value`, then the ids from it.
 fn tree_ids(raw: &[u8]) -> Option<Vec<u32>> {

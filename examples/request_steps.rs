@@ -21,7 +21,7 @@ use kvroute::engine::RouteRequest;
 use kvroute::proxy::request::{self, Endpoint};
 use kvroute::proxy::{prompt, strip};
 use kvroute::tokenize::Tokenizers;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -54,24 +54,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// A completions body of `n` tokens: ids, or `t{N}` text.
-fn body(n: usize, ids: bool) -> Bytes {
-    let toks: Vec<u32> = (0..n as u64)
-        .map(|i| (kvroute::hash::mix_external_id(i / 512 * 7 + i) % 32_000) as u32)
-        .collect();
-    let prompt = if ids {
-        json!(toks)
-    } else {
-        json!(toks
-            .iter()
-            .map(|t| format!("t{t}"))
-            .collect::<Vec<_>>()
-            .join(" "))
-    };
-    let v = json!({"model": "sim-model", "prompt": prompt, "max_tokens": 16,
-                   "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}});
-    Bytes::from(v.to_string())
-}
+#[path = "../benches/support/request_body.rs"]
+mod request_body;
+use request_body::body;
 
 /// The previous path, as it was: the body as a tree, its fields read from it.
 mod tree {
