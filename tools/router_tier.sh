@@ -31,7 +31,8 @@
 #         direct, gateway, kvroute.
 # Each row: TTFT p50/p99 (ms), the router's CPU per request (its process tree, µs),
 # and for kvroute its decision latency (`kvroute_decision_latency_seconds`, from the
-# histogram's buckets: p50/p99 as bucket bounds, and the mean).
+# histogram's buckets: p50/p99 as bucket bounds, and the mean) with its control, the
+# lateness of the cores' periodic probe timer (`kvroute_core_schedule_lag_seconds`).
 #
 # Needs: cargo build --release --bin kvroute --bin kvroute-sim; python3 -m pip install
 # sglang-router==0.3.2 (else no gateway rows); wrk (tput); root (unshare -n).
@@ -123,24 +124,26 @@ start_dynamo() {
 }
 stop_dynamo() { stop_pid "$DYN_PID"; for p in "${DYN_MOCKS[@]}"; do stop_pid "$p"; done; }
 
-# hist URL: kvroute's decision-latency histogram, "le:count ... sum count".
+# hist URL [NAME]: a kvroute histogram (default the decision latency), "le:count ...
+# sum count".
 hist() {
-  curl -s "$1/metrics" | awk '/^kvroute_decision_latency_seconds_bucket/ { match($0, /le="[^"]*"/); printf "%s:%s ", substr($0, RSTART + 4, RLENGTH - 5), $NF }
-    /^kvroute_decision_latency_seconds_(sum|count)/ { printf "%s ", $NF }'
+  local n=kvroute_${2:-decision_latency}_seconds
+  curl -s "$1/metrics" | awk -v n="$n" '$0 ~ "^" n "_bucket" { match($0, /le="[^"]*"/); printf "%s:%s ", substr($0, RSTART + 4, RLENGTH - 5), $NF }
+    $0 ~ "^" n "_(sum|count)" { printf "%s ", $NF }'
 }
 
 # measure LABEL PID TARGET METRICS ARGS...: one replay; TTFT, CPU per request of the
 # PID's tree (0: none), decision latency (METRICS: kvroute's http address, or "-").
 measure() {
   local label=$1 pid=$2 target=$3 metrics=$4; shift 4
-  local f before after h0="" h1=""; f="$OUT/$(echo "$label" | tr -s ' /()' '____')"
-  [ "$metrics" != - ] && h0=$(hist "$metrics")
+  local f before after h0="" h1="" l0="" l1=""; f="$OUT/$(echo "$label" | tr -s ' /()' '____')"
+  [ "$metrics" != - ] && h0=$(hist "$metrics") && l0=$(hist "$metrics" core_schedule_lag)
   before=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
   "$BIN/kvroute-sim" replay --trace "$TRACE" --target "$target" --json "$f.json" "$@" >"$f.line" 2>&1 \
     || echo "replay $label failed: $(tail -1 "$f.line")" >&2
   after=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
-  [ "$metrics" != - ] && h1=$(hist "$metrics")
-  python3 - "$f.json" "$label" "$before $after" "$h0" "$h1" <<'EOF' | tee -a "$OUT/table.txt"
+  [ "$metrics" != - ] && h1=$(hist "$metrics") && l1=$(hist "$metrics" core_schedule_lag)
+  python3 - "$f.json" "$label" "$before $after" "$h0" "$h1" "$l0" "$l1" <<'EOF' | tee -a "$OUT/table.txt"
 import json, sys
 label = sys.argv[2]
 b_s, b_t, a_s, a_t = map(int, sys.argv[3].split())
@@ -159,8 +162,9 @@ def parse(h):
     if not b or len(rest) < 2:
         return None
     return b, rest[0], rest[1]
-h0, h1 = parse(sys.argv[4]), parse(sys.argv[5])
-if h0 and h1:
+def summary(name, h0, h1):
+    if not (h0 and h1):
+        return ""
     b = [(le, c1 - c0) for (le, c0), (_, c1) in zip(h0[0], h1[0])]
     n = h1[2] - h0[2]
     def q(p):
@@ -168,8 +172,12 @@ if h0 and h1:
             if c >= p * n:
                 return le * 1e3
         return float("inf")
-    if n > 0:
-        line += " | decision p50 <= %.2f p99 <= %.2f mean %.2f ms" % (q(0.5), q(0.99), (h1[1] - h0[1]) / n * 1e3)
+    if n <= 0:
+        return ""
+    return " | %s p50 <= %.2f p99 <= %.2f mean %.2f ms" % (name, q(0.5), q(0.99), (h1[1] - h0[1]) / n * 1e3)
+line += summary("decision", parse(sys.argv[4]), parse(sys.argv[5]))
+# The control: how late the cores' periodic probe timer ran over the same replay.
+line += summary("timer lag", parse(sys.argv[6]), parse(sys.argv[7]))
 print(line)
 EOF
 }

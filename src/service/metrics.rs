@@ -51,6 +51,8 @@ pub struct Metrics {
     registry: Mutex<Registry>,
     pub routes: Family<RouteLabels, Counter>,
     pub decision_latency: Histogram,
+    /// How late each core's periodic probe timer ran (`runtime::schedule_lag`).
+    pub schedule_lag: Histogram,
     pub events: Family<KindLabel, Counter>,
     pub protocol_errors: Family<KindLabel, Counter>,
     pub connections: Family<ListenerLabel, Gauge>,
@@ -153,7 +155,8 @@ impl Metrics {
         let m = Metrics {
             registry: Mutex::new(Registry::with_prefix("kvroute")),
             routes: Family::default(),
-            decision_latency: Histogram::new(buckets),
+            decision_latency: Histogram::new(buckets.clone()),
+            schedule_lag: Histogram::new(buckets),
             events: Family::default(),
             protocol_errors: Family::default(),
             connections: Family::default(),
@@ -205,6 +208,7 @@ impl Metrics {
             crate::families::register_all!(r;
                 "routes", "Routing decisions by mode and outcome" => m.routes;
                 "decision_latency_seconds", "Time from request parsed to decision ready, per decision" => m.decision_latency;
+                "core_schedule_lag_seconds", "How late a core's periodic probe timer ran: the control for decision latency" => m.schedule_lag;
                 "events", "KV events ingested by type" => m.events;
                 "protocol_errors", "Protocol errors by kind" => m.protocol_errors;
                 "connections", "Open connections by listener" => m.connections;

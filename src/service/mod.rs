@@ -446,6 +446,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
                 glommio::spawn_local(api::status::sample_loop(core.clone())).detach();
             }
             glommio::spawn_local(self::runtime::core::expiry_loop(core.clone())).detach();
+            glommio::spawn_local(runtime::schedule_lag::probe_loop(core.clone())).detach();
             if let Some(end) = epp_end {
                 glommio::spawn_local(epp_bridge::serve_core(core.clone(), front, end)).detach();
             }

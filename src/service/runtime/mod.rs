@@ -5,9 +5,9 @@
 //! by `index_batch`), a core's snapshot dump (`dump`), the start checks (`preflight`,
 //! `pinning`, `core_start`), the blocking threads (`blocking`), the answer spin
 //! (`answer_spin`), the replicated request-id register (`claims`), the routed-traffic
-//! recorder (`recorder`), and the cores' side of router replication: the link
-//! (`cluster_link`), the hooks that publish into it (`cluster_hooks`) and its metric
-//! families (`cluster_metrics`). The status page's state is the library's
+//! recorder (`recorder`), the schedule-lag probe (`schedule_lag`), and the cores' side
+//! of router replication: the link (`cluster_link`), the hooks that publish into it
+//! (`cluster_hooks`) and its metric families (`cluster_metrics`). The status page's state is the library's
 //! `crate::status`.
 //!
 //! May import: `net`, `metrics`, the pure library.
@@ -28,4 +28,5 @@ pub mod pinning;
 pub mod preflight;
 pub mod recorder;
 pub mod run_loop;
+pub mod schedule_lag;
 pub mod shared;
