@@ -124,12 +124,12 @@ start_dynamo() {
 }
 stop_dynamo() { stop_pid "$DYN_PID"; for p in "${DYN_MOCKS[@]}"; do stop_pid "$p"; done; }
 
-# hist URL [NAME]: a kvroute histogram (default the decision latency), "le:count ...
-# sum count".
+# hist PAGE NAME: the histogram kvroute_NAME_seconds from a /metrics page's text,
+# "le:count ... sum count".
 hist() {
-  local n=kvroute_${2:-decision_latency}_seconds
-  curl -s "$1/metrics" | awk -v n="$n" '$0 ~ "^" n "_bucket" { match($0, /le="[^"]*"/); printf "%s:%s ", substr($0, RSTART + 4, RLENGTH - 5), $NF }
-    $0 ~ "^" n "_(sum|count)" { printf "%s ", $NF }'
+  local n=kvroute_$2_seconds
+  awk -v n="$n" '$0 ~ "^" n "_bucket" { match($0, /le="[^"]*"/); printf "%s:%s ", substr($0, RSTART + 4, RLENGTH - 5), $NF }
+    $0 ~ "^" n "_(sum|count)" { printf "%s ", $NF }' <<<"$1"
 }
 
 # measure LABEL PID TARGET METRICS ARGS...: one replay; TTFT, CPU per request of the
@@ -137,12 +137,19 @@ hist() {
 measure() {
   local label=$1 pid=$2 target=$3 metrics=$4; shift 4
   local f before after h0="" h1="" l0="" l1=""; f="$OUT/$(echo "$label" | tr -s ' /()' '____')"
-  [ "$metrics" != - ] && h0=$(hist "$metrics") && l0=$(hist "$metrics" core_schedule_lag)
+  local page
+  if [ "$metrics" != - ]; then
+    page=$(curl -s "$metrics/metrics")
+    h0=$(hist "$page" decision_latency) l0=$(hist "$page" core_schedule_lag)
+  fi
   before=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
   "$BIN/kvroute-sim" replay --trace "$TRACE" --target "$target" --json "$f.json" "$@" >"$f.line" 2>&1 \
     || echo "replay $label failed: $(tail -1 "$f.line")" >&2
   after=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
-  [ "$metrics" != - ] && h1=$(hist "$metrics") && l1=$(hist "$metrics" core_schedule_lag)
+  if [ "$metrics" != - ]; then
+    page=$(curl -s "$metrics/metrics")
+    h1=$(hist "$page" decision_latency) l1=$(hist "$page" core_schedule_lag)
+  fi
   python3 - "$f.json" "$label" "$before $after" "$h0" "$h1" "$l0" "$l1" <<'EOF' | tee -a "$OUT/table.txt"
 import json, sys
 label = sys.argv[2]
