@@ -70,8 +70,11 @@ pub struct PendingStats {
     pub dropped: u64,
 }
 
-/// Tables at most this large (slots) are never shrunk.
-const SHRINK_FLOOR: usize = 4096;
+/// Tables at most this large (slots) are never shrunk: 512 KiB, room for 8k pending
+/// blocks (a few long prompts at once). A smaller floor had the table grow and shrink
+/// again with every long prompt (a 32k-token prompt is 2k blocks of 16), each time in
+/// fresh memory the kernel must zero.
+const SHRINK_FLOOR: usize = 16384;
 
 /// The pending blocks of one shard. See the module docs.
 ///
