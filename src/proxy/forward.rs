@@ -155,7 +155,9 @@ async fn pipeline(
             );
         }
     };
-    let mut creq = match request::parse(&raw) {
+    let parsed = request::parse(&raw);
+    (sh.state.metrics.read_seconds).observe(started.elapsed().as_secs_f64());
+    let mut creq = match parsed {
         Ok(c) => c,
         Err(e) => {
             refused(&core, "bad_request");
@@ -480,6 +482,7 @@ impl Job {
         let connect = Duration::from_millis(ps.connect_timeout_ms);
         let timeout = Duration::from_millis(ps.request_timeout_ms);
         for _ in 0..2 {
+            let asked = Instant::now();
             let (mut conn, pooled) = pool::get(&url, connect).await?;
             let mut head = Request::post(url.path(self.endpoint.path()))
                 .header(hyper::header::HOST, url.authority.as_str())
@@ -501,6 +504,11 @@ impl Job {
                     Err(None)
                 })
                 .await;
+            if sent.is_ok() {
+                let m = &self.core.state.metrics;
+                m.upstream_head_seconds
+                    .observe(asked.elapsed().as_secs_f64());
+            }
             match sent {
                 Ok(resp) if retry::is_failure_status(resp.status().as_u16()) => {
                     return Err(Failure::Status(resp.status().as_u16()))

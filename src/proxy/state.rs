@@ -46,6 +46,12 @@ pub struct ProxyMetrics {
     /// Cores on which the worker's breaker is open or half-open.
     pub breaker_open: Family<WorkerLabel, Gauge>,
     pub tokenize_seconds: Histogram,
+    /// The phases of a proxied request's time to first token that are not the
+    /// worker's or the other metrics' (`tokenize_seconds`, the decision latency):
+    /// admission to body read and parsed, and request sent to the worker's response
+    /// head (per attempt, pool checkout included).
+    pub read_seconds: Histogram,
+    pub upstream_head_seconds: Histogram,
     pub untokenized: Counter,
     /// Prompts tokenized on the core's blocking thread (`tokenize_inline_max_bytes`).
     pub tokenized_off_core: Counter,
@@ -63,6 +69,11 @@ fn seconds_buckets() -> impl Iterator<Item = f64> {
     (0..21).map(|i| 1e-4 * f64::from(1u32 << i))
 }
 
+fn micro_buckets() -> impl Iterator<Item = f64> {
+    // 1 µs .. ~67 s in powers of two.
+    (0..27).map(|i| 1e-6 * f64::from(1u32 << i))
+}
+
 impl ProxyMetrics {
     fn new() -> ProxyMetrics {
         ProxyMetrics {
@@ -75,6 +86,8 @@ impl ProxyMetrics {
             retries: Counter::default(),
             breaker_open: Family::default(),
             tokenize_seconds: Histogram::new((0..16).map(|i| 1e-6 * f64::from(1u32 << i))),
+            read_seconds: Histogram::new(micro_buckets()),
+            upstream_head_seconds: Histogram::new(micro_buckets()),
             untokenized: Counter::default(),
             tokenized_off_core: Counter::default(),
             renders_off_core: Counter::default(),
@@ -95,6 +108,8 @@ impl ProxyMetrics {
             "proxy_retries", "Proxied requests re-routed to another worker after a failure" => self.retries;
             "proxy_breaker_open", "Cores on which the worker's circuit breaker is open or half-open" => self.breaker_open;
             "proxy_tokenize_seconds", "Time to read a request's prompt token ids" => self.tokenize_seconds;
+            "proxy_read_seconds", "Time from a request's admission to its body read and parsed" => self.read_seconds;
+            "proxy_upstream_head_seconds", "Time from a request sent to a worker (pool checkout included) to the worker's response head, per attempt" => self.upstream_head_seconds;
             "proxy_untokenized", "Proxied requests routed by load only (no token ids for their prompt)" => self.untokenized;
             "proxy_tokenized_off_core", "Prompts tokenized on the core's blocking thread (bodies over tokenize_inline_max_bytes)" => self.tokenized_off_core;
             "proxy_renders_off_core", "Chat renders of short bodies that took more steps than the core's budget and were finished on its blocking thread (within chat_template_fuel)" => self.renders_off_core;
