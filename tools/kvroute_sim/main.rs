@@ -28,7 +28,8 @@
 //!   (a worker, kvroute's proxy, another gateway): TTFT / ITL / E2E, stalls and the hit
 //!   rate measured at the workers (`replay.rs`).
 //! - `relay`: a protocol-less byte relay, the floor of any proxy's added latency on
-//!   the machine (`relay.rs`).
+//!   the machine (`relay.rs`); `--http`: hyper's HTTP/1.1 relay on tokio, the floor
+//!   of an HTTP proxy's (`relay_http.rs`).
 //!
 //! - `demo`: the main job in one command (`demo/`): a slice of the bundled trace
 //!   through `kvroute serve`'s proxy and through round-robin on simulated workers, hit
@@ -42,6 +43,7 @@ mod clock;
 mod demo;
 mod fleet;
 mod relay;
+mod relay_http;
 mod replay;
 mod restart;
 mod runner;

@@ -32,9 +32,15 @@ pub struct RelayArgs {
     /// Client connections relayed at once.
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
+    /// Relay HTTP/1.1 with hyper on tokio instead of bytes (`relay_http.rs`).
+    #[arg(long)]
+    http: bool,
 }
 
 pub fn run(a: RelayArgs) -> Result<(), String> {
+    if a.http {
+        return super::relay_http::run(&a.listen, &a.upstream, a.max_connections);
+    }
     let l = TcpListener::bind(&a.listen).map_err(|e| format!("listen {}: {e}", a.listen))?;
     let addr = l.local_addr().map_err(|e| format!("local_addr: {e}"))?;
     println!("relay listening on {addr} -> {}", a.upstream);
