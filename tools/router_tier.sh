@@ -18,21 +18,28 @@
 #   `kvroute-sim fleet` (two workers, block size 16, --time-scale 1000, ZMQ events),
 #   the same tokenizer (`kvroute-sim tokenizer`, word tN = token N) on both sides;
 # - gateway: SGLang Model Gateway 0.3.2 (`--policy cache_aware`), relay (`kvroute-sim
-#   relay`, a byte relay: the floor of any hop), kvroute, and direct, each in front of
-#   the same stand-in worker (a cheap `kvroute-sim fleet` worker).
+#   relay`, a byte relay: the floor of any hop), hrelay (`kvroute-sim relay --http`,
+#   hyper's HTTP/1.1 relay on tokio: the floor of an HTTP proxy, the control for
+#   kvroute's hyper stack), kvroute, and direct, each in front of the same stand-in
+#   worker (a cheap `kvroute-sim fleet` worker).
 #
 # Parts (PARTS="ids text low tput"):
 # - ids:  the conversation trace's first $N requests at x$SCALE, token-id prompts,
-#         streamed, $OSL output tokens: dynamo and kvroute;
+#         streamed, $OSL output tokens: dynamo and kvroute, once per index layout
+#         in $LAYOUTS ("sharded replicated");
 # - text: the same as chat text (both sides render and tokenize);
 # - low:  one streamed chat request at a time ($LOW_N at $LOW_RATE/s, 256-token
-#         prompts), keep-alive and new connections: direct, relay, gateway, kvroute;
+#         prompts), keep-alive and new connections: direct, relay, hrelay, gateway,
+#         kvroute (with its phases: read, tokenize, decision, upstream head, TTFT);
 # - tput: wrk, $TPUT_CONNS connections, non-streamed completions, $TPUT_SECS s each:
-#         direct, gateway, kvroute.
+#         direct, hrelay, gateway, kvroute.
+# In low and tput kvroute runs with index layout $HOP_LAYOUT (default replicated, as
+# deploy/kubernetes configures it).
 # Each row: TTFT p50/p99 (ms), the router's CPU per request (its process tree, µs),
 # and for kvroute its decision latency (`kvroute_decision_latency_seconds`, from the
-# histogram's buckets: p50/p99 as bucket bounds, and the mean) with its control, the
-# lateness of the cores' periodic probe timer (`kvroute_core_schedule_lag_seconds`).
+# histogram's buckets: p50/p99 as bucket bounds, the mean, and the share over ~1 ms)
+# with its control, the lateness of the cores' periodic probe timer
+# (`kvroute_core_schedule_lag_seconds`), over the same replay.
 #
 # Needs: cargo build --release --bin kvroute --bin kvroute-sim; python3 -m pip install
 # sglang-router==0.3.2 (else no gateway rows); wrk (tput); root (unshare -n).
@@ -66,6 +73,9 @@ SCALE=${SCALE:-10}
 OSL=${OSL:-16}
 KV_CORES=${KV_CORES:-2}
 KV_FLAGS=${KV_FLAGS:-}
+LAYOUTS=${LAYOUTS:-"sharded replicated"}
+# The low and tput parts: the layout deploy/kubernetes ships for a proxy tier.
+HOP_LAYOUT=${HOP_LAYOUT:-replicated}
 LOW_N=${LOW_N:-300}
 LOW_RATE=${LOW_RATE:-20}
 TPUT_CONNS=${TPUT_CONNS:-64}
@@ -90,7 +100,7 @@ start_kv() {
   pp=$(free_port); hp=$(free_port); ep=$(free_port); ap=$(free_port)
   while read -r e; do [ -n "$e" ] && args+=(--engine "$e"); done <<<"$ENGINES"
   # shellcheck disable=SC2086
-  "$BIN/kvroute" serve --cores "$KV_CORES" --block-size 16 $KV_FLAGS --tokenizer "sim-model=$TOK" \
+  "$BIN/kvroute" serve --cores "$KV_CORES" --block-size 16 --index-layout "${KV_LAYOUT:-sharded}" $KV_FLAGS --tokenizer "sim-model=$TOK" \
     --proxy-addr "127.0.0.1:$pp" --http-addr "127.0.0.1:$hp" --events-addr "127.0.0.1:$ep" \
     --api-addr "127.0.0.1:$ap" "${args[@]}" >>"$OUT/kvroute.log" 2>&1 &
   KV_PID=$!; PIDS+=("$KV_PID")
@@ -101,7 +111,7 @@ start_kv() {
 
 # start_dynamo: the frontend and two mockers; sets DYN_PID (the frontend), DYN_URL.
 start_dynamo() {
-  local fp; fp=$(free_port)
+  local fp
   export DYN_FILE_KV="$OUT/dyn_kv" DYN_DISCOVERY_BACKEND=file DYN_REQUEST_PLANE=tcp DYN_EVENT_PLANE=zmq
   rm -rf "$DYN_FILE_KV"; mkdir -p "$DYN_FILE_KV"
   DYN_MOCKS=()
@@ -110,12 +120,18 @@ start_dynamo() {
       --block-size 16 --speedup-ratio 1000 --discovery-backend file >"$OUT/mocker$i.log" 2>&1 &
     DYN_MOCKS+=($!); PIDS+=($!)
   done
-  "$DYN_VENV/bin/python" -m dynamo.frontend --router-mode kv --http-host 127.0.0.1 --http-port "$fp" \
-    --discovery-backend file --kv-cache-block-size 16 >"$OUT/frontend.log" 2>&1 &
-  DYN_PID=$!; PIDS+=("$DYN_PID")
-  DYN_URL="http://127.0.0.1:$fp"
+  start_frontend() {
+    fp=$(free_port)
+    "$DYN_VENV/bin/python" -m dynamo.frontend --router-mode kv --http-host 127.0.0.1 --http-port "$fp" \
+      --discovery-backend file --kv-cache-block-size 16 >"$OUT/frontend.log" 2>&1 &
+    DYN_PID=$!; PIDS+=("$DYN_PID")
+    DYN_URL="http://127.0.0.1:$fp"
+  }
+  start_frontend
   # Ready when both workers are known and a request is answered.
   for _ in $(seq 600); do
+    # A port picked free may be taken by a mocker's own listener meanwhile: again.
+    kill -0 "$DYN_PID" 2>/dev/null || start_frontend
     [ "$(grep -c 'Adding worker' "$OUT/frontend.log" 2>/dev/null)" -ge 2 ] &&
       curl -sf "$DYN_URL/v1/completions" -H 'content-type: application/json' \
         -d '{"model":"sim-model","prompt":[1,2,3],"max_tokens":1}' >/dev/null 2>&1 && break
@@ -132,15 +148,23 @@ hist() {
     $0 ~ "^" n "_(sum|count)" { printf "%s ", $NF }' <<<"$1"
 }
 
+# phases PAGE: "name:sum:count" of the histograms that split kvroute's TTFT.
+phases() {
+  awk '/^kvroute_(proxy_read|proxy_tokenize|decision_latency|proxy_upstream_head|proxy_ttft)_seconds_(sum|count) / {
+    n = $1; sub(/^kvroute_(proxy_)?/, "", n); sub(/_seconds_(sum|count)$/, "", n)
+    if ($1 ~ /_sum$/) s[n] = $2; else c[n] = $2 }
+    END { for (n in s) printf "%s:%s:%s ", n, s[n], c[n] }' <<<"$1"
+}
+
 # measure LABEL PID TARGET METRICS ARGS...: one replay; TTFT, CPU per request of the
 # PID's tree (0: none), decision latency (METRICS: kvroute's http address, or "-").
 measure() {
   local label=$1 pid=$2 target=$3 metrics=$4; shift 4
-  local f before after h0="" h1="" l0="" l1=""; f="$OUT/$(echo "$label" | tr -s ' /()' '____')"
+  local f before after h0="" h1="" l0="" l1="" p0="" p1=""; f="$OUT/$(echo "$label" | tr -s ' /()' '____')"
   local page
   if [ "$metrics" != - ]; then
     page=$(curl -s "$metrics/metrics")
-    h0=$(hist "$page" decision_latency) l0=$(hist "$page" core_schedule_lag)
+    h0=$(hist "$page" decision_latency) l0=$(hist "$page" core_schedule_lag) p0=$(phases "$page")
   fi
   before=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
   "$BIN/kvroute-sim" replay --trace "$TRACE" --target "$target" --json "$f.json" "$@" >"$f.line" 2>&1 \
@@ -148,9 +172,9 @@ measure() {
   after=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
   if [ "$metrics" != - ]; then
     page=$(curl -s "$metrics/metrics")
-    h1=$(hist "$page" decision_latency) l1=$(hist "$page" core_schedule_lag)
+    h1=$(hist "$page" decision_latency) l1=$(hist "$page" core_schedule_lag) p1=$(phases "$page")
   fi
-  python3 - "$f.json" "$label" "$before $after" "$h0" "$h1" "$l0" "$l1" <<'EOF' | tee -a "$OUT/table.txt"
+  python3 - "$f.json" "$label" "$before $after" "$h0" "$h1" "$l0" "$l1" "$p0" "$p1" <<'EOF' | tee -a "$OUT/table.txt"
 import json, sys
 label = sys.argv[2]
 b_s, b_t, a_s, a_t = map(int, sys.argv[3].split())
@@ -181,10 +205,24 @@ def summary(name, h0, h1):
         return float("inf")
     if n <= 0:
         return ""
-    return " | %s p50 <= %.2f p99 <= %.2f mean %.2f ms" % (name, q(0.5), q(0.99), (h1[1] - h0[1]) / n * 1e3)
+    # The share over the bucket bound nearest 1 ms: compared between the decision and
+    # its control, it says whether the decision's tail is the core's scheduling.
+    le1, c1 = min(b, key=lambda x: abs(x[0] - 1e-3))
+    return " | %s p50 <= %.2f p99 <= %.2f mean %.2f ms, %.1f%% > %.2f ms" % (
+        name, q(0.5), q(0.99), (h1[1] - h0[1]) / n * 1e3, 100 * (n - c1) / n, le1 * 1e3)
 line += summary("decision", parse(sys.argv[4]), parse(sys.argv[5]))
 # The control: how late the cores' periodic probe timer ran over the same replay.
 line += summary("timer lag", parse(sys.argv[6]), parse(sys.argv[7]))
+# Mean of each phase of kvroute's TTFT over the replay, µs.
+def sums(t):
+    return {n: (float(a), float(b)) for n, a, b in (x.split(":") for x in t.split())}
+p0, p1 = sums(sys.argv[8]), sums(sys.argv[9])
+parts = []
+for n in ("read", "tokenize", "decision_latency", "upstream_head", "ttft"):
+    if n in p0 and n in p1 and p1[n][1] > p0[n][1]:
+        parts.append("%s %.0f" % (n.split("_")[0], (p1[n][0] - p0[n][0]) / (p1[n][1] - p0[n][1]) * 1e6))
+if parts:
+    line += " | phases us: " + " ".join(parts)
 print(line)
 EOF
 }
@@ -224,19 +262,25 @@ for part in "${trace_parts[@]}"; do
       measure "dynamo  $part r$round" "$DYN_PID" "$DYN_URL" - "${args[@]}"
       stop_dynamo
     fi
-    start_kv --workers 2 --block-size 16 --capacity-blocks 16384 --time-scale 1000
-    measure "kvroute $part r$round" "$KV_PID" "$KV_URL" "$KV_HTTP" "${args[@]}"
-    stop_pid "$KV_PID"; stop_pid "$FLEET_PID"
+    for layout in $LAYOUTS; do
+      KV_LAYOUT=$layout start_kv --workers 2 --block-size 16 --capacity-blocks 16384 --time-scale 1000
+      measure "kvroute $part ${layout:0:4} r$round" "$KV_PID" "$KV_URL" "$KV_HTTP" "${args[@]}"
+      stop_pid "$KV_PID"; stop_pid "$FLEET_PID"
+    done
   done
 done
 
 if [[ " $PARTS " == *" low "* || " $PARTS " == *" tput "* ]]; then
-  start_kv --workers 1 --timing "$FAST" --max-active 4096 --time-scale 10
+  KV_LAYOUT=$HOP_LAYOUT start_kv --workers 1 --timing "$FAST" --max-active 4096 --time-scale 10
   STAND=$URLS; STAND_FLEET=$FLEET_PID
   "$BIN/kvroute-sim" relay --upstream "${STAND#http://}" >"$OUT/relay.log" 2>&1 &
   RELAY_PID=$!; PIDS+=("$RELAY_PID")
   for _ in $(seq 100); do grep -q listening "$OUT/relay.log" && break; sleep 0.05; done
   RELAY_URL="http://$(sed -n 's/^relay listening on \([^ ]*\).*/\1/p' "$OUT/relay.log")"
+  "$BIN/kvroute-sim" relay --http --upstream "${STAND#http://}" >"$OUT/hrelay.log" 2>&1 &
+  HRELAY_PID=$!; PIDS+=("$HRELAY_PID")
+  for _ in $(seq 100); do grep -q listening "$OUT/hrelay.log" && break; sleep 0.05; done
+  HRELAY_URL="http://$(sed -n 's/^relay listening on \([^ ]*\).*/\1/p' "$OUT/hrelay.log")"
   [ "$HAVE_GW" = 1 ] && { start_gateway; sleep 1; }
   if [[ " $PARTS " == *" low "* ]]; then
     for conn in keep-alive new; do
@@ -246,6 +290,7 @@ if [[ " $PARTS " == *" low "* || " $PARTS " == *" tput "* ]]; then
       for round in $(seq "$ROUNDS"); do
         measure "direct  low $conn r$round" 0 "$STAND" - "${low[@]}"
         measure "relay   low $conn r$round" "$RELAY_PID" "$RELAY_URL" - "${low[@]}"
+        measure "hrelay  low $conn r$round" "$HRELAY_PID" "$HRELAY_URL" - "${low[@]}"
         [ "$HAVE_GW" = 1 ] && measure "gateway low $conn r$round" "$GW_PID" "$GW_URL" - "${low[@]}"
         measure "kvroute low $conn r$round" "$KV_PID" "$KV_URL" "$KV_HTTP" "${low[@]}"
       done
@@ -255,10 +300,11 @@ if [[ " $PARTS " == *" low "* || " $PARTS " == *" tput "* ]]; then
     echo "-- tput: wrk -c $TPUT_CONNS, ${TPUT_SECS}s, non-streamed" | tee -a "$OUT/table.txt"
     for round in $(seq "$ROUNDS"); do
       tput "direct  tput r$round" 0 "$STAND"
+      tput "hrelay  tput r$round" "$HRELAY_PID" "$HRELAY_URL"
       [ "$HAVE_GW" = 1 ] && tput "gateway tput r$round" "$GW_PID" "$GW_URL"
       tput "kvroute tput r$round" "$KV_PID" "$KV_URL"
     done
   fi
-  stop_pid "$KV_PID"; stop_pid "$RELAY_PID"; [ "$HAVE_GW" = 1 ] && stop_pid "$GW_PID"; stop_pid "$STAND_FLEET"
+  stop_pid "$KV_PID"; stop_pid "$RELAY_PID"; stop_pid "$HRELAY_PID"; [ "$HAVE_GW" = 1 ] && stop_pid "$GW_PID"; stop_pid "$STAND_FLEET"
 fi
 echo "table: $OUT/table.txt"
