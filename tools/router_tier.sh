@@ -38,8 +38,10 @@
 # Each row: TTFT p50/p99 (ms), the router's CPU per request (its process tree, µs),
 # and for kvroute its decision latency (`kvroute_decision_latency_seconds`, from the
 # histogram's buckets: p50/p99 as bucket bounds, the mean, and the share over ~1 ms)
-# with its control, the lateness of the cores' periodic probe timer
-# (`kvroute_core_schedule_lag_seconds`), over the same replay.
+# with its two controls over the same replay: the decision's own CPU time
+# (`kvroute_decision_cpu_seconds`: the routing work, waits left out) and the lateness
+# of the cores' periodic probe timer (`kvroute_core_schedule_lag_seconds`: how long
+# any task on a core waits for its turn).
 #
 # Needs: cargo build --release --bin kvroute --bin kvroute-sim; python3 -m pip install
 # sglang-router==0.3.2 (else no gateway rows); wrk (tput); root (unshare -n).
@@ -160,11 +162,11 @@ phases() {
 # PID's tree (0: none), decision latency (METRICS: kvroute's http address, or "-").
 measure() {
   local label=$1 pid=$2 target=$3 metrics=$4; shift 4
-  local f before after h0="" h1="" l0="" l1="" p0="" p1=""; f="$OUT/$(echo "$label" | tr -s ' /()' '____')"
+  local f before after h0="" h1="" l0="" l1="" p0="" p1="" c0="" c1=""; f="$OUT/$(echo "$label" | tr -s ' /()' '____')"
   local page
   if [ "$metrics" != - ]; then
     page=$(curl -s "$metrics/metrics")
-    h0=$(hist "$page" decision_latency) l0=$(hist "$page" core_schedule_lag) p0=$(phases "$page")
+    h0=$(hist "$page" decision_latency) l0=$(hist "$page" core_schedule_lag) p0=$(phases "$page") c0=$(hist "$page" decision_cpu)
   fi
   before=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
   "$BIN/kvroute-sim" replay --trace "$TRACE" --target "$target" --json "$f.json" "$@" >"$f.line" 2>&1 \
@@ -172,9 +174,9 @@ measure() {
   after=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
   if [ "$metrics" != - ]; then
     page=$(curl -s "$metrics/metrics")
-    h1=$(hist "$page" decision_latency) l1=$(hist "$page" core_schedule_lag) p1=$(phases "$page")
+    h1=$(hist "$page" decision_latency) l1=$(hist "$page" core_schedule_lag) p1=$(phases "$page") c1=$(hist "$page" decision_cpu)
   fi
-  python3 - "$f.json" "$label" "$before $after" "$h0" "$h1" "$l0" "$l1" "$p0" "$p1" <<'EOF' | tee -a "$OUT/table.txt"
+  python3 - "$f.json" "$label" "$before $after" "$h0" "$h1" "$l0" "$l1" "$p0" "$p1" "$c0" "$c1" <<'EOF' | tee -a "$OUT/table.txt"
 import json, sys
 label = sys.argv[2]
 b_s, b_t, a_s, a_t = map(int, sys.argv[3].split())
@@ -211,6 +213,8 @@ def summary(name, h0, h1):
     return " | %s p50 <= %.2f p99 <= %.2f mean %.2f ms, %.1f%% > %.2f ms" % (
         name, q(0.5), q(0.99), (h1[1] - h0[1]) / n * 1e3, 100 * (n - c1) / n, le1 * 1e3)
 line += summary("decision", parse(sys.argv[4]), parse(sys.argv[5]))
+# Its own CPU time (the waits for other cores left out): the routing work itself.
+line += summary("own CPU", parse(sys.argv[10]), parse(sys.argv[11]))
 # The control: how late the cores' periodic probe timer ran over the same replay.
 line += summary("timer lag", parse(sys.argv[6]), parse(sys.argv[7]))
 # Mean of each phase of kvroute's TTFT over the replay, µs.

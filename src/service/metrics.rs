@@ -51,6 +51,8 @@ pub struct Metrics {
     registry: Mutex<Registry>,
     pub routes: Family<RouteLabels, Counter>,
     pub decision_latency: Histogram,
+    /// A decision's own CPU time (`runtime::cpu_clock`), its waits left out.
+    pub decision_cpu: Histogram,
     /// How late each core's periodic probe timer ran (`runtime::schedule_lag`).
     pub schedule_lag: Histogram,
     pub events: Family<KindLabel, Counter>,
@@ -156,6 +158,7 @@ impl Metrics {
             registry: Mutex::new(Registry::with_prefix("kvroute")),
             routes: Family::default(),
             decision_latency: Histogram::new(buckets.clone()),
+            decision_cpu: Histogram::new(buckets.clone()),
             schedule_lag: Histogram::new(buckets),
             events: Family::default(),
             protocol_errors: Family::default(),
@@ -208,6 +211,7 @@ impl Metrics {
             crate::families::register_all!(r;
                 "routes", "Routing decisions by mode and outcome" => m.routes;
                 "decision_latency_seconds", "Time from request parsed to decision ready, per decision" => m.decision_latency;
+                "decision_cpu_seconds", "CPU time of a decision's own steps (its waits for other cores' answers left out): a control for decision latency" => m.decision_cpu;
                 "core_schedule_lag_seconds", "How late a core's periodic probe timer ran: the control for decision latency" => m.schedule_lag;
                 "events", "KV events ingested by type" => m.events;
                 "protocol_errors", "Protocol errors by kind" => m.protocol_errors;

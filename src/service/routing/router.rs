@@ -159,6 +159,7 @@ pub async fn route_proxied(core: &Core, req: &RouteRequest) -> Result<RouteDecis
 
 async fn route_any(core: &Core, req: &RouteRequest) -> Result<RouteDecision, ApiError> {
     let started = Instant::now();
+    let cpu = crate::service::runtime::cpu_clock::now();
     let sh = &core.shared;
     refuse_when_stopping(core)?;
     let prepared = req
@@ -176,16 +177,19 @@ async fn route_any(core: &Core, req: &RouteRequest) -> Result<RouteDecision, Api
         return Err(ApiError::Overloaded("too many active requests".into()));
     }
     let mode = req.mode.unwrap_or(sh.settings.router.mode);
+    let mut waited = std::time::Duration::ZERO;
     let out = route_prepared(
         core,
         &req.request_id,
         prepared,
         mode,
         req.expected_output_tokens,
-        req.explain,
-        false,
+        (req.explain, false),
+        &mut waited,
     )
     .await;
+    let own = crate::service::runtime::cpu_clock::now().saturating_sub(cpu + waited);
+    sh.metrics.decision_cpu.observe(own.as_secs_f64());
     let outcome = match &out {
         Ok(d) if d.fallback != "none" => "fallback",
         Ok(_) => "ok",
@@ -201,14 +205,17 @@ async fn route_any(core: &Core, req: &RouteRequest) -> Result<RouteDecision, Api
     out
 }
 
+/// Routes a prepared request. `(explain, prefill_failed)`; `waited` gains the thread
+/// CPU time that passed while the route waited for other cores (other tasks of this
+/// core ran meanwhile), so the caller can tell the decision's own CPU time.
 async fn route_prepared(
     core: &Core,
     id: &str,
     mut prepared: Prepared,
     mode: Mode,
     osl: Option<u32>,
-    explain: bool,
-    prefill_failed: bool,
+    (explain, prefill_failed): (bool, bool),
+    waited: &mut std::time::Duration,
 ) -> Result<RouteDecision, ApiError> {
     let sh = &core.shared;
     let n = prepared.hashes.len();
@@ -257,6 +264,8 @@ async fn route_prepared(
     // Gather.
     let mut answers: Vec<ShardAnswer> = Vec::with_capacity(qids.len() + 1);
     answers.push(local.answer);
+    let gather_from = crate::service::runtime::cpu_clock::now();
+    let asked = !qids.is_empty();
     for qid in qids {
         if let Reply::Answer(a) = core.wait(qid).await {
             // Replicated: the other cores answered the duplicate check only.
@@ -269,6 +278,10 @@ async fn route_prepared(
         }
     }
     drop(awaiting);
+    // Other tasks of this core ran while the answers were awaited: not this route's.
+    if asked {
+        *waited += crate::service::runtime::cpu_clock::now().saturating_sub(gather_from);
+    }
     if !free {
         core.release(id);
         return Err(EngineError::Duplicate(id.to_string()).into());
@@ -499,14 +512,15 @@ pub async fn lifecycle(
         LifeOutcome::Done => Ok(None),
         LifeOutcome::Reroute(r) => {
             let r = *r;
+            let mut waited = std::time::Duration::ZERO;
             let d = route_prepared(
                 core,
                 id,
                 r.prepared,
                 r.mode,
                 r.expected_output_tokens,
-                false,
-                true,
+                (false, true),
+                &mut waited,
             )
             .await?;
             core.shared.metrics.route(r.mode.name(), "fallback");

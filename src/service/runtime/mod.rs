@@ -20,6 +20,7 @@ pub mod cluster_link;
 pub mod cluster_metrics;
 pub mod core;
 pub mod core_start;
+pub mod cpu_clock;
 pub mod dump;
 pub mod index_batch;
 pub mod ingest_slice;
