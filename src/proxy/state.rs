@@ -69,9 +69,9 @@ fn seconds_buckets() -> impl Iterator<Item = f64> {
     (0..21).map(|i| 1e-4 * f64::from(1u32 << i))
 }
 
-fn micro_buckets() -> impl Iterator<Item = f64> {
-    // 1 µs .. ~67 s in powers of two.
-    (0..27).map(|i| 1e-6 * f64::from(1u32 << i))
+/// `n` buckets from 1 µs in powers of two (16: to ~33 ms; 27: to ~67 s).
+fn micro_buckets(n: u32) -> impl Iterator<Item = f64> {
+    (0..n).map(|i| 1e-6 * f64::from(1u32 << i))
 }
 
 impl ProxyMetrics {
@@ -85,9 +85,9 @@ impl ProxyMetrics {
             upstream_errors: Family::default(),
             retries: Counter::default(),
             breaker_open: Family::default(),
-            tokenize_seconds: Histogram::new((0..16).map(|i| 1e-6 * f64::from(1u32 << i))),
-            read_seconds: Histogram::new(micro_buckets()),
-            upstream_head_seconds: Histogram::new(micro_buckets()),
+            tokenize_seconds: Histogram::new(micro_buckets(16)),
+            read_seconds: Histogram::new(micro_buckets(27)),
+            upstream_head_seconds: Histogram::new(micro_buckets(27)),
             untokenized: Counter::default(),
             tokenized_off_core: Counter::default(),
             renders_off_core: Counter::default(),

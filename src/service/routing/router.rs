@@ -178,16 +178,12 @@ async fn route_any(core: &Core, req: &RouteRequest) -> Result<RouteDecision, Api
     }
     let mode = req.mode.unwrap_or(sh.settings.router.mode);
     let mut waited = std::time::Duration::ZERO;
-    let out = route_prepared(
-        core,
-        &req.request_id,
+    let job = Retained {
         prepared,
         mode,
-        req.expected_output_tokens,
-        (req.explain, false),
-        &mut waited,
-    )
-    .await;
+        expected_output_tokens: req.expected_output_tokens,
+    };
+    let out = route_prepared(core, &req.request_id, job, req.explain, false, &mut waited).await;
     let own = crate::service::runtime::cpu_clock::now().saturating_sub(cpu + waited);
     sh.metrics.decision_cpu.observe(own.as_secs_f64());
     let outcome = match &out {
@@ -205,18 +201,23 @@ async fn route_any(core: &Core, req: &RouteRequest) -> Result<RouteDecision, Api
     out
 }
 
-/// Routes a prepared request. `(explain, prefill_failed)`; `waited` gains the thread
-/// CPU time that passed while the route waited for other cores (other tasks of this
-/// core ran meanwhile), so the caller can tell the decision's own CPU time.
+/// Routes a prepared request (`job`: what a disaggregated request also keeps for a
+/// re-route). `waited` gains the thread CPU time that passed while the route waited
+/// for other cores (other tasks of this core ran meanwhile), so the caller can tell
+/// the decision's own CPU time.
 async fn route_prepared(
     core: &Core,
     id: &str,
-    mut prepared: Prepared,
-    mode: Mode,
-    osl: Option<u32>,
-    (explain, prefill_failed): (bool, bool),
+    job: Retained,
+    explain: bool,
+    prefill_failed: bool,
     waited: &mut std::time::Duration,
 ) -> Result<RouteDecision, ApiError> {
+    let Retained {
+        mut prepared,
+        mode,
+        expected_output_tokens: osl,
+    } = job;
     let sh = &core.shared;
     let n = prepared.hashes.len();
     // This core becomes the request's home: claim the id here before asking the other
@@ -511,19 +512,10 @@ pub async fn lifecycle(
     match result? {
         LifeOutcome::Done => Ok(None),
         LifeOutcome::Reroute(r) => {
-            let r = *r;
+            let mode = r.mode;
             let mut waited = std::time::Duration::ZERO;
-            let d = route_prepared(
-                core,
-                id,
-                r.prepared,
-                r.mode,
-                r.expected_output_tokens,
-                (false, true),
-                &mut waited,
-            )
-            .await?;
-            core.shared.metrics.route(r.mode.name(), "fallback");
+            let d = route_prepared(core, id, *r, false, true, &mut waited).await?;
+            core.shared.metrics.route(mode.name(), "fallback");
             Ok(Some(d))
         }
     }
