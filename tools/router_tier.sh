@@ -111,6 +111,16 @@ start_kv() {
   sleep 0.5 # ZMQ subscriptions
 }
 
+# start_relay NAME FLAGS...: `kvroute-sim relay` to the stand-in worker ($STAND);
+# sets REL_PID, REL_URL.
+start_relay() {
+  local name=$1; shift
+  "$BIN/kvroute-sim" relay "$@" --upstream "${STAND#http://}" >"$OUT/$name.log" 2>&1 &
+  REL_PID=$!; PIDS+=("$REL_PID")
+  for _ in $(seq 100); do grep -q listening "$OUT/$name.log" && break; sleep 0.05; done
+  REL_URL="http://$(sed -n 's/^relay listening on \([^ ]*\).*/\1/p' "$OUT/$name.log")"
+}
+
 # start_dynamo: the frontend and two mockers; sets DYN_PID (the frontend), DYN_URL.
 start_dynamo() {
   local fp
@@ -277,14 +287,8 @@ done
 if [[ " $PARTS " == *" low "* || " $PARTS " == *" tput "* ]]; then
   KV_LAYOUT=$HOP_LAYOUT start_kv --workers 1 --timing "$FAST" --max-active 4096 --time-scale 10
   STAND=$URLS; STAND_FLEET=$FLEET_PID
-  "$BIN/kvroute-sim" relay --upstream "${STAND#http://}" >"$OUT/relay.log" 2>&1 &
-  RELAY_PID=$!; PIDS+=("$RELAY_PID")
-  for _ in $(seq 100); do grep -q listening "$OUT/relay.log" && break; sleep 0.05; done
-  RELAY_URL="http://$(sed -n 's/^relay listening on \([^ ]*\).*/\1/p' "$OUT/relay.log")"
-  "$BIN/kvroute-sim" relay --http --upstream "${STAND#http://}" >"$OUT/hrelay.log" 2>&1 &
-  HRELAY_PID=$!; PIDS+=("$HRELAY_PID")
-  for _ in $(seq 100); do grep -q listening "$OUT/hrelay.log" && break; sleep 0.05; done
-  HRELAY_URL="http://$(sed -n 's/^relay listening on \([^ ]*\).*/\1/p' "$OUT/hrelay.log")"
+  start_relay relay; RELAY_PID=$REL_PID RELAY_URL=$REL_URL
+  start_relay hrelay --http; HRELAY_PID=$REL_PID HRELAY_URL=$REL_URL
   [ "$HAVE_GW" = 1 ] && { start_gateway; sleep 1; }
   if [[ " $PARTS " == *" low "* ]]; then
     for conn in keep-alive new; do
