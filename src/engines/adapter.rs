@@ -67,6 +67,16 @@ pub struct AdapterStats {
     pub bad_group: u64,
 }
 
+impl AdapterStats {
+    fn count(&mut self, stored: bool) {
+        if stored {
+            self.stored_blocks += 1;
+        } else {
+            self.removed_blocks += 1;
+        }
+    }
+}
+
 /// Copies of a block one group announced in one tier.
 #[derive(Clone, Copy, Debug)]
 struct Hold {
@@ -87,6 +97,16 @@ struct Entry {
 }
 
 impl Entry {
+    fn new(seq: u64, parent: Option<EngineHash>, stamp: u64) -> Entry {
+        Entry {
+            seq,
+            parent,
+            holds: SmallVec::new(),
+            present: 0,
+            stamp,
+        }
+    }
+
     fn held(&self, tier: usize) -> u32 {
         self.holds
             .iter()
@@ -118,7 +138,8 @@ pub struct Adapter {
     map: HashMap<EngineHash, Entry, RandomState>,
     /// Per engine hash and tier: blocks continuing it that are present in the index.
     /// Kept apart from the entries, so a block evicted and stored again finds the
-    /// continuations it has (never more entries than present blocks).
+    /// continuations it has (never more entries than present blocks). Empty unless
+    /// some group is windowed: only then do children decide presence.
     kids: HashMap<EngineHash, [u32; 3], RandomState>,
     /// Keys in store order with the stamp they had; stale pairs are skipped lazily.
     order: VecDeque<(EngineHash, u64)>,
@@ -334,7 +355,8 @@ impl Adapter {
     }
 
     /// One more copy of `key` (kvroute hash `seq`, continuing `parent`) in group `g`,
-    /// tier `tier`.
+    /// tier `tier`. The common cases (a known block stored again, a new block while the
+    /// map has room) cost one lookup.
     fn hold(
         &mut self,
         key: EngineHash,
@@ -344,20 +366,28 @@ impl Adapter {
         tier: Tier,
         out: &mut Vec<Change>,
     ) {
+        use hashbrown::hash_map::Entry as Slot;
         let stamp = self.next_stamp;
         self.next_stamp += 1;
-        match self.map.get(&key).map(|e| e.seq) {
-            Some(old) if old != seq => {
-                // Same engine hash, different content (e.g. another salt): the old
-                // block is gone from every tier it was in.
-                self.drop_entry(&key, out);
-                self.insert_new(key.clone(), parent, seq, stamp, out);
+        self.order.push_back((key.clone(), stamp));
+        let hybrid = self.groups.hybrid();
+        let again = hybrid.then(|| key.clone());
+        let room = self.map.len() < self.capacity;
+        let e = match self.map.entry(key) {
+            Slot::Occupied(o) if o.get().seq == seq => o.into_mut(),
+            Slot::Vacant(v) if room => v.insert(Entry::new(seq, parent, stamp)),
+            // Same engine hash, different content (e.g. another salt): the old block
+            // is gone from every tier it was in. Or the map is full: make room first.
+            slot => {
+                let key = slot.key().clone();
+                if self.map.contains_key(&key) {
+                    self.drop_entry(&key, out);
+                }
+                self.make_room(out);
+                self.map
+                    .entry(key)
+                    .or_insert_with(|| Entry::new(seq, parent, stamp))
             }
-            Some(_) => {}
-            None => self.insert_new(key.clone(), parent, seq, stamp, out),
-        }
-        let Some(e) = self.map.get_mut(&key) else {
-            return;
         };
         e.stamp = stamp;
         let t = tier.as_u8();
@@ -369,34 +399,26 @@ impl Adapter {
                 count: 1,
             }),
         }
-        self.order.push_back((key.clone(), stamp));
-        self.update(&key, tier, out);
+        match again {
+            Some(key) => self.update(&key, tier, out),
+            // Not hybrid: presence depends on the entry alone, no second lookup.
+            None => {
+                if let Some(now) = flip(&self.groups, e, tier, false) {
+                    push(out, self.mark, now, tier, e.seq);
+                    self.stats.count(now);
+                }
+            }
+        }
         self.maybe_compact();
     }
 
-    fn insert_new(
-        &mut self,
-        key: EngineHash,
-        parent: Option<EngineHash>,
-        seq: u64,
-        stamp: u64,
-        out: &mut Vec<Change>,
-    ) {
+    /// Evicts until a new entry fits under the bound.
+    fn make_room(&mut self, out: &mut Vec<Change>) {
         while self.map.len() >= self.capacity {
             if !self.evict_oldest(out) {
                 break;
             }
         }
-        self.map.insert(
-            key,
-            Entry {
-                seq,
-                parent,
-                holds: SmallVec::new(),
-                present: 0,
-                stamp,
-            },
-        );
     }
 
     /// One copy fewer of `key` in group `g`, tier `tier`. False if none was held.
@@ -422,25 +444,28 @@ impl Adapter {
     /// Recomputes whether `key` is present in `tier`; a change is pushed to `out` and
     /// propagated to its parent's child count (and on up while presence changes).
     fn update(&mut self, key: &EngineHash, tier: Tier, out: &mut Vec<Change>) {
-        let (t, bit) = (tier as usize, 1u8 << tier.as_u8());
+        let t = tier as usize;
+        if !self.groups.hybrid() {
+            // Children never matter: no continuation counts to read or keep.
+            if let Some(e) = self.map.get_mut(key) {
+                if let Some(now) = flip(&self.groups, e, tier, false) {
+                    push(out, self.mark, now, tier, e.seq);
+                    self.stats.count(now);
+                }
+            }
+            return;
+        }
         let mut at = key.clone();
         loop {
             let child = self.kids.get(&at).is_some_and(|k| k[t] > 0);
             let Some(e) = self.map.get_mut(&at) else {
                 return;
             };
-            let now = self.groups.present(e.held(t), child);
-            let was = e.present & bit != 0;
-            if now == was {
+            let Some(now) = flip(&self.groups, e, tier, child) else {
                 return;
-            }
-            e.present ^= bit;
+            };
             push(out, self.mark, now, tier, e.seq);
-            if now {
-                self.stats.stored_blocks += 1;
-            } else {
-                self.stats.removed_blocks += 1;
-            }
+            self.stats.count(now);
             let Some(p) = e.parent.clone() else {
                 return;
             };
@@ -457,8 +482,23 @@ impl Adapter {
         }
     }
 
-    /// Re-evaluates every block after the learned groups changed.
+    /// Re-evaluates every block after the learned groups changed. Continuation counts
+    /// are kept only while some group is windowed (else children never matter): they
+    /// are rebuilt from the present blocks first, then kept by `update`.
     fn reevaluate_all(&mut self, out: &mut Vec<Change>) {
+        self.kids.clear();
+        if self.groups.hybrid() {
+            for e in self.map.values() {
+                let Some(p) = &e.parent else {
+                    continue;
+                };
+                for t in 0..3 {
+                    if e.present & (1 << t) != 0 {
+                        self.kids.entry(p.clone()).or_insert([0; 3])[t] += 1;
+                    }
+                }
+            }
+        }
         let keys: Vec<EngineHash> = self.map.keys().cloned().collect();
         for k in keys {
             for t in Tier::ALL {
@@ -540,7 +580,7 @@ impl Adapter {
             ));
         }
         let mut kids: HashMap<&EngineHash, [u32; 3]> = HashMap::default();
-        for e in self.map.values() {
+        for e in self.map.values().filter(|_| self.groups.hybrid()) {
             if let Some(p) = &e.parent {
                 for t in 0..3 {
                     if e.present & (1 << t) != 0 {
@@ -566,6 +606,18 @@ impl Adapter {
         }
         Ok(())
     }
+}
+
+/// Sets `e`'s presence bit for `tier` to what the groups rule says; the new presence
+/// if it changed.
+fn flip(groups: &Groups, e: &mut Entry, tier: Tier, child_present: bool) -> Option<bool> {
+    let bit = 1u8 << tier.as_u8();
+    let now = groups.present(e.held(tier as usize), child_present);
+    if now == (e.present & bit != 0) {
+        return None;
+    }
+    e.present ^= bit;
+    Some(now)
 }
 
 /// Appends `seq` to the last change if it is of this event (at or after `mark`) and of
