@@ -54,7 +54,9 @@ const FLUSH_EVERY: usize = 256;
 const MAX_FRAMES: usize = 8;
 /// The change buffer keeps at most this capacity between messages.
 const KEEP_CHANGES: usize = 4096;
-/// After a message at least this large, freed memory is handed back to the OS at once.
+/// After a message at least this large, freed memory is handed back to the OS when the
+/// stream next goes quiet (a `POLL` without a message). Not at once: a busy stream of
+/// long prompts would then fault in and zero fresh pages for every message.
 const COLLECT_AFTER: usize = 1 << 20;
 
 /// Returns the freed pages of this thread's mimalloc heap to the OS. mimalloc purges
@@ -281,12 +283,18 @@ impl Stream {
             }
             self.session.reconnected();
             let mut delivered = false;
+            let mut owed = false;
             let err = loop {
                 if self.shutting_down() {
                     return;
                 }
                 let frames = match sub.recv(Instant::now() + POLL) {
-                    Ok(None) => continue,
+                    Ok(None) => {
+                        if std::mem::take(&mut owed) {
+                            release_memory();
+                        }
+                        continue;
+                    }
                     Ok(Some(f)) => f,
                     Err(e) => break e,
                 };
@@ -301,10 +309,7 @@ impl Stream {
                 if !self.handle_live(&frames) {
                     return;
                 }
-                if size >= COLLECT_AFTER {
-                    drop(frames);
-                    release_memory();
-                }
+                owed |= size >= COLLECT_AFTER;
             };
             drop(sub);
             release_memory();
