@@ -271,7 +271,7 @@ struct Answer {
 }
 
 impl Job {
-    async fn run(self, admitted: super::state::Admitted) -> Resp {
+    async fn run(mut self, admitted: super::state::Admitted) -> Resp {
         let sh = self.core.clone();
         let ps = &sh.handle.settings().proxy;
         let policy = Policy {
@@ -313,13 +313,14 @@ impl Job {
                 self.counter,
                 attempt,
             );
-            let rr = self.route_request(&rid, allow);
+            let mut rr = self.route_request(&rid, allow);
             let seen = self.queue_epoch(&rr);
             let span = self.trace.borrow().route();
             let routed = match self.queued_before(&rr, &turn) {
                 true => Err(None),
                 false => self.core.handle.route(&rr).await.map_err(Some),
             };
+            self.tokens = rr.tokens.take();
             let mut d = match routed {
                 Ok(d) => d,
                 Err(e) if self.waits(e.as_ref(), &rr) => {
@@ -414,11 +415,13 @@ impl Job {
         }
     }
 
-    fn route_request(&self, rid: &str, allow: Vec<String>) -> RouteRequest {
+    /// The route request for this attempt. It borrows the prompt's tokens (no copy of
+    /// a long prompt per attempt): the caller puts them back in `tokens` once routed.
+    fn route_request(&mut self, rid: &str, allow: Vec<String>) -> RouteRequest {
         let mut r = super::route_request::route_request(
             self.core.handle.tokenizers().map(|t| &**t),
             &self.creq,
-            self.tokens.as_deref(),
+            self.tokens.take(),
             self.raw.len(),
             rid,
             allow,

@@ -11,25 +11,28 @@ use crate::engine::RouteRequest;
 pub fn route_request(
     tok: Option<&crate::tokenize::Tokenizers>,
     creq: &ClientRequest,
-    tokens: Option<&[u32]>,
+    tokens: Option<Vec<u32>>,
     body_len: usize,
     rid: &str,
     allow: Vec<String>,
 ) -> RouteRequest {
+    let given = tokens.is_some();
     let (tok_ids, block_hashes, input_tokens) = match tokens {
-        Some(t) => (Some(t.to_vec()), None, None),
+        Some(t) => (Some(t), None, None),
         // Routed by load only; the prompt's size is estimated from its bytes.
         None => (None, Some(Vec::new()), Some((body_len / 4) as u32)),
     };
     // A LoRA adapter named as the model: its base model's workers, in the
     // adapter's hash space (`tokenize::Tokenizers::route_request`).
     let model = tok.map_or(creq.model.as_str(), |t| t.base_model(&creq.model));
-    let lora_name = match (tokens, tok) {
-        (Some(_), Some(t)) => t.lora_for(&creq.model).map(str::to_string),
+    let lora_name = match (given, tok) {
+        (true, Some(t)) => t.lora_for(&creq.model).map(str::to_string),
         _ => None,
     };
     // Forwarded unchanged in the body; routed in the salt's hash space.
-    let cache_salt = tokens.and_then(|_| super::prompt::cache_salt(&creq.body));
+    let cache_salt = given
+        .then(|| super::prompt::cache_salt(&creq.body))
+        .flatten();
     RouteRequest {
         request_id: rid.to_string(),
         model: (!model.is_empty()).then(|| model.to_string()),

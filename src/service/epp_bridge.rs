@@ -404,7 +404,7 @@ async fn pick_here(core: &Rc<Core>, front: &Front, req: PickRequest) -> Result<P
             crate::proxy::route_request::route_request(
                 sh.tokenizers.get().map(|t| &**t),
                 &creq,
-                tokens.as_deref(),
+                tokens,
                 req.body_len,
                 &rid,
                 allow,
