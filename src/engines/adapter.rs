@@ -423,10 +423,13 @@ impl Adapter {
 
     /// One copy fewer of `key` in group `g`, tier `tier`. False if none was held.
     fn release(&mut self, key: &EngineHash, g: u8, tier: Tier, out: &mut Vec<Change>) -> bool {
+        use hashbrown::hash_map::EntryRef;
         let t = tier.as_u8();
-        let Some(e) = self.map.get_mut(key) else {
+        let hybrid = self.groups.hybrid();
+        let EntryRef::Occupied(mut o) = self.map.entry_ref(key) else {
             return false;
         };
+        let e = o.get_mut();
         let Some(i) = e.holds.iter().position(|h| h.group == g && h.tier == t) else {
             return false;
         };
@@ -434,9 +437,20 @@ impl Adapter {
         if e.holds[i].count == 0 {
             e.holds.swap_remove(i);
         }
-        self.update(key, tier, out);
-        if self.map.get(key).is_some_and(Entry::idle) {
-            self.map.remove(key);
+        if hybrid {
+            self.update(key, tier, out);
+            if self.map.get(key).is_some_and(Entry::idle) {
+                self.map.remove(key);
+            }
+            return true;
+        }
+        // Not hybrid: presence depends on the entry alone, one lookup in all.
+        if let Some(now) = flip(&self.groups, e, tier, false) {
+            push(out, self.mark, now, tier, e.seq);
+            self.stats.count(now);
+        }
+        if e.idle() {
+            o.remove();
         }
         true
     }

@@ -301,6 +301,11 @@ enum State {
     },
 }
 
+/// Frames at least this large are worth reusing ([`Decoder::recycle`]).
+const SPARE_MIN: usize = 64 << 10;
+/// Buffers a decoder keeps for reuse (a message has one large frame, its payload).
+const SPARES: usize = 2;
+
 /// Incremental frame decoder of one connection (after the greeting).
 #[derive(Debug)]
 pub struct Decoder {
@@ -308,6 +313,9 @@ pub struct Decoder {
     state: State,
     frames: Vec<Vec<u8>>,
     msg_bytes: usize,
+    /// Buffers of handed-back frames, each within the message limit: a stream of
+    /// large messages reuses them instead of faulting in fresh pages for each.
+    spare: Vec<Vec<u8>>,
 }
 
 impl Decoder {
@@ -320,7 +328,35 @@ impl Decoder {
             },
             frames: Vec::new(),
             msg_bytes: 0,
+            spare: Vec::new(),
         }
+    }
+
+    /// Hands back the frames of a message the caller is done with: up to [`SPARES`]
+    /// large buffers are kept for the next frames.
+    pub fn recycle(&mut self, frames: Vec<Vec<u8>>) {
+        for f in frames {
+            if f.capacity() >= SPARE_MIN && self.spare.len() < SPARES {
+                self.spare.push(f);
+            }
+        }
+    }
+
+    /// Frees the kept buffers (the stream went quiet).
+    pub fn drop_spares(&mut self) {
+        self.spare = Vec::new();
+    }
+
+    /// An empty buffer for a body of `len` bytes: a kept one if one is large enough.
+    fn buffer(&mut self, len: usize) -> Vec<u8> {
+        if len >= SPARE_MIN {
+            if let Some(i) = self.spare.iter().position(|b| b.capacity() >= len) {
+                let mut b = self.spare.swap_remove(i);
+                b.clear();
+                return b;
+            }
+        }
+        Vec::with_capacity(len)
     }
 
     /// Bytes of the message being assembled (frames so far plus the current body).
@@ -379,13 +415,10 @@ impl Decoder {
                             limit: self.limits.max_frames,
                         });
                     }
-                    // Exactly `len` (already within the limit): no growth copies, and
-                    // pages are only committed as the peer's bytes are written in.
-                    self.state = State::Body {
-                        flags,
-                        len,
-                        body: Vec::with_capacity(len),
-                    };
+                    // At least `len` (already within the limit): no growth copies, and
+                    // fresh pages are only committed as the peer's bytes are written in.
+                    let body = self.buffer(len);
+                    self.state = State::Body { flags, len, body };
                 }
                 State::Body { flags, len, body } => {
                     let take = (*len - body.len()).min(input.len() - used);
@@ -493,6 +526,36 @@ mod tests {
             Item::Message(vec![vec![], vec![7; 8], vec![9; 300]])
         );
         assert_eq!(items[2], Item::Command(Command::Pong));
+    }
+
+    #[test]
+    fn recycled_buffers_carry_later_large_frames() {
+        let big = vec![5u8; SPARE_MIN + 10];
+        let mut wire = Vec::new();
+        encode_message(&mut wire, &[&b"t"[..], &big[..]]);
+        let mut d = Decoder::new(Limits::default());
+        let Ok(Some(Item::Message(m))) = decode_all(&mut d, &wire).map(|mut v| v.pop()) else {
+            panic!("no message")
+        };
+        let at = m[1].as_ptr();
+        d.recycle(m);
+        // Only the large frame was kept; the next large body lands in it, and a
+        // smaller large one too; small bodies get their own.
+        assert_eq!(d.spare.len(), 1);
+        let mut wire = Vec::new();
+        encode_message(&mut wire, &[&b"t"[..], &big[..SPARE_MIN]]);
+        let out = decode_all(&mut d, &wire).unwrap();
+        assert_eq!(
+            out,
+            vec![Item::Message(vec![
+                b"t".to_vec(),
+                big[..SPARE_MIN].to_vec()
+            ])]
+        );
+        let Item::Message(m) = &out[0] else { panic!() };
+        assert_eq!(m[1].as_ptr(), at);
+        d.drop_spares();
+        assert!(d.spare.is_empty());
     }
 
     #[test]

@@ -227,6 +227,17 @@ impl Conn {
         }
     }
 
+    /// Hands back a message's frames for their buffers to be reused
+    /// ([`codec::Decoder::recycle`]).
+    pub fn recycle(&mut self, frames: Vec<Vec<u8>>) {
+        self.decoder.recycle(frames);
+    }
+
+    /// Frees the buffers kept for reuse.
+    pub fn drop_spares(&mut self) {
+        self.decoder.drop_spares();
+    }
+
     /// Raw access to the next item (messages and commands), for the publisher side.
     pub fn recv_item(&mut self, deadline: Instant) -> Result<Option<Item>, ConnError> {
         self.next_item(deadline)

@@ -290,6 +290,7 @@ impl Stream {
                 }
                 let frames = match sub.recv(Instant::now() + POLL) {
                     Ok(None) => {
+                        sub.drop_spares();
                         if std::mem::take(&mut owed) {
                             release_memory();
                         }
@@ -310,6 +311,7 @@ impl Stream {
                     return;
                 }
                 owed |= size >= COLLECT_AFTER;
+                sub.recycle(frames);
             };
             drop(sub);
             release_memory();
