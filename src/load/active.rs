@@ -9,9 +9,9 @@
 //!
 //! Guarantees: `remove` of something never added is a no-op and counts never
 //! underflow; `add` and `remove` cost O(hashes) (plus the few workers sharing a hash);
-//! memory is one 16-byte slot per distinct active (hash, worker) at a load of 1/8 to
-//! 1/2, so it is bounded by the hashes of active requests, and the table shrinks again
-//! after a burst (`remove`).
+//! memory is one 16-byte slot per distinct active (hash, worker) at a load of 1/16 to
+//! 1/2 (or the 256 KiB floor), so it is bounded by the hashes of active requests, and
+//! the table shrinks again after a burst (`remove`).
 
 use crate::types::WorkerSlot;
 
@@ -20,8 +20,10 @@ use crate::types::WorkerSlot;
 /// of a worker, which may exceed 65 535, and a 16-byte slot has room for it.
 type Table = crate::index::pending::flat::Table<u32>;
 
-/// Tables at most this large (slots) are never shrunk (they stay in cache anyway).
-const SHRINK_FLOOR: usize = 4096;
+/// Tables at most this large (slots) are never shrunk: 256 KiB, room for 8k active
+/// blocks. A smaller floor had the table grow and shrink again around every long
+/// prompt (a 120k-token prompt is 7.5k blocks of 16).
+const SHRINK_FLOOR: usize = 16384;
 
 /// Active-block reference counts of one index shard.
 ///
@@ -108,9 +110,9 @@ impl ActiveBlocksShard {
 
     /// Gives back the room of a past burst: a table that once held many active hashes
     /// keeps its size, and every later lookup lands somewhere in it (a cache miss per
-    /// hash once the table outgrows the cache). Shrinks when fewer than an eighth of
+    /// hash once the table outgrows the cache). Shrinks when fewer than a sixteenth of
     /// the slots are used; amortised O(1) per removal (the live count must fall
-    /// fourfold again before the next shrink).
+    /// eightfold again before the next shrink).
     fn shrink_if_sparse(&mut self) {
         self.map.shrink_if_sparse(SHRINK_FLOOR);
     }

@@ -122,14 +122,17 @@ impl<V: Copy + Default> Table<V> {
         }
     }
 
-    /// Shrinks to twice the entries (at least `floor` slots) when under 1/8 of the
+    /// Shrinks to 8 slots per entry (at least `floor` slots) when under 1/16 of the
     /// slots are used and the table is larger than `floor`: a burst's room is not kept
     /// (every later probe would land somewhere in it, a cache miss once it outgrows the
-    /// cache). The live count must fall fourfold again before the next shrink.
+    /// cache). The wide margins keep a table whose live count swings with long prompts
+    /// from growing and shrinking with each, in fresh memory the kernel must zero: the
+    /// count must grow fourfold before the next growth, and fall eightfold again
+    /// before the next shrink.
     pub fn shrink_if_sparse(&mut self, floor: usize) {
         let cap = self.slots.len();
-        if cap > floor && self.len * 8 < cap {
-            let want = (self.len * 4).max(floor).max(MIN_SLOTS).next_power_of_two();
+        if cap > floor && self.len * 16 < cap {
+            let want = (self.len * 8).max(floor).max(MIN_SLOTS).next_power_of_two();
             if want < cap {
                 self.rehash(want);
             }

@@ -55,9 +55,12 @@ const MAX_FRAMES: usize = 8;
 /// The change buffer keeps at most this capacity between messages.
 const KEEP_CHANGES: usize = 4096;
 /// After a message at least this large, freed memory is handed back to the OS when the
-/// stream next goes quiet (a `POLL` without a message). Not at once: a busy stream of
-/// long prompts would then fault in and zero fresh pages for every message.
+/// stream goes quiet ([`QUIET_POLLS`]). Not at once: a stream of long prompts would
+/// then fault in and zero fresh pages for every message.
 const COLLECT_AFTER: usize = 1 << 20;
+/// A stream is quiet after this many `POLL`s in a row without a message (2 s): the
+/// decoder's kept buffers are freed and owed memory handed back.
+const QUIET_POLLS: u32 = 10;
 
 /// Returns the freed pages of this thread's mimalloc heap to the OS. mimalloc purges
 /// lazily, on later allocations, and this thread then sits in `recv` allocating
@@ -284,19 +287,26 @@ impl Stream {
             self.session.reconnected();
             let mut delivered = false;
             let mut owed = false;
+            let mut quiet = 0u32;
             let err = loop {
                 if self.shutting_down() {
                     return;
                 }
                 let frames = match sub.recv(Instant::now() + POLL) {
                     Ok(None) => {
-                        sub.drop_spares();
-                        if std::mem::take(&mut owed) {
-                            release_memory();
+                        quiet += 1;
+                        if quiet == QUIET_POLLS {
+                            sub.drop_spares();
+                            if std::mem::take(&mut owed) {
+                                release_memory();
+                            }
                         }
                         continue;
                     }
-                    Ok(Some(f)) => f,
+                    Ok(Some(f)) => {
+                        quiet = 0;
+                        f
+                    }
                     Err(e) => break e,
                 };
                 if !delivered {
