@@ -25,8 +25,11 @@
 #
 # Parts (PARTS="ids text low tput"):
 # - ids:  the conversation trace's first $N requests at x$SCALE, token-id prompts,
-#         streamed, $OSL output tokens: dynamo and kvroute, once per index layout
-#         in $LAYOUTS ("sharded replicated");
+#         streamed, $OSL output tokens: dynamo and kvroute, once per index layout and
+#         event format in $VARIANTS ("sharded/zmq replicated/zmq replicated/binary":
+#         zmq is vLLM's events, token ids that kvroute hashes; binary is kvroute's
+#         own, block hashes computed on the worker's side, the form in which Dynamo's
+#         mockers send theirs);
 # - text: the same as chat text (both sides render and tokenize);
 # - low:  one streamed chat request at a time ($LOW_N at $LOW_RATE/s, 256-token
 #         prompts), keep-alive and new connections: direct, relay, hrelay, gateway,
@@ -75,7 +78,8 @@ SCALE=${SCALE:-10}
 OSL=${OSL:-16}
 KV_CORES=${KV_CORES:-2}
 KV_FLAGS=${KV_FLAGS:-}
-LAYOUTS=${LAYOUTS:-"sharded replicated"}
+# The ids and text parts run kvroute once per LAYOUT/EVENTS pair here.
+VARIANTS=${VARIANTS:-"sharded/zmq replicated/zmq replicated/binary"}
 # The low and tput parts: the layout deploy/kubernetes ships for a proxy tier.
 HOP_LAYOUT=${HOP_LAYOUT:-replicated}
 LOW_N=${LOW_N:-300}
@@ -95,12 +99,17 @@ cat >"$TOK/config.json" <<'EOF'
  "torch_dtype": "bfloat16", "bos_token_id": 32001, "eos_token_id": 32002}
 EOF
 
-# start_kv FLEET_ARGS...: a fleet and kvroute serve in front of it; sets KV_PID, KV_URL, KV_HTTP.
+# start_kv FLEET_ARGS...: a fleet and kvroute serve in front of it; sets KV_PID, KV_URL,
+# KV_HTTP. KV_EVENTS=zmq (default): the workers publish vLLM's ZMQ events (token ids;
+# kvroute hashes them); binary: they send kvroute's binary events with the block hashes
+# computed on the worker's side, as Dynamo's mockers send theirs.
 start_kv() {
-  start_fleet "kv" "$@"
-  local pp hp ep ap args=()
+  local pp hp ep ap args=() n
   pp=$(free_port); hp=$(free_port); ep=$(free_port); ap=$(free_port)
-  while read -r e; do [ -n "$e" ] && args+=(--engine "$e"); done <<<"$ENGINES"
+  if [ "${KV_EVENTS:-zmq}" = zmq ]; then
+    start_fleet "kv" "$@"
+    while read -r e; do [ -n "$e" ] && args+=(--engine "$e"); done <<<"$ENGINES"
+  fi
   # shellcheck disable=SC2086
   "$BIN/kvroute" serve --cores "$KV_CORES" --block-size 16 --index-layout "${KV_LAYOUT:-sharded}" $KV_FLAGS --tokenizer "sim-model=$TOK" \
     --proxy-addr "127.0.0.1:$pp" --http-addr "127.0.0.1:$hp" --events-addr "127.0.0.1:$ep" \
@@ -108,6 +117,14 @@ start_kv() {
   KV_PID=$!; PIDS+=("$KV_PID")
   for _ in $(seq 200); do curl -sf "127.0.0.1:$pp/health" >/dev/null 2>&1 && break; sleep 0.05; done
   KV_URL="http://127.0.0.1:$pp"; KV_HTTP="127.0.0.1:$hp"
+  if [ "${KV_EVENTS:-zmq}" = binary ]; then
+    start_fleet "kv" "$@" --events binary --router-events "127.0.0.1:$ep"
+    # Registered by their binary handshake.
+    n=$(grep -c '^worker ' "$OUT/kv.fleet")
+    for _ in $(seq 200); do
+      [ "$(curl -sf "$KV_HTTP/v1/workers" | grep -o '"url"' | wc -l)" -ge "$n" ] && break; sleep 0.05
+    done
+  fi
   sleep 0.5 # ZMQ subscriptions
 }
 
@@ -276,9 +293,10 @@ for part in "${trace_parts[@]}"; do
       measure "dynamo  $part r$round" "$DYN_PID" "$DYN_URL" - "${args[@]}"
       stop_dynamo
     fi
-    for layout in $LAYOUTS; do
-      KV_LAYOUT=$layout start_kv --workers 2 --block-size 16 --capacity-blocks 16384 --time-scale 1000
-      measure "kvroute $part ${layout:0:4} r$round" "$KV_PID" "$KV_URL" "$KV_HTTP" "${args[@]}"
+    for variant in $VARIANTS; do
+      layout=${variant%/*} events=${variant#*/}
+      KV_LAYOUT=$layout KV_EVENTS=$events start_kv --workers 2 --block-size 16 --capacity-blocks 16384 --time-scale 1000
+      measure "kvroute $part ${layout:0:4} ${events:0:3} r$round" "$KV_PID" "$KV_URL" "$KV_HTTP" "${args[@]}"
       stop_pid "$KV_PID"; stop_pid "$FLEET_PID"
     done
   done
