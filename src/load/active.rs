@@ -110,9 +110,9 @@ impl ActiveBlocksShard {
 
     /// Gives back the room of a past burst: a table that once held many active hashes
     /// keeps its size, and every later lookup lands somewhere in it (a cache miss per
-    /// hash once the table outgrows the cache). Shrinks when fewer than a sixteenth of
-    /// the slots are used; amortised O(1) per removal (the live count must fall
-    /// eightfold again before the next shrink).
+    /// hash once the table outgrows the cache). Shrinks once removals keep finding
+    /// fewer than a sixteenth of the slots used (`flat::Table::shrink_if_sparse`);
+    /// amortised O(1) per removal.
     fn shrink_if_sparse(&mut self) {
         self.map.shrink_if_sparse(SHRINK_FLOOR);
     }
@@ -222,6 +222,11 @@ mod tests {
         let big = s.map.capacity();
         s.add(2, &[7, 1_000_000]);
         s.remove(1, &burst);
+        // Given back once removals keep finding the table sparse.
+        for _ in 0..crate::index::pending::flat::SHRINK_AFTER {
+            s.add(3, &[9]);
+            s.remove(3, &[9]);
+        }
         assert!(
             s.map.capacity() <= SHRINK_FLOOR,
             "{} vs {big}",

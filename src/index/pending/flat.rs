@@ -52,7 +52,13 @@ pub struct Table<V: Copy + Default> {
     len: usize,
     /// `64 - log2(slots)` (64 while empty; never used then).
     shift: u32,
+    /// Calls of [`Table::shrink_if_sparse`] in a row that found the table sparse.
+    sparse_calls: u32,
 }
+
+/// A table shrinks only after this many calls of [`Table::shrink_if_sparse`] in a row
+/// found it sparse: one long prompt's blocks come and go in far fewer.
+pub const SHRINK_AFTER: u32 = 256;
 
 impl<V: Copy + Default> Default for Table<V> {
     fn default() -> Self {
@@ -60,6 +66,7 @@ impl<V: Copy + Default> Default for Table<V> {
             slots: Vec::new(),
             len: 0,
             shift: 64,
+            sparse_calls: 0,
         }
     }
 }
@@ -122,16 +129,21 @@ impl<V: Copy + Default> Table<V> {
         }
     }
 
-    /// Shrinks to 8 slots per entry (at least `floor` slots) when under 1/16 of the
-    /// slots are used and the table is larger than `floor`: a burst's room is not kept
-    /// (every later probe would land somewhere in it, a cache miss once it outgrows the
-    /// cache). The wide margins keep a table whose live count swings with long prompts
-    /// from growing and shrinking with each, in fresh memory the kernel must zero: the
-    /// count must grow fourfold before the next growth, and fall eightfold again
-    /// before the next shrink.
+    /// Shrinks to 8 slots per entry (at least `floor` slots) once [`SHRINK_AFTER`] calls
+    /// in a row found under 1/16 of the slots used in a table larger than `floor`: a
+    /// burst's room is not kept (every later probe would land somewhere in it, a cache
+    /// miss once it outgrows the cache). The margins keep a table whose live count
+    /// swings with long prompts from growing and shrinking around each, in fresh
+    /// memory the kernel must zero; the rehash is amortised over the calls.
     pub fn shrink_if_sparse(&mut self, floor: usize) {
         let cap = self.slots.len();
-        if cap > floor && self.len * 16 < cap {
+        if cap <= floor || self.len * 16 >= cap {
+            self.sparse_calls = 0;
+            return;
+        }
+        self.sparse_calls += 1;
+        if self.sparse_calls >= SHRINK_AFTER {
+            self.sparse_calls = 0;
             let want = (self.len * 8).max(floor).max(MIN_SLOTS).next_power_of_two();
             if want < cap {
                 self.rehash(want);
@@ -403,6 +415,11 @@ mod tests {
             let i = t.find(h, 1).unwrap();
             t.remove_at(i);
         }
+        // Sparse, but not yet for long enough; then shrunk.
+        for _ in 1..SHRINK_AFTER {
+            t.shrink_if_sparse(4096);
+        }
+        assert_eq!(t.capacity(), big);
         t.shrink_if_sparse(4096);
         assert!(t.capacity() <= 4096, "{} of {big}", t.capacity());
         for h in 0..10u64 {
