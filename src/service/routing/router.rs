@@ -55,6 +55,8 @@ struct CoreView {
 
 thread_local! {
     static VIEW: RefCell<Option<CoreView>> = const { RefCell::new(None) };
+    /// The (position, hash) list of a route's local query, reused.
+    static ITEMS: std::cell::Cell<Vec<(u32, u64)>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Brings this core's view up to date with registry snapshot `reg` at `now_us`:
@@ -232,19 +234,19 @@ async fn route_prepared(
     // Until the answers are in, this core's run loop stays awake for them
     // (`answer_spin_us`): parking now would add its own wake-up to the round trip.
     let awaiting = ask_others.then(crate::service::runtime::answer_spin::awaiting);
-    let mut items: Vec<Vec<(u32, u64)>> = vec![Vec::new(); sh.cores];
-    let mine = sh.shard_index(core.id);
-    for (i, &h) in prepared.hashes.iter().enumerate() {
-        let s = sh.shard_of(h);
-        // Replicated: shard 0 is every core's own copy.
-        items[if s == mine { core.id } else { s }].push((i as u32, h));
-    }
     let mut qids = Vec::new();
-    let mut local_items = Vec::new();
-    for (s, it) in items.into_iter().enumerate() {
-        if s == core.id {
-            local_items = it;
-        } else if ask_others {
+    let mut local_items = ITEMS.take();
+    local_items.clear();
+    if ask_others {
+        let mut items: Vec<Vec<(u32, u64)>> = vec![Vec::new(); sh.cores];
+        for (i, &h) in prepared.hashes.iter().enumerate() {
+            items[sh.shard_of(h)].push((i as u32, h));
+        }
+        for (s, it) in items.into_iter().enumerate() {
+            if s == core.id {
+                local_items = it;
+                continue;
+            }
             let qid = core.new_wait();
             core.send(
                 s,
@@ -258,8 +260,19 @@ async fn route_prepared(
             .await;
             qids.push(qid);
         }
+    } else {
+        // Replicated or one core: every position is in this core's copy, listed in
+        // a buffer the core keeps (a long prompt's list is 16 bytes per block).
+        local_items.extend(
+            prepared
+                .hashes
+                .iter()
+                .enumerate()
+                .map(|(i, &h)| (i as u32, h)),
+        );
     }
     let local = core.local_query(&local_items, None);
+    ITEMS.set(local_items);
     let (mut reuse, mut spec_matches) = (local.reuse, local.spec);
     let mut free = true;
     // Gather.
