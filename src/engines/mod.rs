@@ -9,6 +9,7 @@
 //! - [`adapter`]: recomputes kvroute's own sequence hashes (DESIGN §1) from each
 //!   event's `token_ids` and keeps the engine-hash → kvroute-hash map (bounded by the
 //!   worker's capacity) so removals resolve.
+//! - [`output`]: what the adapter hands out: index changes and its counters.
 //! - [`config`]: the `[[engines]]` / `--engine` endpoint settings.
 //! - [`stream`]: the per-endpoint sequence state machine (gaps, replay, restarts) and the
 //!   parsing of ZMQ multipart frames.
@@ -54,6 +55,7 @@ pub mod groups;
 pub mod hashing;
 pub mod msgpack;
 pub mod notes;
+pub mod output;
 pub mod stream;
 pub mod vllm;
 
