@@ -12,6 +12,7 @@
 //! - never panics on any byte string; every violation is an error value, after which
 //!   the caller closes the connection (ZMTP has no way to resynchronise).
 
+use super::spare::Spares;
 use std::fmt;
 
 /// Size of a ZMTP 3.x greeting.
@@ -301,11 +302,6 @@ enum State {
     },
 }
 
-/// Frames at least this large are worth reusing ([`Decoder::recycle`]).
-const SPARE_MIN: usize = 64 << 10;
-/// Buffers a decoder keeps for reuse (a message has one large frame, its payload).
-const SPARES: usize = 2;
-
 /// Incremental frame decoder of one connection (after the greeting).
 #[derive(Debug)]
 pub struct Decoder {
@@ -313,9 +309,8 @@ pub struct Decoder {
     state: State,
     frames: Vec<Vec<u8>>,
     msg_bytes: usize,
-    /// Buffers of handed-back frames, each within the message limit: a stream of
-    /// large messages reuses them instead of faulting in fresh pages for each.
-    spare: Vec<Vec<u8>>,
+    /// Buffers of handed-back frames ([`Decoder::recycle`]).
+    spare: Spares,
 }
 
 impl Decoder {
@@ -328,35 +323,19 @@ impl Decoder {
             },
             frames: Vec::new(),
             msg_bytes: 0,
-            spare: Vec::new(),
+            spare: Spares::default(),
         }
     }
 
-    /// Hands back the frames of a message the caller is done with: up to [`SPARES`]
-    /// large buffers are kept for the next frames.
+    /// Hands back the frames of a message the caller is done with: their large
+    /// buffers may carry later frames ([`super::spare`]).
     pub fn recycle(&mut self, frames: Vec<Vec<u8>>) {
-        for f in frames {
-            if f.capacity() >= SPARE_MIN && self.spare.len() < SPARES {
-                self.spare.push(f);
-            }
-        }
+        frames.into_iter().for_each(|f| self.spare.put(f));
     }
 
     /// Frees the kept buffers (the stream went quiet).
     pub fn drop_spares(&mut self) {
-        self.spare = Vec::new();
-    }
-
-    /// An empty buffer for a body of `len` bytes: a kept one if one is large enough.
-    fn buffer(&mut self, len: usize) -> Vec<u8> {
-        if len >= SPARE_MIN {
-            if let Some(i) = self.spare.iter().position(|b| b.capacity() >= len) {
-                let mut b = self.spare.swap_remove(i);
-                b.clear();
-                return b;
-            }
-        }
-        Vec::with_capacity(len)
+        self.spare.clear();
     }
 
     /// Bytes of the message being assembled (frames so far plus the current body).
@@ -417,7 +396,7 @@ impl Decoder {
                     }
                     // At least `len` (already within the limit): no growth copies, and
                     // fresh pages are only committed as the peer's bytes are written in.
-                    let body = self.buffer(len);
+                    let body = self.spare.take(len);
                     self.state = State::Body { flags, len, body };
                 }
                 State::Body { flags, len, body } => {
@@ -477,6 +456,7 @@ impl Decoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::zmtp::spare::SPARE_MIN;
 
     fn decode_all(d: &mut Decoder, mut input: &[u8]) -> Result<Vec<Item>, ZmtpError> {
         let mut out = Vec::new();

@@ -10,7 +10,8 @@
 //!   multipart messages under a byte and frame-count limit;
 //! - [`conn`]: a blocking, timeout-bounded connection (SUB or DEALER client side, and
 //!   the server side of an accepted peer) over `std::net`;
-//! - [`publisher`]: a listening PUB helper for tools and tests.
+//! - [`publisher`]: a listening PUB helper for tools and tests;
+//! - [`spare`]: the large frame buffers a decoder keeps for reuse.
 //!
 //! Subscriptions are sent in the ZMTP 3.0 form (a `\x01topic` data message), which 3.0
 //! and 3.1 publishers (libzmq 4.x) both accept.
@@ -18,6 +19,7 @@
 pub mod codec;
 pub mod conn;
 pub mod publisher;
+pub mod spare;
 
 pub use codec::{Decoder, Item, Limits, ZmtpError};
 pub use conn::{Conn, ConnError};
