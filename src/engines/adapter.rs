@@ -513,13 +513,15 @@ impl Adapter {
         }
     }
 
-    /// Keeps `order` within 2 × entries + slack by rebuilding it from the map.
+    /// Keeps `order` within 2 × entries + slack by rebuilding it from the map, in its
+    /// own buffer (over twice what the rebuild needs: no fresh memory to fault in).
     fn maybe_compact(&mut self) {
         if self.order.len() <= 2 * self.map.len() + 1024 {
             return;
         }
-        let mut v: Vec<(EngineHash, u64)> =
-            self.map.iter().map(|(k, e)| (k.clone(), e.stamp)).collect();
+        let mut v: Vec<(EngineHash, u64)> = std::mem::take(&mut self.order).into();
+        v.clear();
+        v.extend(self.map.iter().map(|(k, e)| (k.clone(), e.stamp)));
         v.sort_unstable_by_key(|(_, s)| *s);
         self.order = v.into();
     }

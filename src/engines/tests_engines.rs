@@ -278,6 +278,42 @@ fn a_lower_sequence_on_a_fresh_connection_is_a_restart() {
     assert_eq!(st.next_seq(), Some(2));
 }
 
+#[test]
+fn eviction_order_survives_the_rebuilds_of_the_store_order() {
+    // Six blocks stay while 3,000 others come and go: their stale pairs make the store
+    // order rebuild itself several times, and it must still evict the oldest first.
+    let mut a = Adapter::new(4, 8, None);
+    let mut out = Vec::new();
+    let store = |a: &mut Adapter, out: &mut Vec<Change>, h: u64| {
+        let ev = EngineEvent::Stored(stored(&[h], None, vec![h as u32, 1, 2, 3]));
+        a.apply(&ev, out);
+    };
+    let kept: Vec<u64> = (100_000..100_006).collect();
+    for &h in &kept {
+        store(&mut a, &mut out, h);
+    }
+    for h in 0..3000 {
+        store(&mut a, &mut out, h);
+        a.apply(&removed(&[h], "GPU", None), &mut out);
+    }
+    let known = |a: &Adapter, h: u64| a.lookup(&EngineHash::Int(h)).is_some();
+    for (i, h) in (10_000..10_008).enumerate() {
+        store(&mut a, &mut out, h);
+        // Full from the third new block on: each evicts the oldest kept one.
+        let gone = i.saturating_sub(1);
+        assert!(
+            kept[..gone].iter().all(|&k| !known(&a, k)),
+            "evicted out of order"
+        );
+        assert!(
+            kept[gone..].iter().all(|&k| known(&a, k)),
+            "evicted out of order"
+        );
+    }
+    a.check_invariants().unwrap();
+    assert_eq!(index(&out), a.present());
+}
+
 proptest! {
     /// Any sequence of stores and removes over two groups and two tiers: the changes
     /// build exactly the index the adapter says, and its invariants hold.
