@@ -459,19 +459,7 @@ impl Adapter {
     /// are kept only while some group is windowed (else children never matter): they
     /// are rebuilt from the present blocks first, then kept by `update`.
     fn reevaluate_all(&mut self, out: &mut Vec<Change>) {
-        self.kids.clear();
-        if self.groups.hybrid() {
-            for e in self.map.values() {
-                let Some(p) = &e.parent else {
-                    continue;
-                };
-                for t in 0..3 {
-                    if e.present & (1 << t) != 0 {
-                        self.kids.entry(p.clone()).or_insert([0; 3])[t] += 1;
-                    }
-                }
-            }
-        }
+        self.kids = self.continuations();
         let keys: Vec<EngineHash> = self.map.keys().cloned().collect();
         for k in keys {
             for t in Tier::ALL {
@@ -511,6 +499,23 @@ impl Adapter {
             }
             None => false,
         }
+    }
+
+    /// What `kids` holds, counted afresh from the present blocks: per engine hash and
+    /// tier, the present blocks continuing it; nothing unless some group is windowed.
+    fn continuations(&self) -> HashMap<EngineHash, [u32; 3], RandomState> {
+        let mut kids = HashMap::with_hasher(RandomState::new());
+        for e in self.map.values().filter(|_| self.groups.hybrid()) {
+            let Some(p) = &e.parent else {
+                continue;
+            };
+            for t in 0..3 {
+                if e.present & (1 << t) != 0 {
+                    kids.entry(p.clone()).or_insert([0; 3])[t] += 1;
+                }
+            }
+        }
+        kids
     }
 
     /// Keeps `order` within 2 × entries + slack by rebuilding it from the map, in its
@@ -554,17 +559,7 @@ impl Adapter {
                 self.capacity
             ));
         }
-        let mut kids: HashMap<&EngineHash, [u32; 3]> = HashMap::default();
-        for e in self.map.values().filter(|_| self.groups.hybrid()) {
-            if let Some(p) = &e.parent {
-                for t in 0..3 {
-                    if e.present & (1 << t) != 0 {
-                        kids.entry(p).or_default()[t] += 1;
-                    }
-                }
-            }
-        }
-        if kids.len() != self.kids.len() || self.kids.iter().any(|(k, c)| kids.get(k) != Some(c)) {
+        if self.continuations() != self.kids {
             return Err("continuation counts out of date".into());
         }
         for (k, e) in &self.map {
