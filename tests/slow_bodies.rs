@@ -116,7 +116,9 @@ fn call(method: &str, url: &str, body: Option<&str>) -> Result<u16, String> {
 /// The probe: `--max-connections 32` on 2 cores, 150 connections per port
 /// trickling a body at a byte every 3 s (reopened whenever cut), on the JSON API and
 /// the proxy at once. Every real call during the attack is answered: proxied
-/// completions, the proxy's `/health`, `/healthz` and `/v1/workers`.
+/// completions, the proxy's `/health`, `/healthz` and `/v1/workers`, back to back on
+/// fresh connections (thousands of them), each racing the attack's reconnections for
+/// a slot.
 #[test]
 fn trickled_bodies_do_not_lock_either_http_port() {
     let s = Server::start(2, &["--max-connections", "32"]);
@@ -152,7 +154,6 @@ fn trickled_bodies_do_not_lock_either_http_port() {
                 other => failures.push(format!("{what}: {other:?}")),
             }
         }
-        std::thread::sleep(Duration::from_millis(500));
     }
     let reopened = api.reopened.load(Ordering::Relaxed) + px.reopened.load(Ordering::Relaxed);
     drop((api, px));

@@ -240,8 +240,14 @@ impl Clock {
         )
     }
 
-    /// Since when the connection has had no request in progress (`None`: one is).
+    /// Since when the connection has had no request in progress (`None`: one is, or
+    /// its last response is still leaving: a write waits for the socket). A connection
+    /// displaced for being idle closes without flushing, so until its response is out
+    /// it is not idle.
     pub fn idle_since(&self) -> Option<u64> {
+        if self.write_blocked_ms.is_some() {
+            return None;
+        }
         match self.phase {
             Phase::Waiting { since_ms, .. } => Some(since_ms.max(self.last_write_ms)),
             Phase::Head { since_ms, .. } => Some(since_ms),
@@ -283,7 +289,10 @@ mod tests {
         c.on_request(20);
         assert_eq!(c.idle_since(), None);
         c.on_response_done(30);
+        c.on_write_blocked(31);
+        assert_eq!(c.idle_since(), None, "its response is still leaving");
         c.on_write(40);
+        assert_eq!(c.idle_since(), Some(40));
         assert!(!c.before_first_request());
         assert_eq!(c.read_deadline(&T), 40 + 5000);
         c.on_read(3000, 1);

@@ -8,6 +8,9 @@
 //!   connection displaces one that is still pre-handshake, idle, or waiting for the
 //!   rest of a request body, and is refused only when every slot is busy (a request
 //!   being answered or written, or its body being read as fast as it arrives).
+//! - A new connection is not displaced before it could send its first request: for
+//!   `PREAUTH_GRACE_MS` it goes only when nothing else can, so a burst of connections
+//!   does not cut an earlier one whose request is already on the wire.
 //! - Connections that have not completed their handshake never hold more than
 //!   `max_preauth` slots: over that cap the oldest of them is dropped, whatever the
 //!   total, so a flood of silent sockets cannot lock authenticated peers out.
@@ -85,13 +88,24 @@ impl Reason {
     }
 }
 
+/// How long a new connection has to send its handshake before it ranks as a silent
+/// socket. Accepting runs ahead of reading: in a burst of connections, the accept loop
+/// takes the next ones before the first read of an earlier one has come back from the
+/// ring, so a client whose request head was already on the wire would be displaced for
+/// the next connection of the burst, unread.
+pub const PREAUTH_GRACE_MS: u64 = 50;
+
 /// Rank of a displacement candidate: lower goes first. Pre-handshake connections go
 /// before idle sessions (a silent socket is likelier an attacker than an established
 /// client), each oldest / longest-idle first; then connections waiting for a request
 /// body, the nearest to its deadline first (a body arriving at a real client's pace
-/// has earned a far deadline; one trickled to hold the slot has not).
+/// has earned a far deadline; one trickled to hold the slot has not); last,
+/// connections younger than [`PREAUTH_GRACE_MS`], the oldest first.
 fn rank(a: Activity, now_ms: u64) -> Option<(u8, u64)> {
     match a {
+        Activity::PreAuth { since_ms } if now_ms.saturating_sub(since_ms) < PREAUTH_GRACE_MS => {
+            Some((3, since_ms))
+        }
         Activity::PreAuth { since_ms } => Some((0, since_ms)),
         Activity::Idle {
             since_ms,
@@ -137,7 +151,7 @@ pub fn admit(occupants: &[Occupant], caps: Caps, now_ms: u64) -> Admission {
         Some(((class, _), key)) => Admission::Displace {
             key,
             why: match class {
-                0 => Reason::PreAuth,
+                0 | 3 => Reason::PreAuth,
                 1 => Reason::Idle,
                 _ => Reason::Body,
             },
@@ -204,9 +218,43 @@ mod tests {
     fn pre_handshake_goes_before_idle_sessions() {
         let o = [occ(1, idle(1)), occ(2, Activity::Busy), occ(3, pre(8))];
         assert_eq!(
-            admit(&o, CAPS, 10),
+            admit(&o, CAPS, 8 + PREAUTH_GRACE_MS),
             Admission::Displace {
                 key: 3,
+                why: Reason::PreAuth
+            }
+        );
+    }
+
+    #[test]
+    fn a_connection_in_its_grace_goes_last_the_oldest_first() {
+        let caps = Caps {
+            max_connections: 3,
+            max_preauth: 10,
+        };
+        let body = Activity::Body { due_ms: 900 };
+        let young = [occ(1, pre(95)), occ(2, pre(90)), occ(3, body)];
+        let now = 90 + PREAUTH_GRACE_MS - 1;
+        assert_eq!(
+            admit(&young, caps, now),
+            Admission::Displace {
+                key: 3,
+                why: Reason::Body
+            }
+        );
+        let o = [young[0], young[1], occ(3, Activity::Busy)];
+        assert_eq!(
+            admit(&o, caps, now),
+            Admission::Displace {
+                key: 2,
+                why: Reason::PreAuth
+            }
+        );
+        // Once its grace is over, a silent socket goes first again.
+        assert_eq!(
+            admit(&young, caps, now + 1),
+            Admission::Displace {
+                key: 2,
                 why: Reason::PreAuth
             }
         );
@@ -350,7 +398,17 @@ mod tests {
                         prop_assert!(!v.closing, "never picks a closing occupant");
                         prop_assert!(closing < max_connections);
                         match (v.activity, why) {
-                            (Activity::PreAuth { .. }, Reason::PreAuth) => {}
+                            (Activity::PreAuth { since_ms }, Reason::PreAuth) => {
+                                // One in its grace only when nothing else could go, or
+                                // over the pre-handshake cap.
+                                let n_pre = occ.iter().filter(|o| !o.closing
+                                    && matches!(o.activity, Activity::PreAuth { .. })).count();
+                                let others = occ.iter().any(|o| !o.closing
+                                    && matches!(rank(o.activity, now_ms), Some((0..=2, _))));
+                                prop_assert!(n_pre >= max_preauth
+                                    || now_ms.saturating_sub(since_ms) >= PREAUTH_GRACE_MS
+                                    || !others);
+                            }
                             (Activity::Idle { since_ms, min_idle_ms }, Reason::Idle) => {
                                 prop_assert!(now_ms.saturating_sub(since_ms) >= min_idle_ms);
                             }
