@@ -400,6 +400,13 @@ impl Job {
                     bounced = retry::is_busy(f).then(|| (rr.model.clone(), self.queue_epoch(&rr)));
                     attempt += 1;
                     match policy.backoff(attempt - since) {
+                        // A worker at its own limit, with the queue on: the next try
+                        // goes to another worker or back to the request's place in
+                        // the queue, at once. Backing off outside the queue would let
+                        // a worse waiter take the capacity the queue grants meanwhile.
+                        Some(_) if self.queue_waits(f, &rr) => {
+                            sh.state.metrics.retries.inc();
+                        }
                         Some(wait) => {
                             sh.state.metrics.retries.inc();
                             let slept = glommio::timer::sleep(wait);

@@ -7,6 +7,7 @@
 
 use super::super::policies::{PathLabel, Policies, Queue};
 use super::super::queued;
+use super::super::retry::{self, Failure};
 use super::super::watch::Gone;
 use super::Job;
 use crate::engine::{EngineError, RouteDecision, RouteRequest};
@@ -49,6 +50,12 @@ impl Job {
             Some(_) => false,
         };
         busy && self.queue_of(rr).is_some()
+    }
+
+    /// Whether failure `f` on an attempt of `rr` is a worker's 429 that the admission
+    /// queue waits out (so no backoff before the next try).
+    pub(super) fn queue_waits(&self, f: Failure, rr: &RouteRequest) -> bool {
+        retry::is_busy(f) && self.queue_of(rr).is_some()
     }
 
     fn queue_of(&self, rr: &RouteRequest) -> Option<Arc<Queue>> {
