@@ -13,6 +13,7 @@
 //! characters and escape syntax are checked everywhere, so every span is valid UTF-8
 //! JSON. Case by case against serde_json in `members_tests`.
 
+use crate::tokenize::id_list;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -26,7 +27,16 @@ pub type Key<'a> = Cow<'a, str>;
 /// trailing whitespace allowed), in order, duplicates included; `span` is the byte
 /// range of the member's value in `text`. `Err`: not JSON, or JSON that is not an
 /// object (`NotObject`).
-pub fn object<'a>(text: &'a [u8], f: impl FnMut(Key<'a>, Range<usize>)) -> Result<(), ObjectError> {
+pub fn object<'a>(
+    text: &'a [u8],
+    mut f: impl FnMut(Key<'a>, Range<usize>),
+) -> Result<(), ObjectError> {
+    if let Some(members) = quick(text) {
+        for (k, span) in members {
+            f(k, span);
+        }
+        return Ok(());
+    }
     let first = text
         .iter()
         .find(|b| !matches!(b, b' ' | b'\n' | b'\t' | b'\r'));
@@ -50,6 +60,67 @@ pub fn object<'a>(text: &'a [u8], f: impl FnMut(Key<'a>, Range<usize>)) -> Resul
     })
     .map_err(ObjectError::Json)?;
     de.end().map_err(ObjectError::Json)
+}
+
+fn skip_ws(text: &[u8], mut i: usize) -> usize {
+    while matches!(text.get(i), Some(b' ' | b'\n' | b'\t' | b'\r')) {
+        i += 1;
+    }
+    i
+}
+
+/// The members of the object `text` the quick way, or `None` for anything unusual (an
+/// escaped key, broken JSON...), which the general path in [`object`] then reads, with
+/// serde_json's own error for broken JSON. The object's structure is walked here; a
+/// key without escapes is taken as it lies (checked as serde_json checks one: UTF-8,
+/// no control character); a list of token ids is checked by [`id_list::read`] at a
+/// fraction of the cost of serde_json's skip (a long prompt is most of a body); any
+/// other value is skipped by serde_json from where it starts, as the general path
+/// skips it. So both paths give the same members and spans.
+fn quick(text: &[u8]) -> Option<Vec<(Key<'_>, Range<usize>)>> {
+    let mut i = skip_ws(text, 0);
+    if text.get(i) != Some(&b'{') {
+        return None;
+    }
+    let mut out = Vec::with_capacity(8);
+    i = skip_ws(text, i + 1);
+    if text.get(i) == Some(&b'}') {
+        return (skip_ws(text, i + 1) == text.len()).then_some(out);
+    }
+    loop {
+        if text.get(i) != Some(&b'"') {
+            return None;
+        }
+        let len = text[i + 1..]
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+        let end = i + 1 + len;
+        if text[end] != b'"' {
+            return None;
+        }
+        let key = std::str::from_utf8(&text[i + 1..end]).ok()?;
+        i = skip_ws(text, end + 1);
+        if text.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(text, i + 1);
+        let rest = text.get(i..).filter(|r| !r.is_empty())?;
+        let len = match id_list::read(rest, |_| {}) {
+            Some(len) => len,
+            None => {
+                let mut de = serde_json::Deserializer::from_slice(rest);
+                let v = <&RawValue as de::Deserialize>::deserialize(&mut de).ok()?;
+                v.get().as_ptr() as usize - rest.as_ptr() as usize + v.get().len()
+            }
+        };
+        out.push((Cow::Borrowed(key), i..i + len));
+        i = skip_ws(text, i + len);
+        match text.get(i) {
+            Some(b',') => i = skip_ws(text, i + 1),
+            Some(b'}') => return (skip_ws(text, i + 1) == text.len()).then_some(out),
+            _ => return None,
+        }
+    }
 }
 
 /// Whether serde_json refused a text (as a `Value`) only for one of the checks

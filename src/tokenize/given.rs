@@ -88,46 +88,19 @@ fn first_byte(s: &str) -> Option<u8> {
         .find(|b| !matches!(b, b' ' | b'\n' | b'\t' | b'\r'))
 }
 
-/// A JSON array of token ids (`raw`, valid JSON) read in one pass, sized before it is
-/// filled: `None` unless every element is an integer of at most `u32::MAX` and there
-/// are at most `max` of them (the caller reads it again the slow way, for the error).
+/// A JSON array of token ids (`raw`, valid JSON) read in one pass
+/// ([`super::id_list`]), sized before it is filled: `None` unless every element is an
+/// integer of at most `u32::MAX` and there are at most `max` of them (the caller reads
+/// it again the slow way, for the error).
 pub fn ids(raw: &str, max: usize) -> Option<Vec<u32>> {
     let b = raw.as_bytes();
-    // Elements of a flat list of numbers: one more than its commas.
-    let n = b.iter().filter(|&&c| c == b',').count() + 1;
+    let n = super::id_list::bound(b);
     if n > max {
         return None;
     }
     let mut out = Vec::with_capacity(n);
-    let mut i = 1; // past '['
-    loop {
-        while matches!(b.get(i), Some(b' ' | b'\n' | b'\t' | b'\r')) {
-            i += 1;
-        }
-        let mut v: u64 = 0;
-        let start = i;
-        while let Some(&c @ b'0'..=b'9') = b.get(i) {
-            v = v * 10 + u64::from(c - b'0');
-            if v > u64::from(u32::MAX) {
-                return None;
-            }
-            i += 1;
-        }
-        if i == start {
-            // `[]` or a non-number.
-            return (b.get(i) == Some(&b']') && out.is_empty()).then_some(out);
-        }
-        out.push(v as u32);
-        while matches!(b.get(i), Some(b' ' | b'\n' | b'\t' | b'\r')) {
-            i += 1;
-        }
-        match b.get(i) {
-            Some(b',') => i += 1,
-            Some(b']') => return Some(out),
-            // A fraction or an exponent: not a token id.
-            _ => return None,
-        }
-    }
+    super::id_list::read(b, |id| out.push(id))?;
+    Some(out)
 }
 
 /// The prompt's token ids through the model's tokenizer, or as given (`m`: the

@@ -37,6 +37,7 @@ mod bounds;
 pub mod chat;
 pub mod fixture;
 pub mod given;
+pub mod id_list;
 mod ids;
 mod lean;
 #[cfg(test)]
