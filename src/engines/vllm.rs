@@ -215,6 +215,9 @@ pub fn decode_batch(payload: &[u8]) -> Result<Batch, DecodeError> {
     })
 }
 
+/// Where a positional stored event's `token_ids` is among its fields ([`STORED`]).
+const TOKEN_IDS_AT: usize = 2;
+
 const STORED: &[&str] = &[
     "block_hashes",
     "parent_block_hash",
@@ -274,6 +277,7 @@ impl<'a> Fields<'a> {
 /// Decodes the event at `rd`; on success `rd` has moved past exactly that value.
 fn decode_event(rd: &mut Rd<'_>) -> Result<EngineEvent, EventError> {
     let mut f = Fields::default();
+    let mut read_ids = None;
     let names = match rd.head()? {
         Head::Array(n) => {
             if n == 0 {
@@ -283,7 +287,17 @@ fn decode_event(rd: &mut Rd<'_>) -> Result<EngineEvent, EventError> {
                 Head::Str(t) => names_of(t)?,
                 _ => return Err(EventError::Malformed("positional event without a tag")),
             };
+            // A stored event's token ids are read where they lie, not stepped over
+            // and read again: they are most of its bytes.
+            let ids_at = match std::ptr::eq(names, STORED) {
+                true => TOKEN_IDS_AT,
+                false => usize::MAX,
+            };
             for i in 0..n - 1 {
+                if i == ids_at {
+                    read_ids = Some(tokens_at(rd)?);
+                    continue;
+                }
                 let v = rd.span(MAX_DEPTH)?;
                 f.put(i, v);
             }
@@ -348,7 +362,10 @@ fn decode_event(rd: &mut Rd<'_>) -> Result<EngineEvent, EventError> {
         None => None,
         Some(v) => Some(hash(Rd::new(v).head()?)?),
     };
-    let token_ids = tokens(f.raw(names, "token_ids"))?;
+    let token_ids = match read_ids {
+        Some(ids) => ids,
+        None => tokens(f.raw(names, "token_ids"))?,
+    };
     let block_size = match f.get(names, "block_size") {
         None => None,
         Some(b) => Some(
@@ -477,9 +494,16 @@ fn hashes(v: Option<&[u8]>) -> Result<Vec<EngineHash>, EventError> {
 }
 
 fn tokens(v: Option<&[u8]>) -> Result<Vec<u32>, EventError> {
-    let Some(v) = v else { return Ok(Vec::new()) };
-    let mut rd = Rd::new(v);
+    let Some(v) = v.filter(|v| *v != [0xc0]) else {
+        return Ok(Vec::new());
+    };
+    tokens_at(&mut Rd::new(v))
+}
+
+/// The token ids at `rd` (nil: none), moving past them.
+fn tokens_at(rd: &mut Rd<'_>) -> Result<Vec<u32>, EventError> {
     let n = match rd.head()? {
+        Head::Nil => return Ok(Vec::new()),
         Head::Array(n) => n,
         _ => return Err(EventError::Malformed("token_ids is not an array")),
     };
@@ -502,4 +526,12 @@ pub fn per_block_keys(raw: &[u8], n: usize) -> Option<impl Iterator<Item = &[u8]
         _ => return None,
     }
     Some((0..n).map_while(move |_| rd.span(MAX_DEPTH).ok()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn token_ids_are_where_the_fused_read_looks() {
+        assert_eq!(super::STORED[super::TOKEN_IDS_AT], "token_ids");
+    }
 }
