@@ -107,7 +107,14 @@ fn scalar(text: &[u8]) -> Option<(u32, usize)> {
 /// most: one more than its commas. Counted at memory speed, to size the list's vector
 /// before it is filled.
 pub fn bound(text: &[u8]) -> usize {
-    text.iter().filter(|&&c| c == b',').count() + 1
+    // Counted per 64 bytes in a byte-wide sum, which the compiler vectorizes 16 or 32
+    // bytes at a time (a `usize` count per byte went 4 bytes at a time).
+    let mut chunks = text.chunks_exact(64);
+    let mut n = 0;
+    for c in &mut chunks {
+        n += usize::from(c.iter().fold(0u8, |k, &b| k + u8::from(b == b',')));
+    }
+    n + chunks.remainder().iter().filter(|&&b| b == b',').count() + 1
 }
 
 #[cfg(test)]
@@ -165,6 +172,8 @@ mod tests {
         }
         assert_eq!(bound(b"[1,2,3]"), 3);
         assert_eq!(bound(b"[]"), 1);
+        let long: String = (0..1000).map(|i| format!("{i},")).collect();
+        assert_eq!(bound(long.as_bytes()), 1001);
     }
 
     fn element() -> impl Strategy<Value = String> {
