@@ -1,7 +1,8 @@
 //! `tokenize_inline_max_bytes` through the real binary: request bodies above it are
 //! tokenized on the core's blocking thread, and routing is the same either way (the
 //! same token ids, so a shared prefix still goes back to the worker that cached it);
-//! counted in `kvroute_proxy_tokenized_off_core_total`. Flag, env and TOML.
+//! counted in `kvroute_proxy_tokenized_off_core_total`. Flag, env and TOML. A prompt
+//! of token ids is only read, and stays on the core up to 16 times the bound.
 
 mod common;
 
@@ -86,6 +87,35 @@ fn prefix_rounds(st: &Setup, words: u32) {
     }
 }
 
+/// [`prefix_rounds`] with prompts of `n` token ids (~5 bytes each in the body).
+fn id_rounds(st: &Setup, n: u32) {
+    for round in 0..2u32 {
+        // Another prefix per call and per round (none of them cached yet).
+        let ids: Vec<u32> = (0..n).map(|i| 1000 + (round * 7 + n + i) % 3999).collect();
+        let first = json!({"model": "m", "prompt": ids, "max_tokens": 2});
+        let a = post(&st.s, "/v1/completions", &first.to_string(), &[]);
+        assert_eq!(a.status, 200, "{a:?}");
+        let w = a.header("x-kvroute-worker").unwrap().to_string();
+        let mut hashes = Vec::new();
+        // The first 1,000 blocks: a prefix the next prompt shares.
+        kvroute::hash::sequence_hashes_after(None, &ids[..4000], 4, &mut hashes);
+        let before = st.s.cached(&w);
+        st.s.store(&w, "device", &hashes);
+        st.s.wait_until("blocks indexed", |s| {
+            s.cached(&w) >= before + hashes.len() as u64
+        });
+        let longer: Vec<u32> = ids.iter().copied().chain(1..6).collect();
+        let second = json!({"model": "m", "prompt": longer, "max_tokens": 2});
+        let b = post(&st.s, "/v1/completions", &second.to_string(), &[]);
+        assert_eq!(b.status, 200);
+        assert_eq!(
+            b.header("x-kvroute-worker"),
+            Some(w.as_str()),
+            "round {round}"
+        );
+    }
+}
+
 fn off_core(s: &Server) -> f64 {
     s.metric("kvroute_proxy_tokenized_off_core_total")
 }
@@ -119,6 +149,18 @@ fn by_default_only_long_bodies_leave_the_core() {
         nices.iter().any(|&n| n >= base.max(10)),
         "a blocking thread at nice >= 10: {nices:?}"
     );
+}
+
+#[test]
+fn a_prompt_of_token_ids_stays_on_the_core_up_to_sixteen_times_the_bound() {
+    let _one = serial();
+    let Some(st) = start(&[]) else {
+        return;
+    };
+    id_rounds(&st, 4000); // ~20 KB bodies: over 8,192, under 16 x 8,192
+    assert_eq!(off_core(&st.s), 0.0, "ids are only read: on the core");
+    id_rounds(&st, 30_000); // ~150 KB bodies, over 16 x 8,192
+    assert_eq!(off_core(&st.s), 4.0, "longer lists leave it");
 }
 
 /// Nice value of every thread of process `pid` (field 19 of `/proc/PID/task/TID/stat`).

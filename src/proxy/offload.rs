@@ -1,7 +1,9 @@
 //! Where a proxied request's prompt is tokenized (`tokenize_inline_max_bytes`): on
 //! the core that accepted it, or, for a long body, on that core's blocking thread
 //! (`service::runtime::blocking`, below the executors' priority), so that a multi-millisecond tokenization does not
-//! hold the core's other streams. The tokenization itself is `prompt`'s.
+//! hold the core's other streams. A completions prompt of token ids is only read, so
+//! it stays on the core up to [`IDS_INLINE_FACTOR`] times that size. The tokenization
+//! itself is `prompt`'s.
 //!
 //! A short body's chat template may still be costly: on the core it is rendered within
 //! `tokenize::chat::QUICK_FUEL` steps only, and a render that needs more is done again
@@ -16,22 +18,50 @@
 //! (it takes long enough that they would spin for nothing).
 
 use super::front::Front;
+use super::request::{ClientRequest, Endpoint, Member};
+
+/// How many times `tokenize_inline_max_bytes` a completions body whose prompt is a
+/// list of token ids may be and still be read on the core: reading ids costs about
+/// 1.4 ns a byte (`tokenize::id_list`), tokenizing text 20 ns or more, and the trip to
+/// the blocking thread and back costs two wake-ups and the wait at nice 10.
+pub const IDS_INLINE_FACTOR: usize = 16;
+
+/// Whether the request's prompt is a list of token ids (a completions prompt that
+/// opens with a number): nothing to tokenize, only ids to read.
+fn ids_prompt(endpoint: Endpoint, creq: &ClientRequest) -> bool {
+    if endpoint != Endpoint::Completions {
+        return false;
+    }
+    let Some(p) = creq
+        .body
+        .get(Member::Prompt)
+        .and_then(|p| p.strip_prefix('['))
+    else {
+        return false;
+    };
+    p.trim_start_matches([' ', '\n', '\t', '\r'])
+        .starts_with(|c: char| c.is_ascii_digit())
+}
 
 /// The prompt's token ids (`prompt::prompt_tokens`): on this core for a body of up to
 /// `tokenize_inline_max_bytes`, else on the core's blocking thread while the core
 /// keeps serving its other streams (the body travels there and back, not copied).
 pub async fn tokenize(
     core: &Front,
-    endpoint: super::request::Endpoint,
-    mut creq: super::request::ClientRequest,
+    endpoint: Endpoint,
+    mut creq: ClientRequest,
     body_bytes: usize,
 ) -> (
-    super::request::ClientRequest,
+    ClientRequest,
     Result<Option<Vec<u32>>, super::prompt::PromptError>,
 ) {
     let sh = &core;
     let tok = sh.handle.tokenizers();
-    if tok.is_none() || body_bytes <= sh.handle.settings().proxy.tokenize_inline_max_bytes {
+    let max = sh.handle.settings().proxy.tokenize_inline_max_bytes;
+    let inline = tok.is_none()
+        || body_bytes <= max
+        || (body_bytes <= max.saturating_mul(IDS_INLINE_FACTOR) && ids_prompt(endpoint, &creq));
+    if inline {
         if tok.is_some() {
             // The route after tokenizing queries the other cores' shards: wake them
             // now, so their wake-up overlaps the tokenizing (`answer_spin`).
