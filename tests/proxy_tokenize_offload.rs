@@ -9,7 +9,7 @@ mod common;
 use common::proxy::{post, register, FakeWorker};
 use common::tokenizer::TestTokenizer;
 use common::Server;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::sync::{Mutex, MutexGuard};
 
 /// One test at a time: one sets an environment variable for the router it spawns.
@@ -52,67 +52,57 @@ fn start(extra: &[&str]) -> Option<Setup> {
     })
 }
 
-/// Two rounds of "prompt, its blocks stored on the chosen worker, a longer prompt
-/// sharing it": the longer one must go to the same worker. `words` per prompt.
+/// One round of "prompt, its blocks stored on the chosen worker, a longer prompt
+/// sharing it": the longer one must go to the same worker. `prefix`: token ids of the
+/// first prompt's blocks to store.
+fn prefix_round(st: &Setup, first: Value, prefix: &[u32], second: Value, round: u32) {
+    let a = post(&st.s, "/v1/completions", &first.to_string(), &[]);
+    assert_eq!(a.status, 200, "{a:?}");
+    let w = a.header("x-kvroute-worker").unwrap().to_string();
+    let mut hashes = Vec::new();
+    kvroute::hash::sequence_hashes_after(None, prefix, 4, &mut hashes);
+    let before = st.s.cached(&w);
+    st.s.store(&w, "device", &hashes);
+    st.s.wait_until("blocks indexed", |s| {
+        s.cached(&w) >= before + hashes.len() as u64
+    });
+    let b = post(&st.s, "/v1/completions", &second.to_string(), &[]);
+    assert_eq!(b.status, 200);
+    assert_eq!(
+        b.header("x-kvroute-worker"),
+        Some(w.as_str()),
+        "round {round}"
+    );
+}
+
+/// Two [`prefix_round`]s with text prompts of `words` words.
 fn prefix_rounds(st: &Setup, words: u32) {
     for round in 0..2u32 {
         let text: String = (0..words)
             .map(|i| format!("t{} ", (round * 7 + i) % 4000))
             .collect();
         let first = json!({"model": "m", "prompt": text, "max_tokens": 2});
-        let a = post(&st.s, "/v1/completions", &first.to_string(), &[]);
-        assert_eq!(a.status, 200, "{a:?}");
-        let w = a.header("x-kvroute-worker").unwrap().to_string();
         let ids = st
             .tok
             .prompt_tokens(kvroute::tokenize::Endpoint::Completions, "m", &first)
             .unwrap()
             .unwrap();
-        let mut hashes = Vec::new();
-        kvroute::hash::sequence_hashes_after(None, &ids, 4, &mut hashes);
-        let before = st.s.cached(&w);
-        st.s.store(&w, "device", &hashes);
-        st.s.wait_until("blocks indexed", |s| {
-            s.cached(&w) >= before + hashes.len() as u64
-        });
         let second =
             json!({"model": "m", "prompt": format!("{text}t1 t2 t3 t4 t5"), "max_tokens": 2});
-        let b = post(&st.s, "/v1/completions", &second.to_string(), &[]);
-        assert_eq!(b.status, 200);
-        assert_eq!(
-            b.header("x-kvroute-worker"),
-            Some(w.as_str()),
-            "round {round}"
-        );
+        prefix_round(st, first, &ids, second, round);
     }
 }
 
-/// [`prefix_rounds`] with prompts of `n` token ids (~5 bytes each in the body).
+/// Two [`prefix_round`]s with prompts of `n` token ids (~5 bytes each in the body),
+/// storing the first 1,000 blocks.
 fn id_rounds(st: &Setup, n: u32) {
     for round in 0..2u32 {
         // Another prefix per call and per round (none of them cached yet).
         let ids: Vec<u32> = (0..n).map(|i| 1000 + (round * 7 + n + i) % 3999).collect();
-        let first = json!({"model": "m", "prompt": ids, "max_tokens": 2});
-        let a = post(&st.s, "/v1/completions", &first.to_string(), &[]);
-        assert_eq!(a.status, 200, "{a:?}");
-        let w = a.header("x-kvroute-worker").unwrap().to_string();
-        let mut hashes = Vec::new();
-        // The first 1,000 blocks: a prefix the next prompt shares.
-        kvroute::hash::sequence_hashes_after(None, &ids[..4000], 4, &mut hashes);
-        let before = st.s.cached(&w);
-        st.s.store(&w, "device", &hashes);
-        st.s.wait_until("blocks indexed", |s| {
-            s.cached(&w) >= before + hashes.len() as u64
-        });
         let longer: Vec<u32> = ids.iter().copied().chain(1..6).collect();
+        let first = json!({"model": "m", "prompt": ids, "max_tokens": 2});
         let second = json!({"model": "m", "prompt": longer, "max_tokens": 2});
-        let b = post(&st.s, "/v1/completions", &second.to_string(), &[]);
-        assert_eq!(b.status, 200);
-        assert_eq!(
-            b.header("x-kvroute-worker"),
-            Some(w.as_str()),
-            "round {round}"
-        );
+        prefix_round(st, first, &ids[..4000], second, round);
     }
 }
 
