@@ -494,10 +494,10 @@ fn hashes(v: Option<&[u8]>) -> Result<Vec<EngineHash>, EventError> {
 }
 
 fn tokens(v: Option<&[u8]>) -> Result<Vec<u32>, EventError> {
-    let Some(v) = v.filter(|v| *v != [0xc0]) else {
-        return Ok(Vec::new());
-    };
-    tokens_at(&mut Rd::new(v))
+    match v {
+        Some(v) => tokens_at(&mut Rd::new(v)),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// The token ids at `rd` (nil: none), moving past them.

@@ -13,7 +13,7 @@
 //! characters and escape syntax are checked everywhere, so every span is valid UTF-8
 //! JSON. Case by case against serde_json in `members_tests`.
 
-use crate::tokenize::id_list;
+use crate::tokenize::id_list::{self, skip_ws};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -37,9 +37,7 @@ pub fn object<'a>(
         }
         return Ok(());
     }
-    let first = text
-        .iter()
-        .find(|b| !matches!(b, b' ' | b'\n' | b'\t' | b'\r'));
+    let first = text.get(skip_ws(text, 0));
     if first != Some(&b'{') {
         // Not an object: tell broken JSON from JSON of another type. Skipping a value
         // does not check the UTF-8 of its strings, so that is checked first (with
@@ -60,13 +58,6 @@ pub fn object<'a>(
     })
     .map_err(ObjectError::Json)?;
     de.end().map_err(ObjectError::Json)
-}
-
-fn skip_ws(text: &[u8], mut i: usize) -> usize {
-    while matches!(text.get(i), Some(b' ' | b'\n' | b'\t' | b'\r')) {
-        i += 1;
-    }
-    i
 }
 
 /// The members of the object `text` the quick way, or `None` for anything unusual (an

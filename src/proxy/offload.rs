@@ -19,6 +19,7 @@
 
 use super::front::Front;
 use super::request::{ClientRequest, Endpoint, Member};
+use crate::tokenize::id_list::skip_ws;
 
 /// How many times `tokenize_inline_max_bytes` a completions body whose prompt is a
 /// list of token ids may be and still be read on the core: reading ids costs about
@@ -32,15 +33,10 @@ fn ids_prompt(endpoint: Endpoint, creq: &ClientRequest) -> bool {
     if endpoint != Endpoint::Completions {
         return false;
     }
-    let Some(p) = creq
-        .body
-        .get(Member::Prompt)
-        .and_then(|p| p.strip_prefix('['))
-    else {
+    let Some(p) = creq.body.get(Member::Prompt).map(str::as_bytes) else {
         return false;
     };
-    p.trim_start_matches([' ', '\n', '\t', '\r'])
-        .starts_with(|c: char| c.is_ascii_digit())
+    p.first() == Some(&b'[') && p.get(skip_ws(p, 1)).is_some_and(u8::is_ascii_digit)
 }
 
 /// The prompt's token ids (`prompt::prompt_tokens`): on this core for a body of up to

@@ -84,8 +84,8 @@ fn plain_str(raw: &str) -> Option<&str> {
 }
 
 fn first_byte(s: &str) -> Option<u8> {
-    s.bytes()
-        .find(|b| !matches!(b, b' ' | b'\n' | b'\t' | b'\r'))
+    let b = s.as_bytes();
+    b.get(super::id_list::skip_ws(b, 0)).copied()
 }
 
 /// A JSON array of token ids (`raw`, valid JSON) read in one pass

@@ -13,12 +13,14 @@
 
 /// JSON's whitespace.
 #[inline]
-fn is_ws(c: u8) -> bool {
+pub fn is_ws(c: u8) -> bool {
     matches!(c, b' ' | b'\n' | b'\t' | b'\r')
 }
 
+/// The index of the first byte of `text` at or after `i` that is not JSON whitespace
+/// (`text.len()` if none).
 #[inline]
-fn skip_ws(text: &[u8], mut i: usize) -> usize {
+pub fn skip_ws(text: &[u8], mut i: usize) -> usize {
     while i < text.len() && is_ws(text[i]) {
         i += 1;
     }
@@ -43,18 +45,10 @@ pub fn read(text: &[u8], mut push: impl FnMut(u32)) -> Option<usize> {
             return None;
         }
         push(id);
-        i += digits;
+        i = skip_ws(text, i + digits);
         match text.get(i) {
             Some(b',') => i = skip_ws(text, i + 1),
             Some(b']') => return Some(i + 1),
-            Some(&c) if is_ws(c) => {
-                i = skip_ws(text, i);
-                match text.get(i) {
-                    Some(b',') => i = skip_ws(text, i + 1),
-                    Some(b']') => return Some(i + 1),
-                    _ => return None,
-                }
-            }
             _ => return None,
         }
     }
