@@ -239,7 +239,7 @@ pub enum Slot {
 pub async fn wait_for_slot(
     sh: &super::front::Front,
     headers: &hyper::HeaderMap,
-    watch: &super::watch::ClientWatch,
+    watch: &std::rc::Rc<super::watch::ClientWatch>,
 ) -> Slot {
     let on = |p: &&Policies| p.queueing() && p.settings.queue_at_max_concurrent;
     let Some(p) = sh.state.policies.get().filter(on) else {
