@@ -161,7 +161,8 @@ pub async fn route_proxied(core: &Core, req: &RouteRequest) -> Result<RouteDecis
 
 async fn route_any(core: &Core, req: &RouteRequest) -> Result<RouteDecision, ApiError> {
     let started = Instant::now();
-    let cpu = crate::service::runtime::cpu_clock::now();
+    // The decision's own CPU time, on a sample of decisions (`cpu_clock::sampled`).
+    let cpu = crate::service::runtime::cpu_clock::sampled();
     let sh = &core.shared;
     refuse_when_stopping(core)?;
     let prepared = req
@@ -179,15 +180,17 @@ async fn route_any(core: &Core, req: &RouteRequest) -> Result<RouteDecision, Api
         return Err(ApiError::Overloaded("too many active requests".into()));
     }
     let mode = req.mode.unwrap_or(sh.settings.router.mode);
-    let mut waited = std::time::Duration::ZERO;
+    let mut waited = cpu.map(|_| std::time::Duration::ZERO);
     let job = Retained {
         prepared,
         mode,
         expected_output_tokens: req.expected_output_tokens,
     };
     let out = route_prepared(core, &req.request_id, job, req.explain, false, &mut waited).await;
-    let own = crate::service::runtime::cpu_clock::now().saturating_sub(cpu + waited);
-    sh.metrics.decision_cpu.observe(own.as_secs_f64());
+    if let (Some(cpu), Some(waited)) = (cpu, waited) {
+        let own = crate::service::runtime::cpu_clock::now().saturating_sub(cpu + waited);
+        sh.metrics.decision_cpu.observe(own.as_secs_f64());
+    }
     let outcome = match &out {
         Ok(d) if d.fallback != "none" => "fallback",
         Ok(_) => "ok",
@@ -204,16 +207,16 @@ async fn route_any(core: &Core, req: &RouteRequest) -> Result<RouteDecision, Api
 }
 
 /// Routes a prepared request (`job`: what a disaggregated request also keeps for a
-/// re-route). `waited` gains the thread CPU time that passed while the route waited
-/// for other cores (other tasks of this core ran meanwhile), so the caller can tell
-/// the decision's own CPU time.
+/// re-route). `waited`, when the caller measures the decision's CPU time, gains the
+/// thread CPU time that passed while the route waited for other cores (other tasks of
+/// this core ran meanwhile), so the caller can tell the decision's own.
 async fn route_prepared(
     core: &Core,
     id: &str,
     job: Retained,
     explain: bool,
     prefill_failed: bool,
-    waited: &mut std::time::Duration,
+    waited: &mut Option<std::time::Duration>,
 ) -> Result<RouteDecision, ApiError> {
     let Retained {
         mut prepared,
@@ -278,8 +281,10 @@ async fn route_prepared(
     // Gather.
     let mut answers: Vec<ShardAnswer> = Vec::with_capacity(qids.len() + 1);
     answers.push(local.answer);
-    let gather_from = crate::service::runtime::cpu_clock::now();
     let asked = !qids.is_empty();
+    let gather_from = waited
+        .filter(|_| asked)
+        .map(|_| crate::service::runtime::cpu_clock::now());
     for qid in qids {
         if let Reply::Answer(a) = core.wait(qid).await {
             // Replicated: the other cores answered the duplicate check only.
@@ -293,8 +298,8 @@ async fn route_prepared(
     }
     drop(awaiting);
     // Other tasks of this core ran while the answers were awaited: not this route's.
-    if asked {
-        *waited += crate::service::runtime::cpu_clock::now().saturating_sub(gather_from);
+    if let (Some(w), Some(from)) = (waited.as_mut(), gather_from) {
+        *w += crate::service::runtime::cpu_clock::now().saturating_sub(from);
     }
     if !free {
         core.release(id);
@@ -526,8 +531,7 @@ pub async fn lifecycle(
         LifeOutcome::Done => Ok(None),
         LifeOutcome::Reroute(r) => {
             let mode = r.mode;
-            let mut waited = std::time::Duration::ZERO;
-            let d = route_prepared(core, id, *r, false, true, &mut waited).await?;
+            let d = route_prepared(core, id, *r, false, true, &mut None).await?;
             core.shared.metrics.route(mode.name(), "fallback");
             Ok(Some(d))
         }
