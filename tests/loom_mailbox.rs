@@ -15,6 +15,9 @@
 //! a few seconds each in release):
 //! - `mailbox_*`: two producers, one consumer (drain, `try_sleep`, park, `awake`); every
 //!   message received exactly once, in per-producer order, no lost wake-up;
+//! - `quiet`: quiet messages (`push_quiet`, no doorbell) before and after a plain one;
+//!   the plain ones wake the consumer, the quiet one before them arrives with them.
+//!   Caught fault: `QuietClearsFlag` (lost wake-up);
 //! - `shard_handoff`: an ingest core flushes one worker's ordered batch (3 ops for shard
 //!   0, 1 for shard 1) into two shard mailboxes of capacity 1, so the hand-off also goes
 //!   through backpressure; each shard applies its part in order. Caught faults:
@@ -207,6 +210,57 @@ fn mailbox_skip_recheck_is_caught() {
 #[should_panic(expected = "lost wake-up")]
 fn mailbox_flag_before_push_is_caught() {
     with_fault(Fault::FlagBeforePush, mailbox_model);
+}
+
+/// Quiet messages (`Mailbox::push_quiet`, the active-block updates) among plain ones:
+/// producer 0 sends quiet, plain, quiet; producer 1 one plain message. The consumer
+/// waits only for the plain ones; the quiet one before the plain one comes with it
+/// (per-producer order), the last one may still be queued at the end, never lost.
+fn quiet_model() {
+    model(|| {
+        let inbox = Arc::new(Inbox::new(4, 2));
+        let a = {
+            let inbox = inbox.clone();
+            thread::spawn(move || {
+                inbox.mb.push_quiet((0usize, 0u32)).unwrap();
+                inbox.send((0, 1));
+                inbox.mb.push_quiet((0, 2)).unwrap();
+                inbox.sender_done();
+            })
+        };
+        let b = {
+            let inbox = inbox.clone();
+            thread::spawn(move || {
+                inbox.send((1usize, 0u32));
+                inbox.sender_done();
+            })
+        };
+        let mut next = [0u32; 2];
+        let take = |(p, i): (usize, u32), next: &mut [u32; 2]| {
+            assert_eq!(i, next[p], "producer {p}: message out of order or repeated");
+            next[p] += 1;
+        };
+        while next[0] < 2 || next[1] < 1 {
+            take(inbox.next(), &mut next);
+        }
+        a.join().unwrap();
+        b.join().unwrap();
+        while let Some(m) = inbox.mb.pop() {
+            take(m, &mut next);
+        }
+        assert_eq!(next, [3, 1]);
+    });
+}
+
+#[test]
+fn quiet_messages_delay_no_plain_message() {
+    quiet_model();
+}
+
+#[test]
+#[should_panic(expected = "lost wake-up")]
+fn quiet_clears_flag_is_caught() {
+    with_fault(Fault::QuietClearsFlag, quiet_model);
 }
 
 // ---- outbox (`Core::post` / `Core::flush`) ----------------------------------------

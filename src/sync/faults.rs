@@ -19,6 +19,9 @@ pub enum Fault {
     SkipRecheck,
     /// `Mailbox::push` clears the sleep flag (deciding whether to ring) before enqueuing.
     FlagBeforePush,
+    /// `Mailbox::push_quiet` clears the sleep flag (so the next plain push rings no
+    /// doorbell).
+    QuietClearsFlag,
     /// `LoadBoard::publish` zeroes a row before writing it (a transient, invented value).
     BoardResetFirst,
     /// `admission::SharedQueue` never asks a new waiter to recheck the epoch.

@@ -14,6 +14,13 @@
 //!   not yet pushed makes the consumer retry instead of parking; spurious wake-ups are
 //!   harmless.
 //!
+//! - quiet producer ([`Mailbox::push_quiet`]): `fetch_add` one message, then push it,
+//!   leaving the SLEEPING bit as it is: a parked consumer stays parked. The message
+//!   is taken, in order, by the consumer's next wake-up (the next plain message's
+//!   doorbell, or any other) or by a pop on the consumer's thread; a plain message
+//!   pushed after it still finds SLEEPING set and rings, so a quiet message never
+//!   delays one that is not.
+//!
 //! The queue is bounded: `push` hands the message back when full (and withdraws its
 //! announcement), and the caller applies backpressure (waits, which stops it reading
 //! its socket).
@@ -109,6 +116,22 @@ impl<T> Mailbox<T> {
         Ok(self.state.fetch_and(!SLEEPING, Ordering::AcqRel) & SLEEPING != 0)
     }
 
+    /// Enqueues `msg` without waking the consumer (see the module doc). `Err(msg)`
+    /// when the queue is full.
+    pub fn push_quiet(&self, msg: T) -> Result<(), T> {
+        self.state.fetch_add(ONE, Ordering::AcqRel);
+        if let Err(m) = self.queue.push(msg) {
+            self.state.fetch_sub(ONE, Ordering::AcqRel);
+            return Err(m);
+        }
+        #[cfg(loom)]
+        if super::faults::active(super::faults::Fault::QuietClearsFlag) {
+            // Bug: takes the wake-up for itself and rings no doorbell.
+            self.state.fetch_and(!SLEEPING, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
     pub fn pop(&self) -> Option<T> {
         let m = self.queue.pop()?;
         self.state.fetch_sub(ONE, Ordering::AcqRel);
@@ -150,6 +173,24 @@ impl<T> Mailbox<T> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quiet_message_leaves_the_consumer_asleep_and_the_next_plain_one_rings() {
+        let m = Mailbox::new(4);
+        assert!(m.try_sleep());
+        assert_eq!(m.push_quiet(1), Ok(()));
+        assert_eq!(m.push(2), Ok(true), "the consumer still sleeps: ring");
+        m.awake();
+        assert_eq!((m.pop(), m.pop()), (Some(1), Some(2)));
+        assert!(m.try_sleep());
+        let full = Mailbox::new(1);
+        assert_eq!(full.push_quiet(1), Ok(()));
+        assert_eq!(full.push_quiet(2), Err(2));
+        assert!(
+            !full.try_sleep(),
+            "a quiet message keeps an awake consumer up"
+        );
+    }
 
     #[test]
     fn wake_needed_only_after_sleep() {

@@ -97,8 +97,14 @@ fn refresh(core: &Core, reg: &Arc<Registry>, v: &mut Option<CoreView>, now_us: u
     v.changed.dedup();
     for &w in &v.changed {
         let p = sh.board.read(w);
+        // Replicated: this core's copy is current for its own decisions (`catch_up`);
+        // the board's is core 0's, which may not have woken for the latest updates.
+        let unique = match sh.replicated {
+            true => core.unique_blocks(w),
+            false => p.blocks_unique,
+        };
         v.loads
-            .set_load(w, &p.agg.load(model, now_us), p.blocks_unique as f64);
+            .set_load(w, &p.agg.load(model, now_us), unique as f64);
         if model == PrefillLoadModel::Predicted && p.agg.oldest_prefill.is_some() {
             v.decaying.push(w);
         }
@@ -274,6 +280,7 @@ async fn route_prepared(
                 .map(|(i, &h)| (i as u32, h)),
         );
     }
+    core.catch_up();
     let local = core.local_query(&local_items, None);
     ITEMS.set(local_items);
     let (mut reuse, mut spec_matches) = (local.reuse, local.spec);

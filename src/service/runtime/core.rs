@@ -20,7 +20,7 @@ pub use wait::WaitReply;
 
 use crate::index::{ApproxShard, IndexShard, PendingShard, ShardAnswer};
 use crate::load::{ActiveBlocksShard, LoadTracker, NewRequest};
-use crate::service::runtime::msg::{Msg, QueryAnswer, Reply, Retained, SpecAdd};
+use crate::service::runtime::msg::{Lane, Msg, QueryAnswer, Reply, Retained, SpecAdd};
 use crate::service::runtime::shared::Shared;
 use crate::sync::board::Published;
 use crate::types::{Tier, WorkerSlot};
@@ -224,6 +224,28 @@ impl Core {
                 c.release(id, self.id);
             }
         }
+    }
+
+    /// Handles what other cores queued for this core without waking it (their
+    /// active-block updates: `Msg::is_quiet`), with everything queued before those, so
+    /// that a decision here counts every request committed elsewhere before it began.
+    pub fn catch_up(&self) {
+        let urgent = self.shared.mailbox(self.id, Lane::Urgent);
+        if urgent.is_empty() {
+            return;
+        }
+        // What is queued now, not what keeps arriving meanwhile.
+        for _ in 0..urgent.len() {
+            let Some(m) = urgent.pop() else { break };
+            self.handle(m);
+        }
+        self.after_local();
+    }
+
+    /// Distinct active blocks of worker `slot` in this core's shard (every block,
+    /// when replicated).
+    pub fn unique_blocks(&self, slot: WorkerSlot) -> u64 {
+        self.st.borrow().active.unique_blocks(slot)
     }
 
     /// Active requests plus reservations on this core.

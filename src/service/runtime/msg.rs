@@ -187,6 +187,16 @@ pub enum Lane {
 }
 
 impl Msg {
+    /// Whether the message travels without ringing the receiver's doorbell
+    /// (`Mailbox::push_quiet`): active-block updates, two per request and core. A
+    /// parked receiver applies them, in order with the rest, at its next wake-up,
+    /// before its next decision (`Core::catch_up`), and at the latest at its probe's
+    /// next tick (`schedule_lag::PERIOD`); each doorbell was a wake-up of the other
+    /// core (a system call here, a pass through its rings there).
+    pub fn is_quiet(&self) -> bool {
+        matches!(self, Msg::Active { .. })
+    }
+
     /// The lane this message travels in. `Forget` is urgent: it must reach a
     /// core before any commit for the slot's new identity (both lanes are drained
     /// urgent-first, and index batches of an old identity are dropped by generation).

@@ -7,6 +7,10 @@
 //! the OS running another thread on the core's CPU). When the two tails match, the
 //! decision tail is the core's scheduling, not the routing work.
 //!
+//! Each tick also applies the messages other cores queued without waking this one
+//! (`Core::catch_up`): a parked core's active blocks, which the status and the
+//! metrics read, are never more than a [`PERIOD`] behind.
+//!
 //! Guarantees: one wake-up per [`PERIOD`] per core (no busy loop); it stops once the
 //! service is stopping.
 
@@ -30,6 +34,7 @@ pub async fn probe_loop(core: Rc<Core>) {
             return;
         }
         lag.observe(late_by(asked.elapsed()).as_secs_f64());
+        core.catch_up();
     }
 }
 

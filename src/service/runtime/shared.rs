@@ -204,8 +204,11 @@ impl Shared {
     /// Non-blocking enqueue to core `to`, in the message's lane. Rings the doorbell if
     /// the core may be parked.
     pub fn try_send(&self, to: usize, msg: Msg) -> Result<(), Msg> {
-        let lane = msg.lane() as usize;
-        match self.mailboxes[to][lane].push(msg) {
+        let mailbox = &self.mailboxes[to][msg.lane() as usize];
+        if msg.is_quiet() {
+            return mailbox.push_quiet(msg);
+        }
+        match mailbox.push(msg) {
             Ok(true) => {
                 // A full doorbell socket means a wake-up is already pending.
                 let _ = (&self.doorbells[to]).write(&[1]);
