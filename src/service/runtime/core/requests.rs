@@ -5,7 +5,8 @@
 //!
 //! Guarantees: a request's active blocks are added on every shard when it is committed
 //! and removed on every shard when it ends (finish, prefill failure or expiry), exactly
-//! once; a committed request (a peer replica's too) touches its prompt's blocks in the
+//! once, other shards applying them before their own next decision or answer (the
+//! updates ring no doorbell: `Msg::is_quiet`); a committed request (a peer replica's too) touches its prompt's blocks in the
 //! approximate model of every shard when the worker prefilling it is approximate, and
 //! its end leaves them there; a lifecycle call for a request that does not live on this core answers
 //! `UnknownRequest` without side effects; a replica's calls are applied but never
