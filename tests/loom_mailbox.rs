@@ -164,29 +164,38 @@ fn with_fault(f: Fault, body: impl FnOnce()) {
 
 // ---- mailbox ---------------------------------------------------------------------
 
+/// Message `i` of producer `p`.
+type Tagged = (usize, u32);
+
+/// A producer thread: `sends`, then done.
+fn producer<T: Send + 'static>(
+    inbox: &Arc<Inbox<T>>,
+    sends: impl FnOnce(&Inbox<T>) + Send + 'static,
+) -> thread::JoinHandle<()> {
+    let inbox = inbox.clone();
+    thread::spawn(move || {
+        sends(&inbox);
+        inbox.sender_done();
+    })
+}
+
+/// Checks that `(p, i)` is producer `p`'s next message and counts it.
+fn in_order((p, i): Tagged, next: &mut [u32; 2]) {
+    assert_eq!(i, next[p], "producer {p}: message out of order or repeated");
+    next[p] += 1;
+}
+
 fn mailbox_model() {
     model(|| {
         let inbox = Arc::new(Inbox::new(4, 2));
-        let a = {
-            let inbox = inbox.clone();
-            thread::spawn(move || {
-                inbox.send((0usize, 0u32));
-                inbox.send((0, 1));
-                inbox.sender_done();
-            })
-        };
-        let b = {
-            let inbox = inbox.clone();
-            thread::spawn(move || {
-                inbox.send((1usize, 0u32));
-                inbox.sender_done();
-            })
-        };
+        let a = producer(&inbox, |i| {
+            i.send((0, 0));
+            i.send((0, 1));
+        });
+        let b = producer(&inbox, |i| i.send((1, 0)));
         let mut next = [0u32; 2];
         for _ in 0..3 {
-            let (p, i) = inbox.next();
-            assert_eq!(i, next[p], "producer {p}: message out of order or repeated");
-            next[p] += 1;
+            in_order(inbox.next(), &mut next);
         }
         a.join().unwrap();
         b.join().unwrap();
@@ -212,41 +221,26 @@ fn mailbox_flag_before_push_is_caught() {
     with_fault(Fault::FlagBeforePush, mailbox_model);
 }
 
-/// Quiet messages (`Mailbox::push_quiet`, the active-block updates) among plain ones:
-/// producer 0 sends quiet, plain, quiet; producer 1 one plain message. The consumer
-/// waits only for the plain ones; the quiet one before the plain one comes with it
-/// (per-producer order), the last one may still be queued at the end, never lost.
+/// Quiet messages (`Mailbox::push_quiet`) among plain ones: producer 0 sends quiet,
+/// plain, quiet; producer 1 one plain. The consumer waits for the plain ones only; the
+/// first quiet one comes with them, the last may be left queued, never lost.
 fn quiet_model() {
     model(|| {
         let inbox = Arc::new(Inbox::new(4, 2));
-        let a = {
-            let inbox = inbox.clone();
-            thread::spawn(move || {
-                inbox.mb.push_quiet((0usize, 0u32)).unwrap();
-                inbox.send((0, 1));
-                inbox.mb.push_quiet((0, 2)).unwrap();
-                inbox.sender_done();
-            })
-        };
-        let b = {
-            let inbox = inbox.clone();
-            thread::spawn(move || {
-                inbox.send((1usize, 0u32));
-                inbox.sender_done();
-            })
-        };
+        let a = producer(&inbox, |i| {
+            i.mb.push_quiet((0, 0)).unwrap();
+            i.send((0, 1));
+            i.mb.push_quiet((0, 2)).unwrap();
+        });
+        let b = producer(&inbox, |i| i.send((1, 0)));
         let mut next = [0u32; 2];
-        let take = |(p, i): (usize, u32), next: &mut [u32; 2]| {
-            assert_eq!(i, next[p], "producer {p}: message out of order or repeated");
-            next[p] += 1;
-        };
         while next[0] < 2 || next[1] < 1 {
-            take(inbox.next(), &mut next);
+            in_order(inbox.next(), &mut next);
         }
         a.join().unwrap();
         b.join().unwrap();
         while let Some(m) = inbox.mb.pop() {
-            take(m, &mut next);
+            in_order(m, &mut next);
         }
         assert_eq!(next, [3, 1]);
     });
@@ -499,23 +493,15 @@ fn generation_model(check_gen: bool) {
         let gen = Arc::new(AtomicU64::new(0));
         let shard = Arc::new(Inbox::new(4, 2));
         // An ingest connection: reads the binding's generation, tags its message with it.
-        let ingest = {
-            let (gen, shard) = (gen.clone(), shard.clone());
-            thread::spawn(move || {
-                let g = gen.load(Ordering::Acquire);
-                shard.send((g, Op::Stored(42)));
-                shard.sender_done();
-            })
-        };
+        let read = gen.clone();
+        let ingest = producer(&shard, move |s| {
+            s.send((read.load(Ordering::Acquire), Op::Stored(42)));
+        });
         // Control plane: the worker restarted. Bump, then tell the shard to forget.
-        let control = {
-            let (gen, shard) = (gen.clone(), shard.clone());
-            thread::spawn(move || {
-                let g = gen.fetch_add(1, Ordering::AcqRel) + 1;
-                shard.send((g, Op::Forget));
-                shard.sender_done();
-            })
-        };
+        let bump = gen.clone();
+        let control = producer(&shard, move |s| {
+            s.send((bump.fetch_add(1, Ordering::AcqRel) + 1, Op::Forget));
+        });
         // The shard (`Core::apply_index`): drop messages of a stale generation.
         let mut blocks = Vec::new();
         let mut forgot_at: Option<u64> = None;
@@ -566,17 +552,14 @@ fn shutdown_model(recheck: bool) {
     model(move || {
         let inbox = Arc::new(Inbox::new(4, 1));
         let stop = Arc::new(AtomicBool::new(false));
-        let sender = {
-            let (inbox, stop) = (inbox.clone(), stop.clone());
-            thread::spawn(move || {
-                inbox.send(1u32);
-                inbox.send(2);
-                // `Running::shutdown`: raise the flag, then wake every core.
-                stop.store(true, Ordering::SeqCst);
-                inbox.ring();
-                inbox.sender_done();
-            })
-        };
+        let raise = stop.clone();
+        let sender = producer(&inbox, move |i| {
+            i.send(1u32);
+            i.send(2);
+            // `Running::shutdown`: raise the flag, then wake every core.
+            raise.store(true, Ordering::SeqCst);
+            i.ring();
+        });
         // `run_loop`, minus in-flight tracking (the service loads the flag with Acquire).
         let mut got = Vec::new();
         loop {
