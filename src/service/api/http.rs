@@ -243,6 +243,7 @@ async fn route_http(
             json(code, &body)
         }
         (&Method::GET, ["metrics"]) => {
+            control::applied_everywhere(&core).await;
             let text = crate::service::api::scrape::scrape(&core);
             Response::builder()
                 .header("content-type", "text/plain; version=0.0.4")
@@ -257,7 +258,12 @@ async fn route_http(
                 crate::service::api::status::status_body(core.shared.clone()).await,
             ))
             .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
-        (&Method::GET, ["v1", "workers"]) => json(StatusCode::OK, &control::workers(&core)),
+        (&Method::GET, ["v1", "workers"]) => {
+            // Every update queued before this read is in its figures (the cores'
+            // active-block updates to each other travel without a doorbell).
+            control::applied_everywhere(&core).await;
+            json(StatusCode::OK, &control::workers(&core))
+        }
         (&Method::POST, ["v1", "workers"]) => match body_json::<WorkerSpec>(&core, req).await {
             Err(r) => r,
             Ok(spec) if !core.shared.creds.may_act_on(presented, &spec.id) => unauthorized(

@@ -337,7 +337,9 @@ pub async fn json_events(core: &Core, id: &str, events: Vec<KvEvent>) -> Result<
 
 /// Resolves once every core has handled every bulk message this core queued to it
 /// before the call: a `Barrier` follows them in each core's bulk lane (a FIFO per
-/// sender) and comes back as `Applied`.
+/// sender) and comes back as `Applied`. Each core handles its urgent inbox first, so
+/// the quiet messages (`Msg::is_quiet`) any core queued to it before are applied and
+/// published too: the API's reads of the load see every call answered before them.
 pub async fn applied_everywhere(core: &Core) {
     let mut qids = Vec::with_capacity(core.shared.cores);
     for to in 0..core.shared.cores {
