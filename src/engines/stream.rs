@@ -305,7 +305,11 @@ impl Session {
             _ => true,
         };
         // Each event is applied as it is decoded: memory is one event, not the batch.
-        match for_each_event_if(payload, accept, |ev| adapter.apply(&ev, out)) {
+        let apply = |ev| {
+            adapter.apply(&ev, out);
+            super::vllm::recycle(ev);
+        };
+        match for_each_event_if(payload, accept, apply) {
             Ok(b) if b.refused => {
                 self.counters.dp_rank_mismatch += 1;
                 let got = b.dp_rank.unwrap_or_default();
