@@ -22,7 +22,8 @@
 //! and is then credited to the field it belongs to.
 
 use super::event::EventInfo;
-use plain::{is_ws, skip_plain};
+use crate::tokenize::id_list::is_ws;
+use plain::skip_plain;
 
 mod lex;
 mod plain;

@@ -28,7 +28,3 @@ pub(super) fn skip_plain(b: &[u8], mut i: usize) -> usize {
     }
     i
 }
-
-pub(super) fn is_ws(b: u8) -> bool {
-    matches!(b, b' ' | b'\n' | b'\t' | b'\r')
-}
