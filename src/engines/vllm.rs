@@ -39,6 +39,10 @@ pub const MAX_EVENTS: usize = 1 << 16;
 pub const MAX_HASHES: usize = 1 << 16;
 /// Largest number of token ids in one event.
 pub const MAX_TOKENS: usize = 1 << 24;
+/// Longest byte-digest hash accepted.
+pub const MAX_DIGEST: usize = 64;
+/// Deepest msgpack nesting accepted.
+pub const MAX_DEPTH: usize = 32;
 
 /// A token buffer handed back ([`recycle`]) is kept for the next event up to this
 /// many ids (1 MiB).
@@ -60,10 +64,6 @@ pub fn recycle(ev: EngineEvent) {
         }
     }
 }
-/// Longest byte-digest hash accepted.
-pub const MAX_DIGEST: usize = 64;
-/// Deepest msgpack nesting accepted.
-pub const MAX_DEPTH: usize = 32;
 
 /// Why a payload could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

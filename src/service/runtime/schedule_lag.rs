@@ -8,8 +8,9 @@
 //! decision tail is the core's scheduling, not the routing work.
 //!
 //! Each tick also applies the messages other cores queued without waking this one
-//! (`Core::catch_up`): a parked core's active blocks, which the status and the
-//! metrics read, are never more than a [`PERIOD`] behind.
+//! (`Core::catch_up`): a parked core's active blocks, which the status page reads,
+//! are never more than a [`PERIOD`] behind (`GET /v1/workers` and `/metrics` wait
+//! for every core's queue instead: `routing::control::applied_everywhere`).
 //!
 //! Guarantees: one wake-up per [`PERIOD`] per core (no busy loop); it stops once the
 //! service is stopping.

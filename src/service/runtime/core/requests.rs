@@ -6,12 +6,13 @@
 //! Guarantees: a request's active blocks are added on every shard when it is committed
 //! and removed on every shard when it ends (finish, prefill failure or expiry), exactly
 //! once, other shards applying them before their own next decision or answer (the
-//! updates ring no doorbell: `Msg::is_quiet`); a committed request (a peer replica's too) touches its prompt's blocks in the
-//! approximate model of every shard when the worker prefilling it is approximate, and
-//! its end leaves them there; a lifecycle call for a request that does not live on this core answers
-//! `UnknownRequest` without side effects; a replica's calls are applied but never
-//! published again; a request with no lifecycle call for `request_ttl_ms` leaves within
-//! about an eighth of that more ([`expiry_loop`]), counted and logged.
+//! updates ring no doorbell: `Msg::is_quiet`); a committed request (a peer replica's
+//! too) touches its prompt's blocks in the approximate model of every shard when the
+//! worker prefilling it is approximate, and its end leaves them there; a lifecycle
+//! call for a request that does not live on this core answers `UnknownRequest` without
+//! side effects; a replica's calls are applied but never published again; a request
+//! with no lifecycle call for `request_ttl_ms` leaves within about an eighth of that
+//! more ([`expiry_loop`]), counted and logged.
 
 use super::Core;
 use crate::engine::EngineError;
