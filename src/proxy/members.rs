@@ -9,9 +9,13 @@
 //! nesting deeper than serde_json's limit of 128, and a lone UTF-16 surrogate escape
 //! (`"\ud800"`) in a string inside a value. Such a member only reaches the engine, whose
 //! JSON reader answers as it would for any client; the members the router reads are
-//! parsed with serde_json's full rules. Keys are decoded in full; UTF-8, control
-//! characters and escape syntax are checked everywhere, so every span is valid UTF-8
-//! JSON. Case by case against serde_json in `members_tests`.
+//! parsed with serde_json's full rules. One more difference is serde_json's own: to its
+//! `Value`, an object whose first key is serde_json's private raw-value key
+//! ([`SERDE_JSON_RAW_KEY`]) is the JSON text in that member's string; JSON has no such
+//! rule, and [`object`] reads an ordinary member, as the engine's JSON reader does.
+//! Keys are decoded in full; UTF-8, control characters and escape syntax are checked
+//! everywhere, so every span is valid UTF-8 JSON. Case by case against serde_json in
+//! `members_tests`.
 
 use crate::tokenize::id_list::{self, skip_ws};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
@@ -130,6 +134,12 @@ pub fn refused_for_a_relaxed_check(e: &serde_json::Error) -> bool {
     .iter()
     .any(|p| m.starts_with(p))
 }
+
+/// The key serde_json's `raw_value` feature (which the proxy needs for spans) reserves:
+/// its `Value` reads an object whose first key this is as the JSON text in that
+/// member's string. [`object`] reads it as JSON says, an ordinary member; the tests and
+/// the fuzz target that hold `object` to serde_json's `Value` leave such texts out.
+pub const SERDE_JSON_RAW_KEY: &str = "$serde_json::private::RawValue";
 
 /// Why [`object`] refused a text.
 #[derive(Debug)]

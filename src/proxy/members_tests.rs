@@ -3,7 +3,9 @@
 //! numbers at the edges, whitespace, and a corpus built from all of them. Where the two
 //! differ by design (see the module's header) the test says which difference it is.
 
-use super::members::{object, refused_for_a_relaxed_check as relaxed, ObjectError};
+use super::members::{
+    object, refused_for_a_relaxed_check as relaxed, ObjectError, SERDE_JSON_RAW_KEY,
+};
 use serde_json::Value;
 
 /// What `object` and serde_json say of `text`: `Ok(true)` both read the same object,
@@ -136,6 +138,40 @@ fn repeated_keys_are_all_seen_in_order() {
     assert_eq!(agree(text.as_bytes()), Ok(true));
     assert_eq!(agree(br#"{"a":1,"a":1}"#), Ok(true));
     assert_eq!(agree(br#"{"a\u0061":1,"aa":2}"#), Ok(true));
+}
+
+#[test]
+fn serde_json_private_raw_key_is_an_ordinary_member() {
+    // To serde_json's `Value` this object is the JSON text in its string; to JSON (and
+    // to the engine) it is an object with one member (found by the body_members fuzz
+    // target).
+    for (text, value) in [
+        (format!(r#"{{"{SERDE_JSON_RAW_KEY}":"[1,2]"}}"#), Ok(true)),
+        (format!(r#"{{"{SERDE_JSON_RAW_KEY}":"%9@"}}"#), Err(())),
+        (
+            format!(r#"{{"{SERDE_JSON_RAW_KEY}":"{{}}","a":1}}"#),
+            Err(()),
+        ),
+    ] {
+        let tree = serde_json::from_str::<Value>(&text);
+        assert_eq!(
+            tree.as_ref().map(Value::is_array).map_err(drop),
+            value,
+            "{text}"
+        );
+        let mut got = Vec::new();
+        object(text.as_bytes(), |k, r| got.push((k.into_owned(), r))).unwrap();
+        assert_eq!(got[0].0, SERDE_JSON_RAW_KEY, "{text}");
+    }
+    // Not first, or inside a member: read alike.
+    assert_eq!(
+        agree(format!(r#"{{"a":1,"{SERDE_JSON_RAW_KEY}":"[1]"}}"#).as_bytes()),
+        Ok(true)
+    );
+    assert_eq!(
+        agree(format!(r#"{{"a":{{"{SERDE_JSON_RAW_KEY}":"[1]"}}}}"#).as_bytes()),
+        Ok(true)
+    );
 }
 
 #[test]
