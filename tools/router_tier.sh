@@ -105,11 +105,13 @@ EOF
 # computed on the worker's side, as Dynamo's mockers send theirs.
 start_kv() {
   local pp hp ep ap args=() n
-  pp=$(free_port); hp=$(free_port); ep=$(free_port); ap=$(free_port)
+  # In ZMQ mode the fleet binds its event ports first: a port picked here and not yet
+  # bound could otherwise be handed to the fleet too.
   if [ "${KV_EVENTS:-zmq}" = zmq ]; then
     start_fleet "kv" "$@"
     while read -r e; do [ -n "$e" ] && args+=(--engine "$e"); done <<<"$ENGINES"
   fi
+  pp=$(free_port); hp=$(free_port); ep=$(free_port); ap=$(free_port)
   # shellcheck disable=SC2086
   "$BIN/kvroute" serve --cores "$KV_CORES" --block-size 16 --index-layout "${KV_LAYOUT:-sharded}" $KV_FLAGS --tokenizer "sim-model=$TOK" \
     --proxy-addr "127.0.0.1:$pp" --http-addr "127.0.0.1:$hp" --events-addr "127.0.0.1:$ep" \
