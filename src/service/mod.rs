@@ -215,6 +215,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
     // Before anything else: what the executors need from the kernel and the limits
     // (a refusal is one line naming the fix, not a panic inside glommio).
     runtime::preflight::check()?;
+    runtime::huge_pages::disable();
     // Before anything is bound: a missing or broken tokenizer directory stops the start.
     let tokenizers = Arc::new(settings.load_tokenizers()?);
     for m in tokenizers.models() {

@@ -3,7 +3,7 @@
 //! cross-core mailboxes and their messages ([`msg`]), each core's run loop
 //! (`run_loop`, applying index batches preemptibly with `ingest_slice`; batches cut
 //! by `index_batch`), a core's snapshot dump (`dump`), the start checks (`preflight`,
-//! `pinning`, `core_start`), the blocking threads (`blocking`), the answer spin
+//! `pinning`, `core_start`) and settings (`huge_pages`: THP off), the blocking threads (`blocking`), the answer spin
 //! (`answer_spin`), the replicated request-id register (`claims`), the routed-traffic
 //! recorder (`recorder`), the schedule-lag probe (`schedule_lag`), and the cores' side
 //! of router replication: the link (`cluster_link`), the hooks that publish into it
@@ -22,6 +22,7 @@ pub mod core;
 pub mod core_start;
 pub mod cpu_clock;
 pub mod dump;
+pub mod huge_pages;
 pub mod index_batch;
 pub mod ingest_slice;
 pub mod msg;
