@@ -14,7 +14,7 @@ use super::events::{Events, Job};
 use crate::clock::sleep_until;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Body, Frame, Incoming};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::{Method, Request, Response, StatusCode};
 use kvroute::sim::agent_api::Framing;
 use kvroute::sim::live::{Admission, LiveWorker};
@@ -59,7 +59,9 @@ pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The response body: whole, or a stream of chunks fed by the generating task.
+/// The response body: whole, or a stream of chunks fed by the generating task. A whole
+/// body gives hyper its length, so it goes out with `content-length` as an engine's
+/// JSON answer does (vLLM's and SGLang's servers send one), not chunked.
 pub enum SimBody {
     Full(Full<Bytes>),
     Chan(mpsc::Receiver<Result<Bytes, BoxError>>),
@@ -75,6 +77,20 @@ impl Body for SimBody {
         match self.get_mut() {
             SimBody::Full(f) => Pin::new(f).poll_frame(cx).map_err(|e| match e {}),
             SimBody::Chan(rx) => rx.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            SimBody::Full(f) => f.is_end_stream(),
+            SimBody::Chan(_) => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            SimBody::Full(f) => f.size_hint(),
+            SimBody::Chan(_) => SizeHint::default(),
         }
     }
 }
