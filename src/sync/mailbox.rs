@@ -98,18 +98,10 @@ impl<T> Mailbox<T> {
         if super::faults::active(super::faults::Fault::FlagBeforePush) {
             // Bug: decides from a plain load taken before announcing the message.
             let asleep = self.state.load(Ordering::Acquire) & SLEEPING != 0;
-            self.state.fetch_add(ONE, Ordering::AcqRel);
-            if let Err(m) = self.queue.push(msg) {
-                self.state.fetch_sub(ONE, Ordering::AcqRel);
-                return Err(m);
-            }
+            self.announce(msg)?;
             return Ok(asleep && self.state.fetch_and(!SLEEPING, Ordering::AcqRel) & SLEEPING != 0);
         }
-        let prev = self.state.fetch_add(ONE, Ordering::AcqRel);
-        if let Err(m) = self.queue.push(msg) {
-            self.state.fetch_sub(ONE, Ordering::AcqRel);
-            return Err(m);
-        }
+        let prev = self.announce(msg)?;
         if prev & SLEEPING == 0 {
             return Ok(false);
         }
@@ -119,17 +111,25 @@ impl<T> Mailbox<T> {
     /// Enqueues `msg` without waking the consumer (see the module doc). `Err(msg)`
     /// when the queue is full.
     pub fn push_quiet(&self, msg: T) -> Result<(), T> {
-        self.state.fetch_add(ONE, Ordering::AcqRel);
-        if let Err(m) = self.queue.push(msg) {
-            self.state.fetch_sub(ONE, Ordering::AcqRel);
-            return Err(m);
-        }
+        self.announce(msg)?;
         #[cfg(loom)]
         if super::faults::active(super::faults::Fault::QuietClearsFlag) {
             // Bug: takes the wake-up for itself and rings no doorbell.
             self.state.fetch_and(!SLEEPING, Ordering::AcqRel);
         }
         Ok(())
+    }
+
+    /// Announces one message (`fetch_add`), then enqueues it: the state before the
+    /// announcement, or the message back, its announcement withdrawn, when the queue
+    /// is full. Both producers start here.
+    fn announce(&self, msg: T) -> Result<usize, T> {
+        let prev = self.state.fetch_add(ONE, Ordering::AcqRel);
+        if let Err(m) = self.queue.push(msg) {
+            self.state.fetch_sub(ONE, Ordering::AcqRel);
+            return Err(m);
+        }
+        Ok(prev)
     }
 
     pub fn pop(&self) -> Option<T> {
