@@ -99,9 +99,10 @@ fn refresh(core: &Core, reg: &Arc<Registry>, v: &mut Option<CoreView>, now_us: u
         let p = sh.board.read(w);
         // Replicated: this core's copy is current for its own decisions (`catch_up`);
         // the board's is core 0's, which may not have woken for the latest updates.
-        let unique = match sh.replicated {
-            true => core.unique_blocks(w),
-            false => p.blocks_unique,
+        let unique = if sh.replicated {
+            core.unique_blocks(w)
+        } else {
+            p.blocks_unique
         };
         v.loads
             .set_load(w, &p.agg.load(model, now_us), unique as f64);
