@@ -386,13 +386,11 @@ impl ApproxShard {
         if self.live == 0 {
             return;
         }
-        for &(pos, h) in items {
-            self.table.for_each_of(h, |w, e| {
-                if e.touched_us.saturating_add(self.ttl_us) > now_us {
-                    out.push((pos, w));
-                }
-            });
-        }
+        self.table.for_each_at(items, |pos, w, e| {
+            if e.touched_us.saturating_add(self.ttl_us) > now_us {
+                out.push((pos, w));
+            }
+        });
     }
 }
 

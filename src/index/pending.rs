@@ -400,13 +400,11 @@ impl PendingShard {
         if self.live == 0 {
             return;
         }
-        for &(pos, h) in items {
-            self.table.for_each_of(h, |w, e| {
-                if e.expires_us > now_us {
-                    out.push((pos, w));
-                }
-            });
-        }
+        self.table.for_each_at(items, |pos, w, e| {
+            if e.expires_us > now_us {
+                out.push((pos, w));
+            }
+        });
     }
 }
 

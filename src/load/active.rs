@@ -138,9 +138,7 @@ impl ActiveBlocksShard {
         if self.map.is_empty() {
             return;
         }
-        for (_, h) in items {
-            self.map.for_each_of(*h, |w, _| out.push((w, 1)));
-        }
+        self.map.for_each_at(items, |_, w, _| out.push((w, 1)));
         // Merge the per-hit entries into one per worker: O(hits · log hits).
         let hits = &mut out[start..];
         hits.sort_unstable_by_key(|&(w, _)| w);

@@ -25,6 +25,14 @@ use crate::types::WorkerSlot;
 /// `worker` value of an empty slot (worker slots are `u16`, so it never names one).
 const EMPTY: u32 = u32::MAX;
 
+/// Tables larger than this (bytes) are read ahead of their probes: smaller ones stay
+/// in the L1 cache.
+const L1_BYTES: usize = 32 * 1024;
+
+/// How many items ahead of its probe [`Table::for_each_at`] prefetches a home slot: a
+/// probe is a few dozen instructions, so 16 items keep several misses in flight.
+const AHEAD: usize = 16;
+
 /// Smallest non-empty table (slots).
 const MIN_SLOTS: usize = 16;
 
@@ -266,13 +274,49 @@ impl<V: Copy + Default> Table<V> {
         }
     }
 
+    /// Calls `f(position, worker, value)` for every entry of every `(position, hash)`
+    /// item, in order. Each item's home slot is prefetched [`AHEAD`] items before its
+    /// probe once the table outgrows the L1 cache, so a long prompt's misses overlap
+    /// instead of stalling one after another (a query's items are only read, so the
+    /// lines can be asked for early without a pass of their own, unlike
+    /// [`Table::touch`]).
+    #[inline]
+    pub fn for_each_at(&self, items: &[(u32, u64)], mut f: impl FnMut(u32, WorkerSlot, &V)) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let ahead = if self.slots.len() * std::mem::size_of::<Slot<V>>() > L1_BYTES {
+            AHEAD
+        } else {
+            0
+        };
+        for &(_, h) in items.iter().take(ahead) {
+            self.prefetch(h);
+        }
+        for (i, &(pos, h)) in items.iter().enumerate() {
+            if ahead > 0 {
+                if let Some(&(_, next)) = items.get(i + ahead) {
+                    self.prefetch(next);
+                }
+            }
+            self.for_each_of(h, |w, v| f(pos, w, v));
+        }
+    }
+
+    /// Starts loading the home slot of `hash` (a hint: no effect on contents).
+    #[inline(always)]
+    fn prefetch(&self, hash: u64) {
+        if let Some(s) = self.slots.get(home(hash, self.shift)) {
+            crate::mem::prefetch(s);
+        }
+    }
+
     /// Reads the home slot of every hash once, so a following pass over the same
     /// hashes finds their cache lines loaded: the loads are independent, so the core
     /// overlaps their misses instead of waiting for each in turn (a software prefetch
     /// without `unsafe`). Only worth it once the table outgrows the L1 cache.
     #[inline]
     pub fn touch(&self, hashes: &[u64]) {
-        const L1_BYTES: usize = 32 * 1024;
         if hashes.len() < 8 || self.slots.len() * std::mem::size_of::<Slot<V>>() <= L1_BYTES {
             return;
         }
@@ -399,6 +443,35 @@ mod tests {
             }
         }
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn for_each_at_visits_every_entry_of_every_item_in_order() {
+        // Small (no read-ahead) and past the L1 cache (read-ahead), with repeated,
+        // absent and multi-worker hashes, and lists shorter and longer than the lead.
+        for n in [10u64, 20_000] {
+            let mut t = Table::<u32>::default();
+            t.reserve(n as usize * 2);
+            for h in 0..n {
+                for w in 0..(h % 3) as WorkerSlot {
+                    if let Probe::Vacant(i) = t.probe(h, w) {
+                        t.put(i, h, w, (h * 10) as u32 + u32::from(w));
+                    }
+                }
+            }
+            for len in [0usize, 1, AHEAD, AHEAD + 1, 500] {
+                let items: Vec<(u32, u64)> = (0..len as u32)
+                    .map(|p| (p * 2, u64::from(p) * 7 % (n + 5)))
+                    .collect();
+                let mut got = Vec::new();
+                t.for_each_at(&items, |p, w, v| got.push((p, w, *v)));
+                let mut want = Vec::new();
+                for &(p, h) in &items {
+                    t.for_each_of(h, |w, v| want.push((p, w, *v)));
+                }
+                assert_eq!(got, want, "table of {n}, {len} items");
+            }
+        }
     }
 
     #[test]
