@@ -17,11 +17,15 @@
 //! and its last block. A lookup scans the request's blocks from its last down to the
 //! middle of its prompt and answers the worker of the deepest one found, so it covers
 //! at least half of the prompt (a shared system prompt alone does not pull
-//! conversations together; the gateway's `cache_threshold` is 0.5 too). It reads
-//! every position there, not only its own anchors: the previous turn's last block,
-//! the prefix the next turn shares exactly, is at no fixed stride (scanning the
-//! anchors only missed it and fell back to a stride anchor up to 7 blocks shorter,
-//! often under half the prompt).
+//! conversations together; the gateway's `cache_threshold` is 0.5 too). It must find
+//! the previous turn's last block, the prefix the next turn shares exactly, which is
+//! at no fixed stride (falling back to a stride anchor up to 7 blocks shorter was
+//! often under half the prompt). It need not read every position for that: the note
+//! that wrote a last block also wrote the stride anchor less than [`STRIDE`] below it.
+//! So a lookup reads the stride positions from the deepest down to the first one
+//! remembered, then the `STRIDE - 1` positions above that one: an eighth of the
+//! positions instead of all of them (a long prompt's lookup is thousands of reads
+//! spread over the table, each a likely cache miss).
 //!
 //! The map is a direct-mapped table of `max_entries` (rounded up to a power of two)
 //! atomic words, each holding a hash's upper 48 bits as its tag and a worker slot:
@@ -32,17 +36,22 @@
 //! a stale or lost value only makes less useful, never wrong.
 //!
 //! Guarantees: memory fixed at start (8 bytes per entry, at most
-//! [`crate::config::MAX_AFFINITY_ENTRIES`]); at most half the prompt's blocks + 1
-//! word reads per lookup (stopping at the deepest hit) and O(prompt blocks / STRIDE)
-//! writes per note; pure apart from the atomics (no I/O, no clock), no
+//! [`crate::config::MAX_AFFINITY_ENTRIES`]); at most half the prompt's blocks /
+//! STRIDE + STRIDE + 1 word reads per lookup and O(prompt blocks / STRIDE) writes per
+//! note; pure apart from the atomics (no I/O, no clock), no
 //! panics. A tag collision (two prefixes with the same upper 48 bits in the same
-//! word) can name the wrong worker: harmless, it only moves one near tie.
+//! word) can name the wrong worker, and a stride anchor lost to a colliding prefix
+//! can hide the last block above it (the lookup then answers a shallower anchor of
+//! the same note, or nothing): harmless, it only moves one near tie.
 
 use crate::types::WorkerSlot;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Every this many blocks a routed prompt leaves an anchor (plus its last block).
 pub const STRIDE: usize = 8;
+
+/// How many positions ahead of its read a lookup prefetches a word.
+const AHEAD: usize = 16;
 
 /// An empty word (no tag is 0 once the low bit is forced on, see [`tag`]).
 const EMPTY: u64 = 0;
@@ -114,14 +123,47 @@ impl Affinity {
         if !self.enabled() || hashes.is_empty() {
             return None;
         }
-        // Every position from the last down to half the prompt, not only this
-        // prompt's anchors: an earlier turn's last block (its anchor) sits anywhere.
-        let need = hashes.len().div_ceil(2);
-        hashes
-            .get(need.saturating_sub(1)..)?
-            .iter()
-            .rev()
-            .find_map(|&h| self.get(h))
+        let n = hashes.len();
+        // The shallowest position that counts: the prefix covers half the prompt.
+        let lo = n.div_ceil(2) - 1;
+        // 1. The deepest remembered stride anchor (positions k·STRIDE − 1), down to
+        //    the last one whose window (2.) can still reach `lo`. The words are
+        //    spread over the whole table: each is asked for `AHEAD` anchors before it
+        //    is read, so the misses overlap.
+        let top = n / STRIDE;
+        let bottom = lo.saturating_sub(STRIDE - 2).div_ceil(STRIDE).max(1);
+        let at = |k: usize| hashes.get(k * STRIDE - 1);
+        for k in (bottom..=top).rev().take(AHEAD) {
+            if let Some(&h) = at(k) {
+                self.prefetch(h);
+            }
+        }
+        let mut stride = None;
+        for k in (bottom..=top).rev() {
+            if let Some(&h) = k.checked_sub(AHEAD).filter(|&j| j >= bottom).and_then(at) {
+                self.prefetch(h);
+            }
+            if let Some(w) = at(k).and_then(|&h| self.get(h)) {
+                stride = Some((k * STRIDE - 1, w));
+                break;
+            }
+        }
+        // 2. The positions above it, short of the next anchor: where a prompt's last
+        //    block can sit deeper (its note wrote the stride anchor below it too).
+        let from = stride.map_or(0, |(p, _)| p + 1);
+        let window = from.max(lo)..(from + STRIDE - 1).min(n);
+        if let Some(w) = window.rev().find_map(|q| self.get(hashes[q])) {
+            return Some(w);
+        }
+        stride.filter(|&(p, _)| p >= lo).map(|(_, w)| w)
+    }
+
+    /// Starts loading the word of hash `h` (a hint: no effect on contents).
+    #[inline(always)]
+    fn prefetch(&self, h: u64) {
+        if let Some(w) = self.word(h) {
+            crate::mem::prefetch(w);
+        }
     }
 
     /// Remembers a decision for `hashes`: its prefill worker (else its only worker).
@@ -179,7 +221,7 @@ mod tests {
         // 2: 10 blocks of 18 cover half.
         let turn2: Vec<u64> = (1..=18).collect();
         assert_eq!(a.lookup(&turn2), Some(3));
-        // 10 of 21 do not; block 8 (turn 1's stride anchor) is not looked at either.
+        // 10 of 21 do not, nor does block 8 (turn 1's stride anchor).
         let turn3: Vec<u64> = (1..=21).collect();
         assert_eq!(a.lookup(&turn3), None);
         // 8 blocks (the stride anchor) of a diverging 16-block prompt do.
@@ -192,6 +234,55 @@ mod tests {
         assert_eq!(a.lookup(&turn1), Some(5));
         assert_eq!(a.lookup(&[99]), None);
         assert_eq!(a.lookup(&[]), None);
+    }
+
+    #[test]
+    fn a_long_scan_finds_the_deepest_remembered_prefix() {
+        // Scans longer than the read-ahead: the deepest hit wins wherever it sits.
+        let a = Affinity::new(1 << 16);
+        let long: Vec<u64> = (1..=1000u64).map(|i| i.wrapping_mul(0x9E37_79B9)).collect();
+        assert_eq!(a.lookup(&long), None);
+        a.note(&long[..600], 2);
+        assert_eq!(a.lookup(&long), Some(2), "400 positions down");
+        a.note(&long[..990], 4);
+        assert_eq!(a.lookup(&long), Some(4));
+        let b = Affinity::new(1 << 16);
+        b.note(&long[..499], 1);
+        assert_eq!(b.lookup(&long), None);
+        assert_eq!(b.lookup(&long[..998]), Some(1));
+    }
+
+    /// The scan of every position from the last down to half the prompt: what a
+    /// lookup answers while no anchor was lost to a colliding prefix.
+    fn full_scan(a: &Affinity, hashes: &[u64]) -> Option<WorkerSlot> {
+        let need = hashes.len().div_ceil(2);
+        hashes
+            .get(need.saturating_sub(1)..)?
+            .iter()
+            .rev()
+            .find_map(|&h| a.get(h))
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn reads_an_eighth_and_answers_as_the_full_scan(
+            notes in proptest::collection::vec((1usize..300, 0u16..8), 0..12),
+            asks in proptest::collection::vec(1usize..300, 1..20),
+        ) {
+            let a = Affinity::new(1 << 20);
+            let chain: Vec<u64> = (1..=300u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i).collect();
+            // No two blocks of the chain share a word: no anchor is ever lost.
+            let mut words: Vec<usize> = chain.iter().map(|&h| a.word(h).unwrap() as *const _ as usize).collect();
+            words.sort_unstable();
+            words.dedup();
+            proptest::prop_assume!(words.len() == chain.len());
+            for (len, w) in notes {
+                a.note(&chain[..len], w);
+            }
+            for len in asks {
+                proptest::prop_assert_eq!(a.lookup(&chain[..len]), full_scan(&a, &chain[..len]), "{} blocks", len);
+            }
+        }
     }
 
     #[test]
