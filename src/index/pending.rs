@@ -70,11 +70,11 @@ pub struct PendingStats {
     pub dropped: u64,
 }
 
-/// Tables at most this large (slots) are never shrunk: 512 KiB, room for 8k pending
-/// blocks (a few long prompts at once). A smaller floor had the table grow and shrink
-/// again with every long prompt (a 32k-token prompt is 2k blocks of 16), each time in
-/// fresh memory the kernel must zero.
-const SHRINK_FLOOR: usize = 16384;
+/// Tables at most this large (slots) are never shrunk: 2 MiB, room for 32k pending
+/// blocks (four of the longest prompts at once: a 120k-token prompt is 7.5k blocks of
+/// 16). A smaller floor had the table grow and shrink again with long prompts, each
+/// time in fresh memory the kernel must fault in and zero.
+const SHRINK_FLOOR: usize = 65536;
 
 /// The pending blocks of one shard. See the module docs.
 ///
