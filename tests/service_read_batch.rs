@@ -120,6 +120,35 @@ fn active_blocks_follow_routes_and_finishes(cores: usize) {
     s.wait_until("none", |s| decode_blocks(s, "w") == 0.0);
 }
 
+/// A core applies its own requests' active blocks after answering, through its own
+/// inbox: the next decision on that core must still count them.
+#[test]
+fn the_next_decision_on_a_core_counts_the_last_ones_active_blocks() {
+    for cores in [1, 2] {
+        let s = Server::start(cores, &["--index-layout", "replicated"]);
+        // One connection, both routes in one write: they run back to back on the core
+        // that serves it, before its run loop has had a turn.
+        let mut c = RequestClient::connect(&s.api, "").unwrap();
+        c.register(spec("w")).unwrap();
+        let a = hashes(7, 64);
+        let mut b = a[..32].to_vec();
+        b.extend(hashes(8, 32));
+        let mut rb = req("b", &b);
+        rb.explain = true;
+        let corrs = [
+            c.send_route(&req("a", &a)).unwrap(),
+            c.send_route(&rb).unwrap(),
+        ];
+        let got = answers(&mut c, &corrs);
+        let Answer::Decision(_, d) = &got[1] else {
+            panic!("{got:?}")
+        };
+        let w = &d.candidates.as_ref().expect("explain")[0];
+        // a's 64 active blocks and b's 32 new ones (its other 32 are a's).
+        assert_eq!(w.decode_blocks, 96.0, "{cores} cores: {w:?}");
+    }
+}
+
 #[test]
 fn active_blocks_follow_routes_and_finishes_cores_1_and_2() {
     active_blocks_follow_routes_and_finishes(1);

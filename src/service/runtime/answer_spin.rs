@@ -156,7 +156,8 @@ impl Expected {
 struct Local {
     outstanding: Outstanding,
     expected: Expected,
-    /// Waits begun so far (a parked run loop wakes when it moves).
+    /// Waits begun so far, plus local wake-ups ([`wake_run_loop`]): a parked run loop
+    /// wakes when it moves.
     begun: u64,
     /// The run loop, parked on its doorbell and on [`next_wait`].
     parked: Option<Waker>,
@@ -197,6 +198,19 @@ pub fn awaiting() -> Awaiting {
     Awaiting { ticket }
 }
 
+/// Wakes this core's run loop if it is parked (same thread: no system call), for
+/// work a task queued in the core's own inbox without ringing its doorbell.
+pub fn wake_run_loop() {
+    let parked = LOCAL.with(|l| {
+        let mut l = l.borrow_mut();
+        l.begun = l.begun.wrapping_add(1);
+        l.parked.take()
+    });
+    if let Some(w) = parked {
+        w.wake();
+    }
+}
+
 /// Whether this core's run loop should keep polling instead of parking now: an
 /// answer or an announced query is on its way.
 pub fn should_spin(bound: Duration) -> bool {
@@ -234,8 +248,9 @@ pub fn outstanding() -> usize {
     LOCAL.with(|l| l.borrow().outstanding.len())
 }
 
-/// Resolves once a task of this core begins a cross-core wait after this call: the
-/// run loop parks on it next to its doorbell.
+/// Resolves once a task of this core begins a cross-core wait, or queues work in the
+/// core's own inbox ([`wake_run_loop`]), after this call: the run loop parks on it
+/// next to its doorbell.
 pub fn next_wait() -> NextWait {
     NextWait {
         seen: LOCAL.with(|l| l.borrow().begun),

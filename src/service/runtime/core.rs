@@ -142,7 +142,14 @@ impl Core {
     pub fn flush(&self) -> bool {
         let mut ob = self.outbox.borrow_mut();
         while let Some((to, msg)) = ob.pop_front() {
-            if let Err(m) = self.shared.try_send(to, msg) {
+            // This core's own updates ring no doorbell (`broadcast_active` wakes the
+            // run loop locally).
+            let sent = if to == self.id && matches!(msg, Msg::Active { .. }) {
+                self.shared.mailbox(to, msg.lane()).push_quiet(msg)
+            } else {
+                self.shared.try_send(to, msg)
+            };
+            if let Err(m) = sent {
                 ob.push_front((to, m));
                 return false;
             }

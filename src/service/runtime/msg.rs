@@ -177,6 +177,10 @@ pub enum Msg {
     Expect,
 }
 
+/// Active-block updates of at least this many hashes (a 4k-token prompt in blocks of
+/// 16) ring the receiver's doorbell ([`Msg::is_quiet`]).
+pub const LOUD_ACTIVE: usize = 256;
+
 /// Which inbox of a core a message travels in (see `service::lanes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lane {
@@ -188,13 +192,16 @@ pub enum Lane {
 
 impl Msg {
     /// Whether the message travels without ringing the receiver's doorbell
-    /// (`Mailbox::push_quiet`): active-block updates, two per request and core. A
-    /// parked receiver applies them, in order with the rest, at its next wake-up,
-    /// before its next decision (`Core::catch_up`), and at the latest at its probe's
-    /// next tick (`schedule_lag::PERIOD`); each doorbell was a wake-up of the other
-    /// core (a system call here, a pass through its rings there).
+    /// (`Mailbox::push_quiet`): active-block updates of fewer than [`LOUD_ACTIVE`]
+    /// hashes, two per request and core. A parked receiver applies them, in order with
+    /// the rest, at its next wake-up, before its next decision (`Core::catch_up`), and
+    /// at the latest at its probe's next tick (`schedule_lag::PERIOD`); each doorbell
+    /// was a wake-up of the other core (a system call here, a pass through its rings
+    /// there). A long prompt's update rings: its thousands of table updates cost far
+    /// more than the wake-up, and an idle receiver applies them at once instead of at
+    /// the start of its next decision.
     pub fn is_quiet(&self) -> bool {
-        matches!(self, Msg::Active { .. })
+        matches!(self, Msg::Active { hashes, .. } if hashes.len() < LOUD_ACTIVE)
     }
 
     /// The lane this message travels in. `Forget` is urgent: it must reach a
@@ -242,8 +249,22 @@ pub type RouteResult = Result<RouteDecision, EngineError>;
 
 #[cfg(test)]
 mod tests {
-    use super::Hashes;
+    use super::{Hashes, Msg, LOUD_ACTIVE};
     use crate::index::shard_of;
+
+    #[test]
+    fn only_a_long_prompts_active_update_rings() {
+        let active = |n: usize| Msg::Active {
+            slot: 0,
+            add: true,
+            hashes: vec![1u64; n].into(),
+            spec: None,
+        };
+        assert!(active(0).is_quiet());
+        assert!(active(LOUD_ACTIVE - 1).is_quiet());
+        assert!(!active(LOUD_ACTIVE).is_quiet());
+        assert!(!Msg::Forget { slot: 0 }.is_quiet());
+    }
 
     #[test]
     fn select_partitions_in_order() {

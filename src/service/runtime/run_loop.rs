@@ -189,17 +189,14 @@ pub async fn run(core: Rc<Core>, bell: std::os::unix::net::UnixStream) {
                 waits.get_or_create(&EXPECT_EXPIRED).inc_by(expired);
             }
             let t0 = awaited.then(Instant::now);
-            if answer_spin.is_zero() {
+            // Parked, but a task of this core that begins to wait for another core's
+            // answer wakes us (locally) to spin for it, and one that queued work in
+            // this core's own inbox wakes us to do it. A doorbell byte left unread by
+            // the dropped read is a spurious wake-up later.
+            let rung = async {
                 let _ = bell.read(&mut buf).await;
-            } else {
-                // Parked, but a task of this core that begins to wait for another
-                // core's answer wakes us (locally) to spin for it. A doorbell byte
-                // left unread by the dropped read is a spurious wake-up later.
-                let rung = async {
-                    let _ = bell.read(&mut buf).await;
-                };
-                futures_lite::future::or(rung, answer_spin::next_wait()).await;
-            }
+            };
+            futures_lite::future::or(rung, answer_spin::next_wait()).await;
             if let Some(t0) = t0 {
                 waits.get_or_create(&PARKED).inc();
                 if t0.elapsed() > spin_before_park {

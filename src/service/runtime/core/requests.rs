@@ -5,9 +5,10 @@
 //!
 //! Guarantees: a request's active blocks are added on every shard when it is committed
 //! and removed on every shard when it ends (finish, prefill failure or expiry), exactly
-//! once, other shards applying them before their own next decision or answer (the
-//! updates ring no doorbell: `Msg::is_quiet`); a committed request (a peer replica's
-//! too) touches its prompt's blocks in the approximate model of every shard when the
+//! once, every shard applying them before its own next decision or answer (short
+//! updates ring no doorbell: `Msg::is_quiet`), the committing core too when its shard
+//! is the whole index (it applies them after its answer); a committed request (a
+//! peer replica's too) touches its prompt's blocks in the approximate model of every shard when the
 //! worker prefilling it is approximate, and its end leaves them there; a lifecycle
 //! call for a request that does not live on this core answers `UnknownRequest` without
 //! side effects; a replica's calls are applied but never published again; a request
@@ -77,6 +78,14 @@ impl Core {
         self.broadcast_active(slot, true, hashes, spec);
     }
 
+    /// Sends an active-block update to every shard. When this core's shard is the
+    /// whole index (one core, or `replicated`), its own copy goes through its own inbox
+    /// too, quietly, so the update is applied after the caller's answer is on its way
+    /// (a long prompt's blocks are thousands of table updates) and before this core's
+    /// next decision (`Core::catch_up`) or answer; one inbox keeps a request's add
+    /// before its removal, and the run loop, if parked, is woken locally to apply it.
+    /// Sharded, this core applies its share at once (its decisions read the shares
+    /// through the load board).
     pub(super) fn broadcast_active(
         &self,
         slot: WorkerSlot,
@@ -84,20 +93,24 @@ impl Core {
         hashes: Arc<[u64]>,
         spec: Option<SpecAdd>,
     ) {
+        let whole = self.shared.cores == 1 || self.shared.replicated;
         for to in 0..self.shared.cores {
-            if to == self.id {
+            if to == self.id && !whole {
                 self.apply_active(slot, add, &hashes, spec);
-            } else {
-                self.post(
-                    to,
-                    Msg::Active {
-                        slot,
-                        add,
-                        hashes: hashes.clone(),
-                        spec,
-                    },
-                );
+                continue;
             }
+            self.post(
+                to,
+                Msg::Active {
+                    slot,
+                    add,
+                    hashes: hashes.clone(),
+                    spec,
+                },
+            );
+        }
+        if whole {
+            crate::service::runtime::answer_spin::wake_run_loop();
         }
     }
 
