@@ -270,9 +270,14 @@ mod tests {
             asks in proptest::collection::vec(1usize..300, 1..20),
         ) {
             let a = Affinity::new(1 << 20);
-            let chain: Vec<u64> = (1..=300u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i).collect();
+            let chain: Vec<u64> = (1..=300u64)
+                .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i)
+                .collect();
             // No two blocks of the chain share a word: no anchor is ever lost.
-            let mut words: Vec<usize> = chain.iter().map(|&h| a.word(h).unwrap() as *const _ as usize).collect();
+            let mut words: Vec<usize> = chain
+                .iter()
+                .map(|&h| a.word(h).unwrap() as *const _ as usize)
+                .collect();
             words.sort_unstable();
             words.dedup();
             proptest::prop_assume!(words.len() == chain.len());
@@ -280,7 +285,8 @@ mod tests {
                 a.note(&chain[..len], w);
             }
             for len in asks {
-                proptest::prop_assert_eq!(a.lookup(&chain[..len]), full_scan(&a, &chain[..len]), "{} blocks", len);
+                let (got, want) = (a.lookup(&chain[..len]), full_scan(&a, &chain[..len]));
+                proptest::prop_assert_eq!(got, want, "{} blocks", len);
             }
         }
     }
