@@ -120,7 +120,7 @@ fn active_blocks_follow_routes_and_finishes(cores: usize) {
     s.wait_until("none", |s| decode_blocks(s, "w") == 0.0);
 }
 
-/// A core applies its own requests' active blocks after answering, through its own
+/// A core applies a long request's active blocks after answering, through its own
 /// inbox: the next decision on that core must still count them.
 #[test]
 fn the_next_decision_on_a_core_counts_the_last_ones_active_blocks() {
@@ -130,9 +130,10 @@ fn the_next_decision_on_a_core_counts_the_last_ones_active_blocks() {
         // that serves it, before its run loop has had a turn.
         let mut c = RequestClient::connect(&s.api, "").unwrap();
         c.register(spec("w")).unwrap();
-        let a = hashes(7, 64);
-        let mut b = a[..32].to_vec();
-        b.extend(hashes(8, 32));
+        // Long enough that the first route's blocks are applied after its answer.
+        let a = hashes(7, 512);
+        let mut b = a[..256].to_vec();
+        b.extend(hashes(8, 256));
         let mut rb = req("b", &b);
         rb.explain = true;
         let corrs = [
@@ -144,8 +145,8 @@ fn the_next_decision_on_a_core_counts_the_last_ones_active_blocks() {
             panic!("{got:?}")
         };
         let w = &d.candidates.as_ref().expect("explain")[0];
-        // a's 64 active blocks and b's 32 new ones (its other 32 are a's).
-        assert_eq!(w.decode_blocks, 96.0, "{cores} cores: {w:?}");
+        // a's 512 active blocks and b's 256 new ones (its other 256 are a's).
+        assert_eq!(w.decode_blocks, 768.0, "{cores} cores: {w:?}");
     }
 }
 

@@ -6,14 +6,14 @@
 //! Guarantees: a request's active blocks are added on every shard when it is committed
 //! and removed on every shard when it ends (finish, prefill failure or expiry), exactly
 //! once, every shard applying them before its own next decision or answer (short
-//! updates ring no doorbell: `Msg::is_quiet`), the committing core too when its shard
-//! is the whole index (it applies them after its answer); a committed request (a
-//! peer replica's too) touches its prompt's blocks in the approximate model of every shard when the
-//! worker prefilling it is approximate, and its end leaves them there; a lifecycle
-//! call for a request that does not live on this core answers `UnknownRequest` without
-//! side effects; a replica's calls are applied but never published again; a request
-//! with no lifecycle call for `request_ttl_ms` leaves within about an eighth of that
-//! more ([`expiry_loop`]), counted and logged.
+//! updates ring no doorbell: `Msg::is_quiet`; the committing core applies a long one
+//! after its answer when its shard is the whole index); a committed request (a peer
+//! replica's too) touches its prompt's blocks in the approximate model of every shard
+//! when the worker prefilling it is approximate, and its end leaves them there; a
+//! lifecycle call for a request that does not live on this core answers
+//! `UnknownRequest` without side effects; a replica's calls are applied but never
+//! published again; a request with no lifecycle call for `request_ttl_ms` leaves within
+//! about an eighth of that more ([`expiry_loop`]), counted and logged.
 
 use super::Core;
 use crate::engine::EngineError;
@@ -78,14 +78,15 @@ impl Core {
         self.broadcast_active(slot, true, hashes, spec);
     }
 
-    /// Sends an active-block update to every shard. When this core's shard is the
-    /// whole index (one core, or `replicated`), its own copy goes through its own inbox
-    /// too, quietly, so the update is applied after the caller's answer is on its way
-    /// (a long prompt's blocks are thousands of table updates) and before this core's
-    /// next decision (`Core::catch_up`) or answer; one inbox keeps a request's add
-    /// before its removal, and the run loop, if parked, is woken locally to apply it.
-    /// Sharded, this core applies its share at once (its decisions read the shares
-    /// through the load board).
+    /// Sends an active-block update to every shard. A long one (a prompt of
+    /// `LOUD_ACTIVE` blocks or more) goes through this core's own inbox too, quietly,
+    /// when its shard is the whole index (one core, or `replicated`): it is applied
+    /// after the caller's answer is on its way (thousands of table updates) and before
+    /// this core's next decision (`Core::catch_up`) or answer, and the run loop, if
+    /// parked, is woken locally to apply it. A request's add and removal carry the same
+    /// hashes, so both take the same way and stay in order. Shorter updates (a pass
+    /// through the run loop costs more than they do) and a sharded core's share are
+    /// applied at once (sharded decisions read the shares through the load board).
     pub(super) fn broadcast_active(
         &self,
         slot: WorkerSlot,
@@ -94,8 +95,9 @@ impl Core {
         spec: Option<SpecAdd>,
     ) {
         let whole = self.shared.cores == 1 || self.shared.replicated;
+        let defer = whole && hashes.len() >= crate::service::runtime::msg::LOUD_ACTIVE;
         for to in 0..self.shared.cores {
-            if to == self.id && !whole {
+            if to == self.id && !defer {
                 self.apply_active(slot, add, &hashes, spec);
                 continue;
             }
@@ -109,7 +111,7 @@ impl Core {
                 },
             );
         }
-        if whole {
+        if defer {
             crate::service::runtime::answer_spin::wake_run_loop();
         }
     }
