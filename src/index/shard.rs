@@ -121,6 +121,8 @@ impl std::ops::AddAssign for ShardStats {
 
 mod query;
 pub(crate) use query::QueryRing;
+#[cfg(test)]
+pub(crate) use query::QUERY_AHEAD;
 mod snapshot;
 
 /// Per-worker counters of a shard (its generations are in `IndexShard::gens`).

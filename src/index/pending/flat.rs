@@ -20,6 +20,7 @@
 //!   (amortised O(1) per removal);
 //! - pure and panic-free: capacities are powers of two, indices are masked.
 
+use crate::index::shard::QueryRing;
 use crate::types::WorkerSlot;
 
 /// `worker` value of an empty slot (worker slots are `u16`, so it never names one).
@@ -28,10 +29,6 @@ const EMPTY: u32 = u32::MAX;
 /// Tables larger than this (bytes) are read ahead of their probes: smaller ones stay
 /// in the L1 cache.
 const L1_BYTES: usize = 32 * 1024;
-
-/// How many items ahead of its probe [`Table::for_each_at`] prefetches a home slot: a
-/// probe is a few dozen instructions, so 16 items keep several misses in flight.
-const AHEAD: usize = 16;
 
 /// Smallest non-empty table (slots).
 const MIN_SLOTS: usize = 16;
@@ -275,30 +272,27 @@ impl<V: Copy + Default> Table<V> {
     }
 
     /// Calls `f(position, worker, value)` for every entry of every `(position, hash)`
-    /// item, in order. Each item's home slot is prefetched [`AHEAD`] items before its
-    /// probe once the table outgrows the L1 cache, so a long prompt's misses overlap
-    /// instead of stalling one after another (a query's items are only read, so the
-    /// lines can be asked for early without a pass of their own, unlike
-    /// [`Table::touch`]).
+    /// item, in order. Once the table outgrows the L1 cache each item's home slot is
+    /// prefetched ahead of its probe through the index query's ring
+    /// ([`QueryRing`]), so a long prompt's misses overlap instead of stalling one
+    /// after another (a query's items are only read, so the lines can be asked for
+    /// early without a pass of their own, unlike [`Table::touch`]).
     #[inline]
     pub fn for_each_at(&self, items: &[(u32, u64)], mut f: impl FnMut(u32, WorkerSlot, &V)) {
         if self.slots.is_empty() {
             return;
         }
-        let ahead = if self.slots.len() * std::mem::size_of::<Slot<V>>() > L1_BYTES {
-            AHEAD
-        } else {
-            0
-        };
-        for &(_, h) in items.iter().take(ahead) {
-            self.prefetch(h);
-        }
-        for (i, &(pos, h)) in items.iter().enumerate() {
-            if ahead > 0 {
-                if let Some(&(_, next)) = items.get(i + ahead) {
-                    self.prefetch(next);
-                }
+        let far = self.slots.len() * std::mem::size_of::<Slot<V>>() > L1_BYTES;
+        let key_of = |it: &(u32, u64)| it.1;
+        let prefetch = |h| {
+            if far {
+                self.prefetch(h);
             }
+        };
+        let mut ring = QueryRing::new();
+        ring.start(items, key_of, prefetch);
+        for (i, &(pos, _)) in items.iter().enumerate() {
+            let h = ring.key(items, i, key_of, prefetch);
             self.for_each_of(h, |w, v| f(pos, w, v));
         }
     }
@@ -459,7 +453,8 @@ mod tests {
                     }
                 }
             }
-            for len in [0usize, 1, AHEAD, AHEAD + 1, 500] {
+            let ahead = crate::index::shard::QUERY_AHEAD;
+            for len in [0usize, 1, ahead, ahead + 1, 500] {
                 let items: Vec<(u32, u64)> = (0..len as u32)
                     .map(|p| (p * 2, u64::from(p) * 7 % (n + 5)))
                     .collect();
