@@ -348,6 +348,20 @@ fn relay_copies_both_ways_and_closes_on_a_dead_upstream() {
 /// cannot be reached.
 #[test]
 fn http_relay_forwards_requests_on_a_kept_alive_connection() {
+    http_relay_forwards(&["--http"]);
+}
+
+/// The same with a router's work on every request (`--route-tokenizer`): the bodies,
+/// routed or not, reach the upstream unchanged.
+#[test]
+fn routing_http_relay_forwards_requests_unchanged() {
+    let d = tempfile::tempdir().unwrap();
+    kvroute::tokenize::testing::write_dir(d.path(), 1000).unwrap();
+    let spec = format!("m={}", d.path().display());
+    http_relay_forwards(&["--http", "--route-tokenizer", &spec]);
+}
+
+fn http_relay_forwards(flags: &[&str]) {
     use std::io::{BufRead, BufReader, Read, Write};
     use std::net::{TcpListener, TcpStream};
     /// One HTTP/1.1 message from `r`: its head's lines and its body (content-length).
@@ -402,24 +416,34 @@ fn http_relay_forwards_requests_on_a_kept_alive_connection() {
             });
         }
     });
-    let (_relay, addr) = start_relay(&up_addr, &["--http"]);
+    let (_relay, addr) = start_relay(&up_addr, flags);
     let c = TcpStream::connect(&addr).unwrap();
     c.set_read_timeout(Some(std::time::Duration::from_secs(30)))
         .unwrap();
     let mut w = c.try_clone().unwrap();
     let mut r = BufReader::new(c);
-    for i in 0..3 {
-        let body = format!("hello{i}");
+    let asks = [
+        ("/p0", "hello0".to_string()),
+        (
+            "/v1/completions",
+            r#"{"model":"m","prompt":"t1 t2 t3"}"#.to_string(),
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"m","messages":[{"role":"user","content":"t4 t5"}]}"#.to_string(),
+        ),
+    ];
+    for (path, body) in asks {
         let req = format!(
-            "POST /p{i} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
         w.write_all(req.as_bytes()).unwrap();
         let (head, got) = message(&mut r).expect("an answer on the same connection");
         assert!(head[0].starts_with("HTTP/1.1 200"), "{head:?}");
         // Parsed and written again by hyper, not copied: the name comes lowercased.
-        let want: String = format!("host: x|/p{i}{}", body.chars().rev().collect::<String>());
+        let want: String = format!("host: x|{path}{}", body.chars().rev().collect::<String>());
         assert_eq!(String::from_utf8_lossy(&got), want);
     }
-    closes_on_a_dead_upstream(&["--http"]);
+    closes_on_a_dead_upstream(flags);
 }

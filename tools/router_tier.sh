@@ -20,7 +20,9 @@
 # - gateway: SGLang Model Gateway 0.3.2 (`--policy cache_aware`), relay (`kvroute-sim
 #   relay`, a byte relay: the floor of any hop), hrelay (`kvroute-sim relay --http`,
 #   hyper's HTTP/1.1 relay on tokio: the floor of an HTTP proxy, the control for
-#   kvroute's hyper stack), kvroute, and direct, each in front of the same stand-in
+#   kvroute's hyper stack), hroute (`kvroute-sim relay --http --route-tokenizer`: that
+#   relay doing kvroute's routing work, as a library, on every request: the control
+#   for kvroute's runtime), kvroute, and direct, each in front of the same stand-in
 #   worker (a cheap `kvroute-sim fleet` worker).
 #
 # Parts (PARTS="ids text low tput"):
@@ -32,8 +34,8 @@
 #         mockers send theirs);
 # - text: the same as chat text (both sides render and tokenize);
 # - low:  one streamed chat request at a time ($LOW_N at $LOW_RATE/s, 256-token
-#         prompts), keep-alive and new connections: direct, relay, hrelay, gateway,
-#         kvroute (with its phases: read, tokenize, decision, upstream head, TTFT);
+#         prompts), keep-alive and new connections: direct, relay, hrelay, hroute,
+#         gateway, kvroute (with its phases: read, tokenize, decision, upstream head, TTFT);
 # - tput: wrk, $TPUT_CONNS connections, non-streamed completions, $TPUT_SECS s each:
 #         direct, hrelay, gateway, kvroute.
 # In low and tput kvroute runs with index layout $HOP_LAYOUT (default replicated, as
@@ -84,6 +86,8 @@ VARIANTS=${VARIANTS:-"sharded/zmq replicated/zmq replicated/binary"}
 HOP_LAYOUT=${HOP_LAYOUT:-replicated}
 LOW_N=${LOW_N:-300}
 LOW_RATE=${LOW_RATE:-20}
+# Which connections the low part measures: "keep-alive new" or either one.
+LOW_CONNS=${LOW_CONNS:-"keep-alive new"}
 TPUT_CONNS=${TPUT_CONNS:-64}
 TPUT_SECS=${TPUT_SECS:-10}
 OUT=${OUT:-$(mktemp -d /tmp/router_tier.XXXXXX)}; mkdir -p "$OUT"
@@ -309,9 +313,10 @@ if [[ " $PARTS " == *" low "* || " $PARTS " == *" tput "* ]]; then
   STAND=$URLS; STAND_FLEET=$FLEET_PID
   start_relay relay; RELAY_PID=$REL_PID RELAY_URL=$REL_URL
   start_relay hrelay --http; HRELAY_PID=$REL_PID HRELAY_URL=$REL_URL
+  start_relay hroute --http --route-tokenizer "sim-model=$TOK" --block-size 16; HROUTE_PID=$REL_PID HROUTE_URL=$REL_URL
   [ "$HAVE_GW" = 1 ] && { start_gateway; sleep 1; }
   if [[ " $PARTS " == *" low "* ]]; then
-    for conn in keep-alive new; do
+    for conn in $LOW_CONNS; do
       flag=(); [ "$conn" = new ] && flag=(--new-connections)
       low=(--limit "$LOW_N" --rate "$LOW_RATE" --max-inflight 1 --chat --stream $SHORT "${flag[@]}")
       echo "-- low: one request at a time, $conn" | tee -a "$OUT/table.txt"
@@ -319,6 +324,7 @@ if [[ " $PARTS " == *" low "* || " $PARTS " == *" tput "* ]]; then
         measure "direct  low $conn r$round" 0 "$STAND" - "${low[@]}"
         measure "relay   low $conn r$round" "$RELAY_PID" "$RELAY_URL" - "${low[@]}"
         measure "hrelay  low $conn r$round" "$HRELAY_PID" "$HRELAY_URL" - "${low[@]}"
+        measure "hroute  low $conn r$round" "$HROUTE_PID" "$HROUTE_URL" - "${low[@]}"
         [ "$HAVE_GW" = 1 ] && measure "gateway low $conn r$round" "$GW_PID" "$GW_URL" - "${low[@]}"
         measure "kvroute low $conn r$round" "$KV_PID" "$KV_URL" "$KV_HTTP" "${low[@]}"
       done
@@ -333,6 +339,6 @@ if [[ " $PARTS " == *" low "* || " $PARTS " == *" tput "* ]]; then
       tput "kvroute tput r$round" "$KV_PID" "$KV_URL"
     done
   fi
-  stop_pid "$KV_PID"; stop_pid "$RELAY_PID"; stop_pid "$HRELAY_PID"; [ "$HAVE_GW" = 1 ] && stop_pid "$GW_PID"; stop_pid "$STAND_FLEET"
+  stop_pid "$KV_PID"; stop_pid "$RELAY_PID"; stop_pid "$HRELAY_PID"; stop_pid "$HROUTE_PID"; [ "$HAVE_GW" = 1 ] && stop_pid "$GW_PID"; stop_pid "$STAND_FLEET"
 fi
 echo "table: $OUT/table.txt"

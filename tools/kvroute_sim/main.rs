@@ -29,7 +29,8 @@
 //!   rate measured at the workers (`replay.rs`).
 //! - `relay`: a protocol-less byte relay, the floor of any proxy's added latency on
 //!   the machine (`relay.rs`); `--http`: hyper's HTTP/1.1 relay on tokio, the floor
-//!   of an HTTP proxy's (`relay_http.rs`).
+//!   of an HTTP proxy's (`relay_http.rs`); `--route-tokenizer`: that relay doing a
+//!   router's work on each request, the control for kvroute's runtime (`relay_route.rs`).
 //!
 //! - `demo`: the main job in one command (`demo/`): a slice of the bundled trace
 //!   through `kvroute serve`'s proxy and through round-robin on simulated workers, hit
@@ -44,6 +45,7 @@ mod demo;
 mod fleet;
 mod relay;
 mod relay_http;
+mod relay_route;
 mod replay;
 mod restart;
 mod runner;

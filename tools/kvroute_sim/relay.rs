@@ -35,11 +35,22 @@ pub struct RelayArgs {
     /// Relay HTTP/1.1 with hyper on tokio instead of bytes (`relay_http.rs`).
     #[arg(long)]
     http: bool,
+    /// With `--http`: do a router's work on every request before forwarding it, with
+    /// this tokenizer (`MODEL=DIR`, as `kvroute serve --tokenizer`; `relay_route.rs`).
+    #[arg(long, requires = "http")]
+    route_tokenizer: Option<String>,
+    /// The routing work's block size.
+    #[arg(long, default_value_t = 16)]
+    block_size: u32,
 }
 
 pub fn run(a: RelayArgs) -> Result<(), String> {
     if a.http {
-        return super::relay_http::run(&a.listen, &a.upstream, a.max_connections);
+        let work = match &a.route_tokenizer {
+            Some(t) => Some(super::relay_route::RouteWork::new(t, a.block_size)?),
+            None => None,
+        };
+        return super::relay_http::run(&a.listen, &a.upstream, a.max_connections, work);
     }
     let l = TcpListener::bind(&a.listen).map_err(|e| format!("listen {}: {e}", a.listen))?;
     let addr = l.local_addr().map_err(|e| format!("local_addr: {e}"))?;

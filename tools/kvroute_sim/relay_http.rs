@@ -9,10 +9,17 @@
 //! HTTP with hyper costs here, the rest of a router's added latency is its own work
 //! and its runtime (docs/PERFORMANCE.md, "Router-tier cost").
 //!
+//! With a router's work (`--route-tokenizer`, `relay_route.rs`) each request's body is
+//! read whole, routed, and forwarded from memory; the decision's request is finished
+//! when the worker's answer head arrives.
+//!
 //! Guarantees: at most `max_connections` client connections at once (beyond it a new
 //! one is closed at once); a connection whose upstream cannot be reached is closed;
 //! either side closing closes both. Runs until killed.
 
+use super::relay_route::{RouteWork, MAX_BODY};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use hyper::Request;
 use hyper_util::rt::TokioIo;
@@ -21,7 +28,13 @@ use std::rc::Rc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 
-pub fn run(listen: &str, upstream: &str, max_connections: usize) -> Result<(), String> {
+pub fn run(
+    listen: &str,
+    upstream: &str,
+    max_connections: usize,
+    work: Option<RouteWork>,
+) -> Result<(), String> {
+    let work = work.map(Rc::new);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -44,9 +57,9 @@ pub fn run(listen: &str, upstream: &str, max_connections: usize) -> Result<(), S
                 continue; // dropped: closed
             }
             live.set(live.get() + 1);
-            let (up, mine) = (upstream.to_string(), live.clone());
+            let (up, mine, work) = (upstream.to_string(), live.clone(), work.clone());
             tokio::task::spawn_local(async move {
-                pair(client, &up).await;
+                pair(client, &up, work).await;
                 mine.set(mine.get() - 1);
             });
         }
@@ -54,13 +67,16 @@ pub fn run(listen: &str, upstream: &str, max_connections: usize) -> Result<(), S
 }
 
 /// Serves one client connection over its own upstream connection until either closes.
-async fn pair(client: TcpStream, upstream: &str) {
+async fn pair(client: TcpStream, upstream: &str, work: Option<Rc<RouteWork>>) {
     let Ok(server) = TcpStream::connect(upstream).await else {
         return;
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    let Ok((tx, conn)) = hyper::client::conn::http1::handshake(TokioIo::new(server)).await else {
+    type Out = Either<Incoming, Full<Bytes>>;
+    let Ok((tx, conn)) =
+        hyper::client::conn::http1::handshake::<_, Out>(TokioIo::new(server)).await
+    else {
         return;
     };
     tokio::task::spawn_local(async move {
@@ -69,11 +85,30 @@ async fn pair(client: TcpStream, upstream: &str) {
     // One request at a time on the upstream connection, as HTTP/1.1 clients send them.
     let tx = Rc::new(tokio::sync::Mutex::new(tx));
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-        let tx = tx.clone();
+        let (tx, work) = (tx.clone(), work.clone());
         async move {
+            let (req, routed) = match &work {
+                None => (req.map(Either::Left), None),
+                Some(w) => {
+                    let (parts, body) = req.into_parts();
+                    let raw = match Limited::new(body, MAX_BODY).collect().await {
+                        Ok(b) => b.to_bytes(),
+                        Err(_) => Bytes::new(),
+                    };
+                    let rid = w.route(parts.uri.path(), &raw);
+                    (
+                        Request::from_parts(parts, Either::Right(Full::new(raw))),
+                        rid,
+                    )
+                }
+            };
             let mut tx = tx.lock().await;
             tx.ready().await?;
-            tx.send_request(req).await
+            let resp = tx.send_request(req).await;
+            if let (Some(w), Some(rid)) = (&work, routed) {
+                w.finish(&rid);
+            }
+            resp
         }
     });
     let _ = hyper::server::conn::http1::Builder::new()
