@@ -46,7 +46,9 @@
 # with its two controls over the same replay: the decision's own CPU time
 # (`kvroute_decision_cpu_seconds`: the routing work, waits left out) and the lateness
 # of the cores' periodic probe timer (`kvroute_core_schedule_lag_seconds`: how long
-# any task on a core waits for its turn).
+# any task on a core waits for its turn). Beside each ids and text row runs a control
+# from outside the router, `kvroute-sim probe` (PROBE=0: none): short pieces of CPU
+# work on threads pinned to every CPU, the share of them stretched past 1 ms.
 #
 # Needs: cargo build --release --bin kvroute --bin kvroute-sim; python3 -m pip install
 # sglang-router==0.3.2 (else no gateway rows); wrk (tput); root (unshare -n).
@@ -92,6 +94,8 @@ TPUT_CONNS=${TPUT_CONNS:-64}
 TPUT_SECS=${TPUT_SECS:-10}
 OUT=${OUT:-$(mktemp -d /tmp/router_tier.XXXXXX)}; mkdir -p "$OUT"
 HAVE_GW=${GATEWAY:-1}
+PROBE=${PROBE:-1}
+PROBE_WORK_US=${PROBE_WORK_US:-150}
 [ "$HAVE_GW" = 0 ] || python3 -c "import sglang_router" 2>/dev/null || { HAVE_GW=0; echo "note: no sglang_router, no gateway rows" >&2; }
 # shellcheck source=tools/proxy_fleet.sh
 source tools/proxy_fleet.sh
@@ -286,6 +290,31 @@ print("%-28s %8.0f req/s %6s non-2xx | CPU %6.0f us/req" % (sys.argv[2], rps, ba
 EOF
 }
 
+# probe_start / probe_stop LABEL: beside a row of the ids and text parts, `kvroute-sim
+# probe` pinned to every CPU ($PROBE_WORK_US µs of CPU work, 50 times a second per
+# CPU): its share of pieces over 1 ms of wall time is the machine's floor for the
+# decisions' share in the same row (PROBE=0: no probe).
+probe_start() {
+  [ "$PROBE" = 1 ] || return 0
+  PROBE_OUT="$OUT/probe_$(echo "$1" | tr -s ' /()' '____').json"
+  "$BIN/kvroute-sim" probe --cpus "$(seq -s, 0 $(($(nproc) - 1)))" --work-us "$PROBE_WORK_US" \
+    --rate 50 --out "$PROBE_OUT" >"$OUT/probe.log" 2>&1 &
+  PROBE_PID=$!; PIDS+=("$PROBE_PID")
+}
+probe_stop() {
+  [ "$PROBE" = 1 ] || return 0
+  stop_pid "$PROBE_PID"
+  python3 - "$PROBE_OUT" "$1" <<'EOF' | tee -a "$OUT/table.txt"
+import json, sys
+try:
+    p = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("%-28s probe: no summary (%s)" % (sys.argv[2], e)); sys.exit()
+print("%-28s probe: %d x %d us of CPU, wall p50 %d p99 %d us, %.1f%% > 1 ms" % (
+    sys.argv[2], p["samples"], p["work_us"], p["p50_us"], p["p99_us"], 100 * p["over_1ms"]))
+EOF
+}
+
 echo "== router tiers side by side: $OUT (rounds $ROUNDS, load average $(cut -d' ' -f1-3 /proc/loadavg))" | tee "$OUT/table.txt"
 trace_parts=()
 for p in ids text; do [[ " $PARTS " == *" $p "* ]] && trace_parts+=("$p"); done
@@ -296,13 +325,17 @@ for part in "${trace_parts[@]}"; do
   for round in $(seq "$ROUNDS"); do
     if [ "$DYNAMO" = 1 ]; then
       start_dynamo
+      probe_start "dynamo  $part r$round"
       measure "dynamo  $part r$round" "$DYN_PID" "$DYN_URL" - "${args[@]}"
+      probe_stop "dynamo  $part r$round"
       stop_dynamo
     fi
     for variant in $VARIANTS; do
       layout=${variant%/*} events=${variant#*/}
       KV_LAYOUT=$layout KV_EVENTS=$events start_kv --workers 2 --block-size 16 --capacity-blocks 16384 --time-scale 1000
+      probe_start "kvroute $part ${layout:0:4} ${events:0:3} r$round"
       measure "kvroute $part ${layout:0:4} ${events:0:3} r$round" "$KV_PID" "$KV_URL" "$KV_HTTP" "${args[@]}"
+      probe_stop "kvroute $part ${layout:0:4} ${events:0:3} r$round"
       stop_pid "$KV_PID"; stop_pid "$FLEET_PID"
     done
   done

@@ -30,7 +30,9 @@
 //! - `relay`: a protocol-less byte relay, the floor of any proxy's added latency on
 //!   the machine (`relay.rs`); `--http`: hyper's HTTP/1.1 relay on tokio, the floor
 //!   of an HTTP proxy's (`relay_http.rs`); `--route-tokenizer`: that relay doing a
-//!   router's work on each request, the control for kvroute's runtime (`relay_route.rs`).
+//!   router's work on each request, the control for kvroute's runtime (`relay_route.rs`);
+//! - `probe`: short timed pieces of CPU work on pinned threads, the control for a
+//!   router's decision latency on a shared machine (`probe.rs`).
 //!
 //! - `demo`: the main job in one command (`demo/`): a slice of the bundled trace
 //!   through `kvroute serve`'s proxy and through round-robin on simulated workers, hit
@@ -43,6 +45,7 @@ mod classes;
 mod clock;
 mod demo;
 mod fleet;
+mod probe;
 mod relay;
 mod relay_http;
 mod relay_route;
@@ -93,6 +96,9 @@ enum Cmd {
     Tokenizer(tokenizer::TokenizerArgs),
     /// A byte relay (no protocol): the floor of any proxy's added latency here.
     Relay(relay::RelayArgs),
+    /// Short pieces of CPU work on pinned threads, timed: how often this machine
+    /// stretches them past 1 ms (the control for a router's decision latency).
+    Probe(probe::ProbeArgs),
 }
 
 /// Output and knob flags shared by the subcommands.
@@ -246,6 +252,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Replay(a) => replay::run(a),
         Cmd::Tokenizer(a) => tokenizer::run(a),
         Cmd::Relay(a) => relay::run(a),
+        Cmd::Probe(a) => probe::run(a),
     }
 }
 
