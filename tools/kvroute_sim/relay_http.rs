@@ -91,10 +91,8 @@ async fn pair(client: TcpStream, upstream: &str, work: Option<Rc<RouteWork>>) {
                 None => (req.map(Either::Left), None),
                 Some(w) => {
                     let (parts, body) = req.into_parts();
-                    let raw = match Limited::new(body, MAX_BODY).collect().await {
-                        Ok(b) => b.to_bytes(),
-                        Err(_) => Bytes::new(),
-                    };
+                    // A body over the limit, or broken off, ends the connection.
+                    let raw = Limited::new(body, MAX_BODY).collect().await?.to_bytes();
                     let rid = w.route(parts.uri.path(), &raw);
                     (
                         Request::from_parts(parts, Either::Right(Full::new(raw))),
@@ -108,7 +106,7 @@ async fn pair(client: TcpStream, upstream: &str, work: Option<Rc<RouteWork>>) {
             if let (Some(w), Some(rid)) = (&work, routed) {
                 w.finish(&rid);
             }
-            resp
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(resp?)
         }
     });
     let _ = hyper::server::conn::http1::Builder::new()

@@ -15,8 +15,9 @@
 //! What it leaves out, knowingly: no KV events are ingested (the index stays empty, so
 //! the index query finds nothing), and there is one worker, the relay's upstream.
 //!
-//! Guarantees: a body over `MAX_BODY` bytes or one that does not parse or tokenize is
-//! still forwarded as it came (the control measures work, it refuses nothing).
+//! Guarantees: a body that does not parse or tokenize, or goes to another path, is
+//! forwarded as it came, without a decision (the control measures work, it refuses
+//! nothing); one over [`MAX_BODY`] bytes ends its connection (`relay_http`).
 
 use bytes::Bytes;
 use kvroute::engine::{Engine, EngineLimits};
@@ -28,7 +29,7 @@ use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// Bodies larger than this are forwarded without the routing work.
+/// The largest body read for the routing work.
 pub const MAX_BODY: usize = 64 << 20;
 
 /// The one worker the engine knows: the relay's upstream.
@@ -76,9 +77,6 @@ impl RouteWork {
             "/v1/completions" => Endpoint::Completions,
             _ => return None,
         };
-        if raw.len() > MAX_BODY {
-            return None;
-        }
         let mut creq = request::parse(raw.clone()).ok()?;
         creq.body.strip();
         let tokens =
