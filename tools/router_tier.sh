@@ -36,6 +36,7 @@
 # - low:  one streamed chat request at a time ($LOW_N at $LOW_RATE/s, 256-token
 #         prompts), keep-alive and new connections: direct, relay, hrelay, hroute,
 #         gateway, kvroute (with its phases: read, tokenize, decision, upstream head, TTFT);
+#         LOW_CONNS="keep-alive" or "new" measures one kind of connection only;
 # - tput: wrk, $TPUT_CONNS connections, non-streamed completions, $TPUT_SECS s each:
 #         direct, hrelay, gateway, kvroute.
 # In low and tput kvroute runs with index layout $HOP_LAYOUT (default replicated, as
