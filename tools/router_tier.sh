@@ -292,14 +292,14 @@ EOF
 }
 
 # probe_start / probe_stop LABEL: beside a row of the ids and text parts, `kvroute-sim
-# probe` pinned to every CPU ($PROBE_WORK_US µs of CPU work, 50 times a second per
-# CPU): its share of pieces over 1 ms of wall time is the machine's floor for the
-# decisions' share in the same row (PROBE=0: no probe).
+# probe` pinned to every CPU it may use ($PROBE_WORK_US µs of CPU work, 50 times a
+# second per CPU): its share of pieces over 1 ms of wall time is the machine's floor
+# for the decisions' share in the same row (PROBE=0: no probe).
 probe_start() {
   [ "$PROBE" = 1 ] || return 0
   PROBE_OUT="$OUT/probe_$(echo "$1" | tr -s ' /()' '____').json"
-  "$BIN/kvroute-sim" probe --cpus "$(seq -s, 0 $(($(nproc) - 1)))" --work-us "$PROBE_WORK_US" \
-    --rate 50 --out "$PROBE_OUT" >"$OUT/probe.log" 2>&1 &
+  "$BIN/kvroute-sim" probe --work-us "$PROBE_WORK_US" --rate 50 --out "$PROBE_OUT" \
+    >"$OUT/probe.log" 2>&1 &
   PROBE_PID=$!; PIDS+=("$PROBE_PID")
 }
 probe_stop() {

@@ -87,13 +87,9 @@ fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// Best effort: an unpinned thread still measures, only noisier.
 fn pin(cpu: usize) {
-    // SAFETY: plain libc calls on a zeroed cpu_set_t owned by this frame.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
+    let _ = kvroute::service::runtime::pinning::pin_current_thread(cpu);
 }
 
 fn run(rt: &str, args: &Args) -> Result<Figures, String> {

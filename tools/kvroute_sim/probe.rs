@@ -2,7 +2,7 @@
 //! bound while a benchmark runs on it. The control for a router's decision latency on
 //! a shared machine (docs/PERFORMANCE.md, "Router-tier cost").
 //!
-//! One thread per CPU of `--cpus`, pinned to it (as `kvroute serve` pins its cores).
+//! One thread per CPU of `--cpus` (default: the process's affinity mask), pinned to it (as `kvroute serve` pins its cores).
 //! Each wakes `--rate` times a second, runs `--work-us` of its own CPU time (a spin,
 //! measured with `CLOCK_THREAD_CPUTIME_ID`) and records the wall time that took: any
 //! excess is time the thread was runnable and not running, or stalled. A decision of
@@ -18,6 +18,7 @@
 //! unpinned thread.
 
 use clap::Args;
+use kvroute::service::runtime::{cpu_clock, pinning};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,8 +29,9 @@ pub const MAX_SAMPLES: usize = 1 << 20;
 
 #[derive(Args)]
 pub struct ProbeArgs {
-    /// CPUs to run on, one pinned thread each (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "0")]
+    /// CPUs to run on, one pinned thread each (comma-separated; default: every CPU of
+    /// the process's affinity mask).
+    #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
     /// CPU time of each piece of work, µs.
     #[arg(long, default_value_t = 150)]
@@ -57,7 +59,15 @@ pub fn run(a: ProbeArgs) -> Result<(), String> {
             a.work_us, a.rate
         ));
     }
-    let kept: Vec<Arc<Mutex<Vec<u32>>>> = a.cpus.iter().map(|_| Arc::default()).collect();
+    let cpus = if a.cpus.is_empty() {
+        pinning::allowed_cpus()
+    } else {
+        a.cpus.clone()
+    };
+    if cpus.is_empty() {
+        return Err("no CPU to run on (the affinity mask could not be read)".into());
+    }
+    let kept: Vec<Arc<Mutex<Vec<u32>>>> = cpus.iter().map(|_| Arc::default()).collect();
     let stop = Arc::new(AtomicBool::new(false));
     // The sampling threads end with this function (with `--seconds`), or with the
     // process.
@@ -68,13 +78,13 @@ pub fn run(a: ProbeArgs) -> Result<(), String> {
         }
     }
     let _stop = Stop(stop.clone());
-    for (&cpu, samples) in a.cpus.iter().zip(&kept) {
+    for (&cpu, samples) in cpus.iter().zip(&kept) {
         let (samples, stop) = (samples.clone(), stop.clone());
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name(format!("probe-{cpu}"))
             .spawn(move || {
-                let pinned = pin(cpu);
+                let pinned = pinning::pin_current_thread(cpu);
                 let ok = pinned.is_ok();
                 let _ = tx.send(pinned);
                 if ok {
@@ -95,38 +105,6 @@ pub fn run(a: ProbeArgs) -> Result<(), String> {
     }
 }
 
-/// Pins the calling thread to `cpu`.
-fn pin(cpu: usize) -> Result<(), String> {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(format!("CPU {cpu}: beyond the CPU set"));
-    }
-    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it (checked
-    // bound above); sched_setaffinity reads it for the calling thread (pid 0).
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc != 0 {
-        return Err(format!("CPU {cpu}: {}", std::io::Error::last_os_error()));
-    }
-    Ok(())
-}
-
-/// This thread's CPU time so far.
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(
-        ts.tv_sec.max(0) as u64,
-        ts.tv_nsec.clamp(0, 999_999_999) as u32,
-    )
-}
-
 fn sample_loop(period: Duration, work: Duration, samples: &Mutex<Vec<u32>>, stop: &AtomicBool) {
     let mut next = Instant::now() + period;
     let mut x = 1u64;
@@ -135,9 +113,11 @@ fn sample_loop(period: Duration, work: Duration, samples: &Mutex<Vec<u32>>, stop
             std::thread::sleep(d);
         }
         next += period;
-        let (wall0, cpu0) = (Instant::now(), thread_cpu());
+        let (wall0, cpu0) = (Instant::now(), cpu_clock::now());
         // The wall bound only guards against a CPU clock that does not advance.
-        while thread_cpu().saturating_sub(cpu0) < work && wall0.elapsed() < Duration::from_secs(1) {
+        while cpu_clock::now().saturating_sub(cpu0) < work
+            && wall0.elapsed() < Duration::from_secs(1)
+        {
             for _ in 0..64 {
                 x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
             }

@@ -282,7 +282,7 @@ impl<V: Copy + Default> Table<V> {
         if self.slots.is_empty() {
             return;
         }
-        let far = self.slots.len() * std::mem::size_of::<Slot<V>>() > L1_BYTES;
+        let far = self.outgrows_l1();
         let key_of = |it: &(u32, u64)| it.1;
         let prefetch = |h| {
             if far {
@@ -295,6 +295,13 @@ impl<V: Copy + Default> Table<V> {
             let h = ring.key(items, i, key_of, prefetch);
             self.for_each_of(h, |w, v| f(pos, w, v));
         }
+    }
+
+    /// Whether the table is larger than the L1 cache: only then is reading ahead worth
+    /// its instructions.
+    #[inline(always)]
+    fn outgrows_l1(&self) -> bool {
+        self.slots.len() * std::mem::size_of::<Slot<V>>() > L1_BYTES
     }
 
     /// Starts loading the home slot of `hash` (a hint: no effect on contents).
@@ -311,7 +318,7 @@ impl<V: Copy + Default> Table<V> {
     /// without `unsafe`). Only worth it once the table outgrows the L1 cache.
     #[inline]
     pub fn touch(&self, hashes: &[u64]) {
-        if hashes.len() < 8 || self.slots.len() * std::mem::size_of::<Slot<V>>() <= L1_BYTES {
+        if hashes.len() < 8 || !self.outgrows_l1() {
             return;
         }
         let mut acc = 0u64;

@@ -22,6 +22,25 @@ pub fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
+/// Pins the calling thread to `cpu` (`sched_setaffinity`), for threads that are not
+/// executors (benchmark tools); an error names the CPU.
+pub fn pin_current_thread(cpu: usize) -> Result<(), String> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(format!("CPU {cpu}: beyond the CPU set"));
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; `cpu` is below CPU_SETSIZE, the
+    // set's capacity; sched_setaffinity reads the set for the calling thread (pid 0).
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(format!("CPU {cpu}: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 /// The CPU of each of `cores` executors: `None` everywhere unless `pin`; else executor
 /// `i` on `allowed[i % allowed.len()]` (`None` everywhere if the mask is unknown).
 pub fn plan(cores: usize, pin: bool, allowed: &[usize]) -> Vec<Option<usize>> {
@@ -103,6 +122,18 @@ pub fn describe(plan: &[Option<usize>], allowed: &[usize]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_pins_to_a_cpu_of_its_mask_and_not_beyond_the_set() {
+        std::thread::spawn(|| {
+            let cpu = *allowed_cpus().last().expect("a mask");
+            pin_current_thread(cpu).unwrap();
+            assert_eq!(allowed_cpus(), vec![cpu]);
+            assert!(pin_current_thread(libc::CPU_SETSIZE as usize).is_err());
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn executors_take_the_mask_in_order() {
