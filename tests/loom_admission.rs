@@ -16,14 +16,19 @@
 //!   freed slot; the other waits, and no capacity is left unused;
 //! - `a_grant_to_a_leaving_waiter_is_passed_on`: a release grants the first waiter
 //!   while its client goes away; the slot reaches the second waiter either way, and the
-//!   first has exactly one outcome.
+//!   first has exactly one outcome;
+//! - `a_release_during_a_nudged_try_goes_to_the_nudged_waiter`: the tick nudges the
+//!   better of two waiters, which tries in its place while a release frees the one
+//!   slot; in every interleaving the slot goes to the better one (taken by its try, or
+//!   by the grant the release gave it), never to the other, and the other still waits.
 //!
 //! Each has an `*_is_caught` twin injecting a bug (`kvroute::sync::faults`: no recheck
-//! after enqueue; a leave that drops the grant it received) that loom must catch.
+//! after enqueue; a leave that drops the grant it received; a nudge that takes its
+//! waiter out of the queue, as a grant does) that loom must catch.
 #![cfg(loom)]
 
 use kvroute::admission::queue::{Entry, QueueConfig};
-use kvroute::admission::shared::{Grant, Leave, SharedQueue, WaiterState};
+use kvroute::admission::shared::{Enqueued, Grant, Leave, SharedQueue, WaiterState, Waiting};
 use kvroute::sync::faults::{self, Fault};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::{Arc, Mutex};
@@ -68,7 +73,7 @@ impl World {
     }
 
     /// A request arriving: route directly when nobody waits, else queue.
-    fn arrive(&self, id: u32, priority: i32) -> Option<kvroute::admission::shared::Enqueued<u32>> {
+    fn arrive(&self, id: u32, priority: i32) -> Option<Enqueued<u32>> {
         let seen = self.q.epoch();
         if self.q.is_empty() && self.try_route() {
             self.admitted.lock().unwrap().push(id);
@@ -224,4 +229,76 @@ fn a_grant_to_a_leaving_waiter_is_passed_on() {
 fn a_grant_to_a_leaving_waiter_is_caught() {
     faults::inject(Fault::AdmissionDropGrant);
     grant_vs_leave();
+}
+
+/// One pass of waiter `id`'s wait loop (`proxy::queued::wait_turn`) on its own core:
+/// granted, or nudged, it tries; served, it leaves (`served`); bounced, it goes back
+/// (`retry`).
+fn turn(w: &World, id: u32, e: &Enqueued<u32>) {
+    if w.admitted.lock().unwrap().contains(&id) {
+        return;
+    }
+    let granted = e.waiter.state() == WaiterState::Granted;
+    if !granted && !(e.waiter.state() == WaiterState::Waiting && e.waiter.take_nudge()) {
+        return;
+    }
+    let g: Grant<u32> = Grant {
+        ticket: e.ticket,
+        item: Waiting {
+            waiter: e.waiter.clone(),
+            item: id,
+        },
+        tenant: None,
+        waited_us: 0,
+    };
+    let seen = w.q.epoch();
+    if w.try_route() {
+        w.admitted.lock().unwrap().push(id);
+        w.deliver(w.q.served(&g, 0));
+    } else {
+        let r = w.q.retry(g, seen).expect("room to go back");
+        if r.recheck {
+            w.deliver(w.q.kick(0));
+        }
+    }
+}
+
+fn nudge_vs_release() {
+    model(|| {
+        let w = World::new(0);
+        let first = Arc::new(w.arrive(1, -5).expect("queued"));
+        let second = w.arrive(2, 5).expect("queued");
+        let ticker = {
+            let (w, first) = (w.clone(), first.clone());
+            thread::spawn(move || {
+                // The tick, then the first waiter's core.
+                w.q.nudge(0, 1, 16);
+                turn(&w, 1, &first);
+            })
+        };
+        // A request ends; the second waiter's core acts on what it is told.
+        w.release();
+        turn(&w, 2, &second);
+        ticker.join().unwrap();
+        for _ in 0..3 {
+            turn(&w, 1, &first);
+            turn(&w, 2, &second);
+        }
+        w.check_no_lost_wakeup();
+        assert_eq!(*w.admitted.lock().unwrap(), vec![1]);
+        assert_eq!(w.q.len(), 1);
+    });
+}
+
+#[test]
+fn a_release_during_a_nudged_try_goes_to_the_nudged_waiter() {
+    faults::inject(Fault::None);
+    nudge_vs_release();
+}
+
+#[test]
+#[should_panic]
+fn a_release_during_a_nudged_try_is_caught() {
+    faults::inject(Fault::AdmissionNudgeTakes);
+    nudge_vs_release();
 }

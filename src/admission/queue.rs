@@ -356,6 +356,14 @@ impl<T> AdmissionQueue<T> {
         Some(a)
     }
 
+    /// Takes `ticket`'s entry, served in its place (it tried without leaving the queue
+    /// and a worker took it): counted admitted. `None` if the ticket is not queued.
+    pub fn take(&mut self, ticket: Ticket, now_us: u64) -> Option<Admitted<T>> {
+        let a = self.remove(ticket, now_us)?;
+        self.counters.admitted += 1;
+        Some(a)
+    }
+
     /// The client went away: its entry leaves at once (O(log n)). `None` if the ticket
     /// is not queued (already admitted, expired or cancelled).
     pub fn cancel(&mut self, ticket: Ticket, now_us: u64) -> Option<Left<T>> {

@@ -29,6 +29,14 @@
 //!   waiter's core, which reads the epoch and routes; if the router still finds every
 //!   worker busy, [`SharedQueue::retry`] puts the entry back with its ticket (its place)
 //!   and rechecks as an arrival does.
+//! - **nudge**: the safety net's periodic try ([`SharedQueue::nudge`]) wakes the best
+//!   waiter that is not already trying *without* taking it out of the queue. While it
+//!   tries it keeps its place, so a release meanwhile still finds it first and grants
+//!   it: a speculative try cannot let a worse waiter take the capacity a release frees
+//!   (a grant would take it out, and the release would go to the next one). A nudged
+//!   try that a worker takes leaves the queue then ([`SharedQueue::served`]), and a
+//!   grant that reached it while it tried passes to the next waiter; one that bounces
+//!   simply waits on in its place (`retry`).
 //! - **leaving**: a client that goes away, or a waiter whose own timer fires, calls
 //!   [`SharedQueue::leave`]: it moves the waiter from waiting to gone and removes the
 //!   entry (O(log n)). If a grant got there first, the grant is not wasted: `leave`
@@ -59,6 +67,11 @@ const GONE: u8 = 2;
 const REFUSED: u8 = 3;
 const EXPIRED: u8 = 4;
 
+/// A waiter's nudge (`Waiter::nudge`): none; nudged, not yet acted on; trying.
+const IDLE: u8 = 0;
+const NUDGED: u8 = 1;
+const TRYING: u8 = 2;
+
 /// Where a waiting request stands, as its own core sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaiterState {
@@ -77,13 +90,29 @@ pub enum WaiterState {
 #[derive(Debug)]
 pub struct Waiter {
     state: AtomicU8,
+    /// The tick's nudge, apart from `state`: a nudged waiter is still waiting, queued.
+    nudge: AtomicU8,
 }
 
 impl Waiter {
     fn new() -> Waiter {
         Waiter {
             state: AtomicU8::new(WAITING),
+            nudge: AtomicU8::new(IDLE),
         }
+    }
+
+    /// Takes a nudge (see the module docs): true if the waiter was nudged, and is now
+    /// trying in its place.
+    pub fn take_nudge(&self) -> bool {
+        self.nudge
+            .compare_exchange(NUDGED, TRYING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Forgets a nudge (the waiter was granted instead, or its try ended).
+    pub fn clear_nudge(&self) {
+        self.nudge.store(IDLE, Ordering::Release);
     }
 
     pub fn state(&self) -> WaiterState {
@@ -147,6 +176,8 @@ pub struct SharedQueue<T> {
     inner: Mutex<AdmissionQueue<Waiting<T>>>,
     queued: AtomicUsize,
     frees: AtomicU64,
+    /// 1 + when the last grant was made (0: none yet); written under the lock.
+    last_grant: AtomicU64,
 }
 
 impl<T> SharedQueue<T> {
@@ -155,6 +186,7 @@ impl<T> SharedQueue<T> {
             inner: Mutex::new(AdmissionQueue::new(cfg)),
             queued: AtomicUsize::new(0),
             frees: AtomicU64::new(0),
+            last_grant: AtomicU64::new(0),
         }
     }
 
@@ -253,6 +285,8 @@ impl<T> SharedQueue<T> {
         let mut grant = None;
         while let Some(a) = q.pop_where(now_us, max_scan, |w| fits(&w.item)) {
             if a.item.waiter.settle(GRANTED) {
+                self.last_grant
+                    .store(now_us.saturating_add(1), Ordering::Release);
                 grant = Some(a);
                 break;
             }
@@ -265,8 +299,17 @@ impl<T> SharedQueue<T> {
     /// A granted request found every worker busy after all: it takes its place again
     /// (its ticket) and waits for the next release. `seen`: the epoch read before the
     /// attempt. A refusal (the queue filled up meanwhile) leaves the waiter
-    /// [`WaiterState::Refused`].
+    /// [`WaiterState::Refused`]. A nudged try (still waiting, in its place) has nothing
+    /// to put back: any release during its try found it there. Nor has one the queue
+    /// refused or timed out while it tried: its waiter's state says so.
     pub fn retry(&self, g: Grant<T>, seen: u64) -> Result<Requeued<T>, Refused<T>> {
+        g.item.waiter.clear_nudge();
+        if g.item.waiter.state() != WaiterState::Granted {
+            return Ok(Requeued {
+                recheck: false,
+                displaced: None,
+            });
+        }
         // Back to waiting before it is visible in the queue again; no one else can
         // change a granted waiter's state.
         g.item.waiter.state.store(WAITING, Ordering::Release);
@@ -290,6 +333,51 @@ impl<T> SharedQueue<T> {
                 })
             }
         }
+    }
+
+    /// The safety net's tick: nudges the best of the first `max_scan` waiters that is
+    /// not already trying (see the module docs) and returns its item, to be woken. It
+    /// stays in its place. Nothing within `quiet_us` of the last grant: a grant in
+    /// flight is a try already, and a nudge to a worse waiter could beat it to the
+    /// capacity it was given.
+    pub fn nudge(&self, now_us: u64, quiet_us: u64, max_scan: usize) -> Option<T>
+    where
+        T: Clone,
+    {
+        #[cfg(loom)]
+        if crate::sync::faults::active(crate::sync::faults::Fault::AdmissionNudgeTakes) {
+            return self.kick(now_us).map(|g| g.item.item);
+        }
+        let q = self.lock();
+        let last = self.last_grant.load(Ordering::Acquire);
+        if last != 0 && now_us.saturating_sub(last - 1) < quiet_us {
+            return None;
+        }
+        let (_, w) = q.iter().take(max_scan).find(|(_, w)| {
+            w.waiter.state() == WaiterState::Waiting
+                && w.waiter.nudge.load(Ordering::Acquire) != TRYING
+        })?;
+        w.waiter.nudge.store(NUDGED, Ordering::Release);
+        Some(w.item.clone())
+    }
+
+    /// A worker took the request `g` let try. A nudged one leaves the queue now
+    /// (counted admitted); a grant that reached it while it tried was not what let it
+    /// through, and passes to the next waiter (returned, to be delivered).
+    pub fn served(&self, g: &Grant<T>, now_us: u64) -> Option<Grant<T>> {
+        let w = &g.item.waiter;
+        let nudged = w.nudge.swap(IDLE, Ordering::AcqRel) == TRYING;
+        if w.settle(GONE) {
+            let mut q = self.lock();
+            q.take(g.ticket, now_us);
+            self.publish_len(&q);
+            return None;
+        }
+        if nudged && w.state() == WaiterState::Granted {
+            w.state.store(GONE, Ordering::Release);
+            return self.kick(now_us);
+        }
+        None
     }
 
     /// The request leaves the queue (client gone, or its own timer): O(log n). A grant
@@ -349,3 +437,6 @@ pub struct Requeued<T> {
     pub recheck: bool,
     pub displaced: Option<Notice<T>>,
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -337,7 +337,7 @@ impl Job {
             };
             let blocks = self.tokens.as_ref().map_or(0, |t| t.len() as u64)
                 / u64::from(sh.handle.settings().router.block_size.max(1));
-            let waited = turn.as_ref().map_or(0, |g| g.waited_us);
+            let waited = turn.as_ref().map_or(0, admit::Held::waited_us);
             let mode = sh.handle.settings().router.mode.name();
             ReqTrace::decision(&span, &d, blocks, mode, waited);
             drop(span);

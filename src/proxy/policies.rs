@@ -301,9 +301,10 @@ impl Policies {
         }
     }
 
-    /// At most every `every_us`, grants `q`'s best waiter a try: the safety net for
-    /// capacity that frees without a proxied request ending here (a worker's own load
-    /// falling, another replica's request ending).
+    /// At most every `every_us`, nudges `q`'s best waiter to try in its place
+    /// (`SharedQueue::nudge`): the safety net for capacity that frees without a
+    /// proxied request ending here (a worker's own load falling, another replica's
+    /// request ending).
     pub fn tick(&self, q: &Queue, every_us: u64) {
         let now = self.now_us();
         let last = self.last_kick_us.load(Ordering::Relaxed);
@@ -315,7 +316,9 @@ impl Policies {
             .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
-            self.deliver(q.kick(now));
+            if let Some(w) = q.nudge(now, every_us, 16) {
+                w.notify_one();
+            }
         }
     }
 

@@ -9,8 +9,14 @@
 //!   queue, 429 `queue_timeout` with `retry-after` (also when the limit passed while a
 //!   grant it held was trying the workers);
 //! - its client going away (`watch`): it leaves the queue at once ([`Turn::Left`]);
-//! - a periodic tick ([`TICK`]) that grants the queue's best waiter a try, in case
-//!   capacity freed without a proxied request ending on this replica.
+//! - a nudge from the periodic tick ([`TICK`]) to the queue's best waiter: a try in its
+//!   place (`SharedQueue::nudge`), in case capacity freed without a proxied request
+//!   ending on this replica: [`Turn::Go`] too.
+//!
+//! The turn is [`Held`] while the request tries the workers: served, it leaves the
+//! queue ([`Held::served`]); bounced, it goes back to [`wait_turn`] as `prior`; dropped
+//! on any other way out (an error, the client gone), it leaves the queue and a grant it
+//! held passes to the next waiter.
 //!
 //! [`wait_for_slot`] does the same for a request that found the proxy at
 //! `proxy.max_concurrent`, in the replica's slot queue.
@@ -21,6 +27,7 @@
 
 use super::policies::{Front, Policies, Queue, Wake};
 use super::respond::{overloaded, Resp};
+use super::state::ProxyShared;
 use super::watch::Gone;
 use crate::admission::queue::{Entry, Refusal};
 use crate::admission::shared::{Grant, Leave, Waiter, WaiterState, Waiting};
@@ -34,9 +41,9 @@ pub const TICK: Duration = Duration::from_millis(100);
 
 /// How a wait ended.
 pub enum Turn {
-    /// Capacity freed for this request: route it again (give the grant back to
-    /// [`wait_turn`] if every worker is busy after all).
-    Go(Grant<Wake>),
+    /// Capacity freed for this request (a grant), or the tick nudged it: route it again
+    /// (give the turn back to [`wait_turn`] if every worker is busy after all).
+    Go(Held),
     /// Answer this (429).
     Answer(Resp),
     /// The client went away; the request left the queue.
@@ -67,18 +74,66 @@ fn timed_out(waited_ms: u64) -> Resp {
     )
 }
 
+/// A request's turn from its queue, held while it tries the workers (see the module
+/// docs).
+pub struct Held {
+    grant: Option<Grant<Wake>>,
+    queue: Arc<Queue>,
+    model: Box<str>,
+    state: Arc<ProxyShared>,
+}
+
+impl Held {
+    /// How long the request waited for this turn, µs.
+    pub fn waited_us(&self) -> u64 {
+        self.grant.as_ref().map_or(0, |g| g.waited_us)
+    }
+
+    /// A worker took the request: it leaves the queue if it tried in its place, and
+    /// its wait is measured.
+    pub fn served(mut self) {
+        let (Some(g), Some(p)) = (self.grant.take(), self.state.policies.get()) else {
+            return;
+        };
+        p.admitted(&g);
+        p.deliver(self.queue.served(&g, p.now_us()));
+        p.show_depth(&self.model, &self.queue);
+    }
+
+    fn into_grant(mut self) -> Option<Grant<Wake>> {
+        self.grant.take()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let (Some(g), Some(p)) = (self.grant.take(), self.state.policies.get()) else {
+            return;
+        };
+        if let Leave::PassedOn(n) = self.queue.leave(g.ticket, &g.item.waiter, p.now_us()) {
+            p.deliver(n);
+        }
+        p.show_depth(&self.model, &self.queue);
+    }
+}
+
 /// Waits for this request's turn in `q` (the queue of `model`): enqueued anew, or back
-/// in its place with `prior` (a grant that found every worker busy). `seen`: the
+/// in its place with `prior` (a turn that found every worker busy). `seen`: the
 /// queue's epoch read before the routing attempt that found every worker busy.
 pub async fn wait_turn(
-    p: &Policies,
+    st: &Arc<ProxyShared>,
     model: &str,
     q: &Arc<Queue>,
     front: &Front,
     seen: u64,
-    prior: Option<Grant<Wake>>,
+    prior: Option<Held>,
     gone: &mut Gone,
 ) -> Turn {
+    // The callers wait only where the proxy has policies.
+    let Some(p) = st.policies.get() else {
+        return Turn::Answer(full());
+    };
+    let prior = prior.and_then(Held::into_grant);
     let wake: Wake;
     let waiter: Arc<Waiter>;
     let ticket: Ticket;
@@ -86,7 +141,12 @@ pub async fn wait_turn(
         // Its time ran out while it tried (a grant that bounced off busy workers):
         // it leaves instead of taking its place again, so grants that keep bouncing
         // cannot hold a request past its time limit.
-        Some(g) if p.now_us() >= until(p, &g.ticket) => return expired(p, model, q, g.ticket),
+        Some(g) if p.now_us() >= until(p, &g.ticket) => {
+            if let Leave::PassedOn(n) = q.leave(g.ticket, &g.item.waiter, p.now_us()) {
+                p.deliver(n);
+            }
+            return expired(p, model, q, g.ticket);
+        }
         Some(g) => {
             wake = g.item.item.clone();
             waiter = g.item.waiter.clone();
@@ -126,18 +186,25 @@ pub async fn wait_turn(
     }
     p.show_depth(model, q);
     let until_us = until(p, &ticket);
+    let held = |waiter, wake| Held {
+        grant: Some(Grant {
+            ticket,
+            item: Waiting { waiter, item: wake },
+            tenant: front.tenant.map(|t| t.id),
+            waited_us: p.now_us().saturating_sub(ticket.arrival_us),
+        }),
+        queue: q.clone(),
+        model: model.into(),
+        state: st.clone(),
+    };
     loop {
         match waiter.state() {
             WaiterState::Granted => {
-                let g = Grant {
-                    ticket,
-                    item: Waiting { waiter, item: wake },
-                    tenant: front.tenant.map(|t| t.id),
-                    waited_us: p.now_us().saturating_sub(ticket.arrival_us),
-                };
+                waiter.clear_nudge();
                 p.show_depth(model, q);
-                return Turn::Go(g);
+                return Turn::Go(held(waiter, wake));
             }
+            WaiterState::Waiting if waiter.take_nudge() => return Turn::Go(held(waiter, wake)),
             WaiterState::Refused => {
                 p.metrics.drop_reason("full");
                 p.show_depth(model, q);
@@ -251,18 +318,28 @@ pub async fn wait_for_slot(
     let max = sh.handle.settings().proxy.max_concurrent;
     let q = p.slots().clone();
     let mut gone = watch.gone();
-    let mut prior: Option<Grant<Wake>> = None;
+    let mut prior: Option<Held> = None;
     loop {
         let seen = q.epoch();
         if prior.is_some() || q.is_empty() {
-            if let Some(a) = super::state::ProxyShared::admit(&sh.state, max) {
-                if let Some(g) = prior.take() {
-                    p.admitted(&g);
+            if let Some(a) = ProxyShared::admit(&sh.state, max) {
+                if let Some(h) = prior.take() {
+                    h.served();
                 }
                 return Slot::Admitted(a);
             }
         }
-        match wait_turn(p, SLOTS_LABEL, &q, &front, seen, prior.take(), &mut gone).await {
+        match wait_turn(
+            &sh.state,
+            SLOTS_LABEL,
+            &q,
+            &front,
+            seen,
+            prior.take(),
+            &mut gone,
+        )
+        .await
+        {
             Turn::Go(g) => prior = Some(g),
             Turn::Answer(r) => return Slot::Answer(r),
             Turn::Left => {

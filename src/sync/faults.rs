@@ -28,6 +28,8 @@ pub enum Fault {
     AdmissionSkipRecheck,
     /// `admission::SharedQueue::leave` drops a grant that reached a leaving waiter.
     AdmissionDropGrant,
+    /// `admission::SharedQueue::nudge` takes the waiter out of the queue, as a grant.
+    AdmissionNudgeTakes,
 }
 
 thread_local! {

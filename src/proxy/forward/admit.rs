@@ -15,7 +15,7 @@ use crate::select::RouteError;
 use crate::service::routing::errors::ApiError;
 use std::sync::Arc;
 
-pub(super) use super::super::queued::Turn;
+pub(super) use super::super::queued::{Held, Turn};
 
 impl Job {
     fn policies(&self) -> Option<&Policies> {
@@ -34,7 +34,7 @@ impl Job {
 
     /// Whether the request goes to the queue without trying to route: others of its
     /// model wait, and it has no grant of its own (`turn`).
-    pub(super) fn queued_before(&self, rr: &RouteRequest, turn: &Option<queued_grant::G>) -> bool {
+    pub(super) fn queued_before(&self, rr: &RouteRequest, turn: &Option<Held>) -> bool {
         turn.is_none()
             && self
                 .policies()
@@ -62,10 +62,10 @@ impl Job {
         self.policies()?.queue(Self::model_of(rr))
     }
 
-    /// The request was routed: a grant it held is used up (its wait measured).
-    pub(super) fn served(&self, turn: Option<queued_grant::G>) {
-        if let (Some(g), Some(p)) = (turn, self.policies()) {
-            p.admitted(&g);
+    /// A worker took the request: a turn it held is used up (`queued::Held::served`).
+    pub(super) fn served(&self, turn: Option<Held>) {
+        if let Some(h) = turn {
+            h.served();
         }
     }
 
@@ -103,14 +103,15 @@ impl Job {
     pub(super) async fn wait_refused(
         &self,
         at: Option<(Option<String>, u64)>,
-        prior: Option<queued_grant::G>,
+        prior: Option<Held>,
         gone: &mut Gone,
     ) -> Option<Turn> {
         let (model, seen) = at?;
         let model = model.as_deref().unwrap_or("");
         let (p, front) = (self.policies()?, self.front.as_ref()?);
         let q = p.queue(model)?;
-        Some(queued::wait_turn(p, model, &q, front, seen, prior, gone).await)
+        let st = &self.core.state;
+        Some(queued::wait_turn(st, model, &q, front, seen, prior, gone).await)
     }
 
     /// Waits for the request's turn (see `proxy::queued`).
@@ -118,18 +119,13 @@ impl Job {
         &self,
         rr: &RouteRequest,
         seen: u64,
-        prior: Option<queued_grant::G>,
+        prior: Option<Held>,
         gone: &mut Gone,
     ) -> Turn {
-        let (Some(p), Some(q), Some(front)) = (self.policies(), self.queue_of(rr), &self.front)
-        else {
+        let (Some(q), Some(front)) = (self.queue_of(rr), &self.front) else {
             return Turn::Left;
         };
-        queued::wait_turn(p, Self::model_of(rr), &q, front, seen, prior, gone).await
+        let st = &self.core.state;
+        queued::wait_turn(st, Self::model_of(rr), &q, front, seen, prior, gone).await
     }
-}
-
-pub(super) mod queued_grant {
-    /// A grant from the admission queue.
-    pub type G = crate::admission::shared::Grant<super::super::super::policies::Wake>;
 }
