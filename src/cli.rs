@@ -144,6 +144,9 @@ pub struct ServeArgs {
     /// Pin executor N to the Nth CPU of the affinity mask (`false`: the kernel places).
     #[arg(long, env = "KVROUTE_PIN_CORES")]
     pub pin_cores: Option<bool>,
+    /// The kernel's scheduler slice for the cores' threads, µs (0 = the kernel's).
+    #[arg(long, env = "KVROUTE_CORE_SLICE_US")]
+    pub core_slice_us: Option<u64>,
     /// Tokenize prompts by the lean walk of each tokenizer's pipeline where it is
     /// exact (`false`: HF's pipeline for every prompt).
     #[arg(long, env = "KVROUTE_TOKENIZE_LEAN")]
@@ -510,14 +513,17 @@ impl ServeArgs {
 
     /// The proxy's flags (`--proxy-*`) onto `s.proxy_addr` / `s.proxy`.
     fn apply_proxy(&self, s: &mut Settings) {
-        overlay!(s, self, proxy_addr);
         self.proxy.apply(&mut s.proxy);
         self.epp.apply(&mut s.epp);
-        overlay!(s, self, ingest_slice_hashes);
-        overlay!(s, self, index_layout);
-        overlay!(s, self, pin_cores);
-        overlay!(s, self, tokenize_lean);
-        overlay!(s, self, answer_spin_us);
+        overlay!(
+            s,
+            self,
+            proxy_addr,
+            ingest_slice_hashes,
+            index_layout,
+            pin_cores
+        );
+        overlay!(s, self, core_slice_us, tokenize_lean, answer_spin_us);
         self.apply_cluster(&mut s.cluster);
         self.trace.apply(&mut s.trace);
     }

@@ -21,6 +21,9 @@ pub const DEFAULT_ANSWER_SPIN_US: u64 = 200;
 /// Largest `answer_spin_us` accepted (1 s): the spin stays bounded whatever is set.
 pub const MAX_ANSWER_SPIN_US: u64 = 1_000_000;
 
+/// The `core_slice_us` the kernel takes (0.1 ms to 100 ms); 0 = the kernel's default.
+pub const CORE_SLICE_US: std::ops::RangeInclusive<u64> = 100..=100_000;
+
 /// Default `request_ttl_ms` (10 minutes): twice the proxy's default
 /// `request_timeout_ms`, the longest a proxied request may go without a lifecycle call
 /// (waiting for a non-streamed answer), so no live proxied request expires.
@@ -196,6 +199,11 @@ pub struct Settings {
     /// idle, and every route waits for every core (docs/PERFORMANCE.md "Proxy
     /// overhead"). Default true (a router with CPUs of its own).
     pub pin_cores: bool,
+    /// The kernel's scheduler slice for the cores' threads, µs (`sched_setattr`;
+    /// `service::runtime::sched_slice`): on a machine whose CPUs the router shares, a
+    /// core that started a decision is not preempted for another thread's slice before
+    /// this. 0 = the kernel's default; else 100–100,000. Default 3,000.
+    pub core_slice_us: u64,
     /// Microseconds a core's run loop keeps polling its inbox instead of parking while
     /// one of its cross-core queries (a decision's shard query, a lifecycle call held
     /// elsewhere) is outstanding, counted from the youngest such query (0 = park as
@@ -313,6 +321,7 @@ impl Default for Settings {
             trace: Default::default(),
             epp: Default::default(),
             pin_cores: true,
+            core_slice_us: 3_000,
             tokenize_lean: true,
             answer_spin_us: DEFAULT_ANSWER_SPIN_US,
         }
@@ -445,6 +454,13 @@ impl Settings {
         }
         if self.ingest_slice_hashes == 0 {
             return Err("ingest_slice_hashes must be > 0".into());
+        }
+        if self.core_slice_us != 0 && !CORE_SLICE_US.contains(&self.core_slice_us) {
+            return Err(format!(
+                "core_slice_us must be 0 (the kernel's default) or {}..={}",
+                CORE_SLICE_US.start(),
+                CORE_SLICE_US.end()
+            ));
         }
         if self.answer_spin_us > MAX_ANSWER_SPIN_US {
             return Err(format!(

@@ -3,6 +3,7 @@
 //! may run on any CPU the process may use, and the proxy still answers on new
 //! connections. Checked on the real binary through `/proc` (the kernel's record of
 //! each thread's allowed CPUs), and the setting through flag, env, TOML and default.
+//! Likewise the cores' scheduler slice (`core_slice_us`), read back from the kernel.
 
 mod common;
 
@@ -140,4 +141,68 @@ fn pin_cores_comes_from_flag_env_toml_and_default() {
         .unwrap();
     assert!(!bad.status.success());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `se.slice` (ns) of the executor threads of `pid` (the first thread of each
+/// `kvroute-core-*` name), from the kernel's `/proc/PID/task/TID/sched`.
+fn core_slices(pid: u32) -> Vec<u64> {
+    let mut tasks: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| t.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tasks.sort();
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for tid in tasks {
+        let dir = format!("/proc/{pid}/task/{tid}");
+        let (Ok(comm), Ok(sched)) = (
+            std::fs::read_to_string(format!("{dir}/comm")),
+            std::fs::read_to_string(format!("{dir}/sched")),
+        ) else {
+            continue;
+        };
+        let comm = comm.trim().to_string();
+        if !comm.starts_with("kvroute-core-") || !seen.insert(comm) {
+            continue;
+        }
+        let slice: Option<u64> = sched
+            .lines()
+            .find_map(|l| l.strip_prefix("se.slice"))
+            .and_then(|v| v.trim_start_matches([' ', ':']).trim().parse().ok());
+        out.extend(slice);
+    }
+    out
+}
+
+#[test]
+fn cores_run_with_the_configured_scheduler_slice() {
+    // Whether this kernel takes a normal thread's slice (Linux 6.12 and later).
+    let takes = std::thread::spawn(|| {
+        use kvroute::service::runtime::sched_slice;
+        sched_slice::set_current(2_500).is_ok() && sched_slice::get(0) == Some(2_500)
+    })
+    .join()
+    .unwrap();
+    let s = Server::start(2, &["--core-slice-us", "2500"]);
+    let slices = core_slices(s.pid());
+    assert!(health_on_new_connection(&s.proxy).starts_with("HTTP/1.1 200"));
+    if !takes {
+        eprintln!("this kernel keeps its own slice for normal threads: {slices:?}");
+        return;
+    }
+    assert_eq!(slices, vec![2_500_000; 2]);
+    drop(s);
+    let s = Server::start(2, &["--core-slice-us", "0"]);
+    assert!(
+        core_slices(s.pid()).iter().all(|&n| n != 2_500_000),
+        "0 leaves the kernel's slice"
+    );
+    for bad in ["50", "100001"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args(["print-config", "--core-slice-us", bad])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("core_slice_us"));
+    }
 }

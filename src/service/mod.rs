@@ -386,6 +386,7 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         let ready = reports.guard(id);
         let requests = requests.clone();
         let spin = sh.settings.spin_before_park_us;
+        let slice_us = sh.settings.core_slice_us;
         let mine = match bound.for_core() {
             Ok(l) => l,
             Err(e) => {
@@ -414,6 +415,11 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
             b = b.spin_before_park(Duration::from_micros(spin));
         }
         let spawned = b.spawn(move || async move {
+            if slice_us > 0 {
+                if let Err(e) = runtime::sched_slice::set_current(slice_us) {
+                    eprintln!("kvroute: core {id}: core_slice_us = {slice_us} not applied ({e}); it keeps the kernel's slice");
+                }
+            }
             let core = Rc::new(Core::new(id, sh.clone(), shard));
             state::persist::restore_requests(&core, &requests);
             drop(requests);

@@ -6,7 +6,7 @@
 //! `pinning`, `core_start`) and settings (`huge_pages`: THP off), the blocking threads
 //! (`blocking`), the answer spin (`answer_spin`), the replicated request-id register
 //! (`claims`), the routed-traffic recorder (`recorder`), the schedule-lag probe
-//! (`schedule_lag`), and the cores' side of router replication: the link
+//! (`schedule_lag`), the cores' scheduler slice (`sched_slice`), and the cores' side of router replication: the link
 //! (`cluster_link`), the hooks that publish into it (`cluster_hooks`) and its metric
 //! families (`cluster_metrics`). The status page's state is the library's
 //! `crate::status`.
@@ -31,5 +31,6 @@ pub mod pinning;
 pub mod preflight;
 pub mod recorder;
 pub mod run_loop;
+pub mod sched_slice;
 pub mod schedule_lag;
 pub mod shared;
