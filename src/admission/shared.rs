@@ -110,6 +110,17 @@ impl Waiter {
             .is_ok()
     }
 
+    /// Nudges the waiter unless it is trying already (its try would miss the nudge).
+    fn offer_nudge(&self) -> bool {
+        match self
+            .nudge
+            .compare_exchange(IDLE, NUDGED, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(now) => now == NUDGED,
+        }
+    }
+
     /// Forgets a nudge (the waiter was granted instead, or its try ended).
     pub fn clear_nudge(&self) {
         self.nudge.store(IDLE, Ordering::Release);
@@ -353,11 +364,10 @@ impl<T> SharedQueue<T> {
         if last != 0 && now_us.saturating_sub(last - 1) < quiet_us {
             return None;
         }
-        let (_, w) = q.iter().take(max_scan).find(|(_, w)| {
-            w.waiter.state() == WaiterState::Waiting
-                && w.waiter.nudge.load(Ordering::Acquire) != TRYING
-        })?;
-        w.waiter.nudge.store(NUDGED, Ordering::Release);
+        let (_, w) = q
+            .iter()
+            .take(max_scan)
+            .find(|(_, w)| w.waiter.state() == WaiterState::Waiting && w.waiter.offer_nudge())?;
         Some(w.item.clone())
     }
 
