@@ -515,15 +515,9 @@ impl ServeArgs {
     fn apply_proxy(&self, s: &mut Settings) {
         self.proxy.apply(&mut s.proxy);
         self.epp.apply(&mut s.epp);
-        overlay!(
-            s,
-            self,
-            proxy_addr,
-            ingest_slice_hashes,
-            index_layout,
-            pin_cores
-        );
-        overlay!(s, self, core_slice_us, tokenize_lean, answer_spin_us);
+        overlay!(s, self, proxy_addr, ingest_slice_hashes);
+        overlay!(s, self, index_layout, pin_cores, core_slice_us);
+        overlay!(s, self, tokenize_lean, answer_spin_us);
         self.apply_cluster(&mut s.cluster);
         self.trace.apply(&mut s.trace);
     }
