@@ -7,8 +7,8 @@
 //! whole slice; a longer one lets the run that started with a request's arrival
 //! finish (docs/PERFORMANCE.md "Token-id replay").
 //!
-//! Guarantees: only the calling thread changes, and only its slice (policy stays
-//! `SCHED_OTHER`, nice 0); a kernel that refuses the call leaves the thread as it was,
+//! Guarantees: only the calling thread changes, and only its slice (its policy and
+//! nice value stay as they were); a kernel that refuses the call leaves it as it was,
 //! and the error names the reason (the caller logs it and goes on). Kernels before
 //! 6.12 accept the call and keep their own slice.
 
@@ -16,6 +16,7 @@ use crate::settings::CORE_SLICE_US;
 
 /// `struct sched_attr` (include/uapi/linux/sched/types.h), its first version's size.
 #[repr(C)]
+#[derive(Default)]
 struct SchedAttr {
     size: u32,
     policy: u32,
@@ -29,23 +30,44 @@ struct SchedAttr {
     util_max: u32,
 }
 
-/// Sets the calling thread's slice to `us` µs (`settings::CORE_SLICE_US`).
+/// Thread `tid`'s scheduling attributes (`sched_getattr`; 0 = the calling thread).
+fn read(tid: i32) -> Result<SchedAttr, String> {
+    let mut attr = SchedAttr::default();
+    let size = std::mem::size_of::<SchedAttr>() as u32;
+    // SAFETY: `attr` is a live `sched_attr` of `size` bytes for the kernel to fill.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            tid,
+            &mut attr as *mut SchedAttr,
+            size,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "sched_getattr: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(attr)
+}
+
+/// Sets the calling thread's slice to `us` µs (`settings::CORE_SLICE_US`), keeping its
+/// policy and nice value. Only a thread of the fair scheduler (`SCHED_OTHER`,
+/// `SCHED_BATCH`) has such a slice; any other is left as it is, with an error.
 pub fn set_current(us: u64) -> Result<(), String> {
     if !CORE_SLICE_US.contains(&us) {
         return Err(format!("slice {us} µs: outside {CORE_SLICE_US:?}"));
     }
-    let attr = SchedAttr {
-        size: std::mem::size_of::<SchedAttr>() as u32,
-        policy: libc::SCHED_OTHER as u32,
-        flags: 0,
-        nice: 0,
-        priority: 0,
-        runtime: us * 1_000,
-        deadline: 0,
-        period: 0,
-        util_min: 0,
-        util_max: 0,
-    };
+    let mut attr = read(0)?;
+    let policy = attr.policy as i32;
+    if policy != libc::SCHED_OTHER && policy != libc::SCHED_BATCH {
+        return Err(format!("policy {policy} is not the fair scheduler's"));
+    }
+    attr.size = std::mem::size_of::<SchedAttr>() as u32;
+    attr.flags = 0;
+    attr.runtime = us * 1_000;
     // SAFETY: `attr` is a live, fully initialised `sched_attr` whose `size` field
     // names its own size; pid 0 is the calling thread; flags 0.
     let rc = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) };
@@ -58,34 +80,12 @@ pub fn set_current(us: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Thread `tid`'s slice in µs as the kernel reports it (`sched_getattr`; 0 = the
-/// calling thread), or `None` if the kernel reports none (before Linux 6.12 a normal
-/// thread's `sched_runtime` reads 0) or refuses the call.
+/// Thread `tid`'s slice in µs as the kernel reports it (0 = the calling thread), or
+/// `None` if the kernel reports none (before Linux 6.12 a normal thread's
+/// `sched_runtime` reads 0) or refuses the call.
 pub fn get(tid: i32) -> Option<u64> {
-    let mut attr = SchedAttr {
-        size: 0,
-        policy: 0,
-        flags: 0,
-        nice: 0,
-        priority: 0,
-        runtime: 0,
-        deadline: 0,
-        period: 0,
-        util_min: 0,
-        util_max: 0,
-    };
-    let size = std::mem::size_of::<SchedAttr>() as u32;
-    // SAFETY: `attr` is a live `sched_attr` of `size` bytes for the kernel to fill.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_sched_getattr,
-            tid,
-            &mut attr as *mut SchedAttr,
-            size,
-            0,
-        )
-    };
-    (rc == 0 && attr.runtime != 0).then_some(attr.runtime / 1_000)
+    let attr = read(tid).ok()?;
+    (attr.runtime != 0).then_some(attr.runtime / 1_000)
 }
 
 #[cfg(test)]
@@ -106,7 +106,28 @@ mod tests {
             match set_current(3_000) {
                 // A kernel that reports slices reports this one.
                 Ok(()) => assert!(matches!(get(0), None | Some(3_000)), "{:?}", get(0)),
-                Err(e) => assert!(e.starts_with("sched_setattr: "), "{e}"),
+                Err(e) => assert!(e.starts_with("sched_"), "{e}"),
+            }
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn the_slice_leaves_the_threads_nice_value_as_it_was() {
+        std::thread::spawn(|| {
+            // SAFETY: gettid has no arguments; setpriority and getpriority name this
+            // thread by its id (a higher nice value needs no privilege).
+            let (before, after) = unsafe {
+                let tid = libc::gettid() as libc::id_t;
+                assert_eq!(libc::setpriority(libc::PRIO_PROCESS, tid, 5), 0);
+                let before = libc::getpriority(libc::PRIO_PROCESS, tid);
+                let set = set_current(3_000);
+                (before, (set, libc::getpriority(libc::PRIO_PROCESS, tid)))
+            };
+            assert_eq!(before, 5);
+            if after.0.is_ok() {
+                assert_eq!(after.1, 5, "nice kept");
             }
         })
         .join()
