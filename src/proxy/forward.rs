@@ -384,7 +384,9 @@ impl Job {
                 Ok(a) => {
                     // A grant is used up once a worker takes the request (until then a
                     // 429 puts the request back in its place).
-                    self.served(turn.take());
+                    if let Some(h) = turn.take() {
+                        h.served();
+                    }
                     breaker_success(&self.core, &w);
                     let mut r = self.respond(a, &rid, &w, attempt, fallback, (admitted, gone));
                     self.prefill_path(&mut r, &d);

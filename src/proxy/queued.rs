@@ -100,6 +100,10 @@ impl Held {
         p.show_depth(&self.model, &self.queue);
     }
 
+    fn ticket(&self) -> Option<Ticket> {
+        self.grant.as_ref().map(|g| g.ticket)
+    }
+
     fn into_grant(mut self) -> Option<Grant<Wake>> {
         self.grant.take()
     }
@@ -133,20 +137,20 @@ pub async fn wait_turn(
     let Some(p) = st.policies.get() else {
         return Turn::Answer(full());
     };
+    // Its time ran out while it tried (a turn that bounced off busy workers): it
+    // leaves (the dropped turn passes a grant on) instead of taking its place again, so
+    // turns that keep bouncing cannot hold a request past its time limit.
+    if let Some(t) = prior.as_ref().and_then(Held::ticket) {
+        if p.now_us() >= until(p, &t) {
+            drop(prior);
+            return expired(p, model, q, t);
+        }
+    }
     let prior = prior.and_then(Held::into_grant);
     let wake: Wake;
     let waiter: Arc<Waiter>;
     let ticket: Ticket;
     match prior {
-        // Its time ran out while it tried (a grant that bounced off busy workers):
-        // it leaves instead of taking its place again, so grants that keep bouncing
-        // cannot hold a request past its time limit.
-        Some(g) if p.now_us() >= until(p, &g.ticket) => {
-            if let Leave::PassedOn(n) = q.leave(g.ticket, &g.item.waiter, p.now_us()) {
-                p.deliver(n);
-            }
-            return expired(p, model, q, g.ticket);
-        }
         Some(g) => {
             wake = g.item.item.clone();
             waiter = g.item.waiter.clone();

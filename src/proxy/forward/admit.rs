@@ -62,13 +62,6 @@ impl Job {
         self.policies()?.queue(Self::model_of(rr))
     }
 
-    /// A worker took the request: a turn it held is used up (`queued::Held::served`).
-    pub(super) fn served(&self, turn: Option<Held>) {
-        if let Some(h) = turn {
-            h.served();
-        }
-    }
-
     /// On a disaggregated fleet, says where the request's prefill ran: header
     /// `x-kvroute-prefill` (`remote`, `local-short`, `local-cached`) and the
     /// `proxy_prefill_path` metric. Nothing for an aggregated worker.
