@@ -12,10 +12,9 @@ use std::io::{Read, Write};
 use std::process::Command;
 use std::time::Duration;
 
-/// `(thread name, Cpus_allowed_list)` of every thread of `pid`, in thread-id order
+/// `(thread name, /proc/PID/task/TID)` of every thread of `pid`, in thread-id order
 /// (creation order).
-fn threads(pid: u32) -> Vec<(String, String)> {
-    let mut out = Vec::new();
+fn tasks(pid: u32) -> Vec<(String, std::path::PathBuf)> {
     let mut tasks: Vec<(u64, std::path::PathBuf)> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .filter_map(|t| {
@@ -24,34 +23,48 @@ fn threads(pid: u32) -> Vec<(String, String)> {
         })
         .collect();
     tasks.sort();
-    for (_, dir) in tasks {
-        let (Ok(comm), Ok(status)) = (
-            std::fs::read_to_string(dir.join("comm")),
-            std::fs::read_to_string(dir.join("status")),
-        ) else {
-            continue; // the thread ended meanwhile
-        };
-        let cpus = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .unwrap_or("")
-            .trim()
-            .to_string();
-        out.push((comm.trim().to_string(), cpus));
-    }
-    out
+    tasks
+        .into_iter()
+        .filter_map(|(_, dir)| {
+            // A thread that ended meanwhile has no name to read.
+            let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+            Some((comm.trim().to_string(), dir))
+        })
+        .collect()
 }
 
-/// The allowed CPUs of each executor thread (glommio names them after the executor).
-/// An executor's blocking thread, which it starts later, inherits its name and is
+/// A thread's `Cpus_allowed_list` (its `/proc/PID/task/TID/status`).
+fn cpus_of(dir: &std::path::Path) -> Option<String> {
+    let status = std::fs::read_to_string(dir.join("status")).ok()?;
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+    Some(list.trim().to_string())
+}
+
+/// `(thread name, Cpus_allowed_list)` of every thread of `pid`, in creation order.
+fn threads(pid: u32) -> Vec<(String, String)> {
+    tasks(pid)
+        .into_iter()
+        .filter_map(|(name, dir)| Some((name, cpus_of(&dir)?)))
+        .collect()
+}
+
+/// The executor threads' directories (glommio names them after the executor). An
+/// executor's blocking thread, which it starts later, inherits its name and is
 /// deliberately unbound: the first thread of each name is the executor.
-fn core_threads(pid: u32) -> Vec<String> {
+fn core_tasks(pid: u32) -> Vec<std::path::PathBuf> {
     let mut seen = std::collections::HashSet::new();
-    threads(pid)
+    tasks(pid)
         .into_iter()
         .filter(|(name, _)| name.starts_with("kvroute-core-") && seen.insert(name.clone()))
-        .map(|(_, cpus)| cpus)
+        .map(|(_, dir)| dir)
         .collect()
+}
+
+/// The allowed CPUs of each executor thread.
+fn core_threads(pid: u32) -> Vec<String> {
+    core_tasks(pid).iter().filter_map(|d| cpus_of(d)).collect()
 }
 
 /// This process's allowed CPUs (the router inherits them).
@@ -143,35 +156,15 @@ fn pin_cores_comes_from_flag_env_toml_and_default() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `se.slice` (ns) of the executor threads of `pid` (the first thread of each
-/// `kvroute-core-*` name), from the kernel's `/proc/PID/task/TID/sched`.
+/// `se.slice` (ns) of each executor thread of `pid`, from the kernel's
+/// `/proc/PID/task/TID/sched`.
 fn core_slices(pid: u32) -> Vec<u64> {
-    let mut tasks: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter_map(|t| t.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    tasks.sort();
-    let mut seen = std::collections::HashSet::new();
-    let mut out = Vec::new();
-    for tid in tasks {
-        let dir = format!("/proc/{pid}/task/{tid}");
-        let (Ok(comm), Ok(sched)) = (
-            std::fs::read_to_string(format!("{dir}/comm")),
-            std::fs::read_to_string(format!("{dir}/sched")),
-        ) else {
-            continue;
-        };
-        let comm = comm.trim().to_string();
-        if !comm.starts_with("kvroute-core-") || !seen.insert(comm) {
-            continue;
-        }
-        let slice: Option<u64> = sched
-            .lines()
-            .find_map(|l| l.strip_prefix("se.slice"))
-            .and_then(|v| v.trim_start_matches([' ', ':']).trim().parse().ok());
-        out.extend(slice);
-    }
-    out
+    let slice_of = |dir: &std::path::PathBuf| {
+        let sched = std::fs::read_to_string(dir.join("sched")).ok()?;
+        let v = sched.lines().find_map(|l| l.strip_prefix("se.slice"))?;
+        v.trim_start_matches([' ', ':']).trim().parse().ok()
+    };
+    core_tasks(pid).iter().filter_map(slice_of).collect()
 }
 
 #[test]
