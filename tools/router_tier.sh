@@ -28,10 +28,14 @@
 # Parts (PARTS="ids text low tput"):
 # - ids:  the conversation trace's first $N requests at x$SCALE, token-id prompts,
 #         streamed, $OSL output tokens: dynamo and kvroute, once per index layout and
-#         event format in $VARIANTS ("sharded/zmq replicated/zmq replicated/binary":
-#         zmq is vLLM's events, token ids that kvroute hashes; binary is kvroute's
-#         own, block hashes computed on the worker's side, the form in which Dynamo's
-#         mockers send theirs);
+#         event format in $VARIANTS ("sharded/zmq replicated/zmq replicated/binary
+#         control/binary": zmq is vLLM's events, token ids that kvroute hashes; binary
+#         is kvroute's own, block hashes computed on the worker's side, the form in
+#         which Dynamo's mockers send theirs; control is not kvroute but the control
+#         for its decision latency, `kvroute-sim relay --http --route-tokenizer
+#         --events-addr`: kvroute's routing work as a library on tokio, routing among
+#         the same fleet by its binary events, its decisions' wall time timed as
+#         kvroute's are);
 # - text: the same as chat text (both sides render and tokenize);
 # - low:  one streamed chat request at a time ($LOW_N at $LOW_RATE/s, 256-token
 #         prompts), keep-alive and new connections: direct, relay, hrelay, hroute,
@@ -84,7 +88,7 @@ OSL=${OSL:-16}
 KV_CORES=${KV_CORES:-2}
 KV_FLAGS=${KV_FLAGS:-}
 # The ids and text parts run kvroute once per LAYOUT/EVENTS pair here.
-VARIANTS=${VARIANTS:-"sharded/zmq replicated/zmq replicated/binary"}
+VARIANTS=${VARIANTS:-"sharded/zmq replicated/zmq replicated/binary control/binary"}
 # The low and tput parts: the layout deploy/kubernetes ships for a proxy tier.
 HOP_LAYOUT=${HOP_LAYOUT:-replicated}
 LOW_N=${LOW_N:-300}
@@ -137,6 +141,24 @@ start_kv() {
     done
   fi
   sleep 0.5 # ZMQ subscriptions
+}
+
+# start_control FLEET_ARGS...: the routing control (`kvroute-sim relay --http
+# --route-tokenizer --events-addr`) and a fleet that registers with it and sends it
+# binary events; sets CTL_PID, CTL_URL.
+start_control() {
+  local n ea
+  "$BIN/kvroute-sim" relay --http --route-tokenizer "sim-model=$TOK" --block-size 16 \
+    --events-addr 127.0.0.1:0 >"$OUT/control.log" 2>&1 &
+  CTL_PID=$!; PIDS+=("$CTL_PID")
+  for _ in $(seq 100); do grep -q listening "$OUT/control.log" && break; sleep 0.05; done
+  CTL_URL="http://$(sed -n 's/^relay listening on \([^ ]*\).*/\1/p' "$OUT/control.log")"
+  ea=$(sed -n 's/^relay events on \([^ ]*\).*/\1/p' "$OUT/control.log")
+  start_fleet "ctl" "$@" --events binary --router-events "$ea"
+  n=$(grep -c '^worker ' "$OUT/ctl.fleet")
+  for _ in $(seq 200); do
+    [ "$(grep -c ' registered$' "$OUT/control.log")" -ge "$n" ] && break; sleep 0.05
+  done
 }
 
 # start_relay NAME FLAGS...: `kvroute-sim relay` to the stand-in worker ($STAND);
@@ -333,6 +355,15 @@ for part in "${trace_parts[@]}"; do
     fi
     for variant in $VARIANTS; do
       layout=${variant%/*} events=${variant#*/}
+      if [ "$layout" = control ]; then
+        [ "$events" = binary ] || { echo "the control takes binary events only: $variant" >&2; continue; }
+        start_control --workers 2 --block-size 16 --capacity-blocks 16384 --time-scale 1000
+        probe_start "control $part r$round"
+        measure "control $part r$round" "$CTL_PID" "$CTL_URL" "${CTL_URL#http://}" "${args[@]}"
+        probe_stop "control $part r$round"
+        stop_pid "$CTL_PID"; stop_pid "$FLEET_PID"
+        continue
+      fi
       KV_LAYOUT=$layout KV_EVENTS=$events start_kv --workers 2 --block-size 16 --capacity-blocks 16384 --time-scale 1000
       probe_start "kvroute $part ${layout:0:4} ${events:0:3} r$round"
       measure "kvroute $part ${layout:0:4} ${events:0:3} r$round" "$KV_PID" "$KV_URL" "$KV_HTTP" "${args[@]}"

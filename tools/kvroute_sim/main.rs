@@ -31,6 +31,8 @@
 //!   the machine (`relay.rs`); `--http`: hyper's HTTP/1.1 relay on tokio, the floor
 //!   of an HTTP proxy's (`relay_http.rs`); `--route-tokenizer`: that relay doing a
 //!   router's work on each request, the control for kvroute's runtime (`relay_route.rs`);
+//!   `--events-addr`: routing among workers by their binary KV events, the control
+//!   for kvroute's decision latency (`relay_events.rs`);
 //! - `probe`: short timed pieces of CPU work on pinned threads, the control for a
 //!   router's decision latency on a shared machine (`probe.rs`).
 //!
@@ -47,6 +49,7 @@ mod demo;
 mod fleet;
 mod probe;
 mod relay;
+mod relay_events;
 mod relay_http;
 mod relay_route;
 mod replay;

@@ -27,8 +27,8 @@ pub struct RelayArgs {
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
     /// Where every connection is relayed to.
-    #[arg(long)]
-    upstream: String,
+    #[arg(long, required_unless_present = "events_addr")]
+    upstream: Option<String>,
     /// Client connections relayed at once.
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
@@ -42,19 +42,37 @@ pub struct RelayArgs {
     /// The routing work's block size.
     #[arg(long, default_value_t = 16)]
     block_size: u32,
+    /// With `--route-tokenizer` and no `--upstream`: route among the workers that
+    /// register at this address by kvroute's binary event protocol, with their KV
+    /// events (`relay_events.rs`; port 0: pick one, printed).
+    #[arg(long, requires = "route_tokenizer", conflicts_with = "upstream")]
+    events_addr: Option<String>,
 }
 
 pub fn run(a: RelayArgs) -> Result<(), String> {
     if a.http {
         let work = match &a.route_tokenizer {
-            Some(t) => Some(super::relay_route::RouteWork::new(t, a.block_size)?),
+            Some(t) => Some(super::relay_route::RouteWork::new(
+                t,
+                a.block_size,
+                a.upstream.is_some(),
+            )?),
             None => None,
         };
-        return super::relay_http::run(&a.listen, &a.upstream, a.max_connections, work);
+        return super::relay_http::run(
+            &a.listen,
+            a.upstream.as_deref(),
+            a.max_connections,
+            work,
+            a.events_addr.as_deref(),
+        );
     }
+    let Some(upstream) = a.upstream else {
+        return Err("--upstream is needed without --events-addr".into());
+    };
     let l = TcpListener::bind(&a.listen).map_err(|e| format!("listen {}: {e}", a.listen))?;
     let addr = l.local_addr().map_err(|e| format!("local_addr: {e}"))?;
-    println!("relay listening on {addr} -> {}", a.upstream);
+    println!("relay listening on {addr} -> {upstream}");
     let live = Arc::new(AtomicUsize::new(0));
     for c in l.incoming() {
         let Ok(client) = c else {
@@ -66,7 +84,7 @@ pub fn run(a: RelayArgs) -> Result<(), String> {
             continue; // dropped: closed
         }
         live.fetch_add(1, Ordering::Relaxed);
-        let (up, mine) = (a.upstream.clone(), live.clone());
+        let (up, mine) = (upstream.clone(), live.clone());
         let spawned = std::thread::Builder::new()
             .name("relay".into())
             .spawn(move || {
