@@ -407,13 +407,11 @@ pub fn start(mut settings: Settings) -> Result<Running, String> {
         // The core's blocking thread (long prompts' tokenization, the status page's
         // snapshot) is left to the scheduler: pinned next to its core (glommio's
         // default for a fixed placement) it would only take turns with it.
-        let mut b = LocalExecutorBuilder::new(placement)
+        let b = LocalExecutorBuilder::new(placement)
             .name(&format!("kvroute-core-{id}"))
             .io_memory(512 << 10)
             .blocking_thread_pool_placement(glommio::PoolPlacement::Unbound(1));
-        if spin > 0 {
-            b = b.spin_before_park(Duration::from_micros(spin));
-        }
+        let b = runtime::idle_spin::configure(b, spin);
         let spawned = b.spawn(move || async move {
             if slice_us > 0 {
                 if let Err(e) = runtime::sched_slice::set_current(slice_us) {

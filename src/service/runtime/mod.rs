@@ -24,6 +24,7 @@ pub mod core_start;
 pub mod cpu_clock;
 pub mod dump;
 pub mod huge_pages;
+pub mod idle_spin;
 pub mod index_batch;
 pub mod ingest_slice;
 pub mod msg;
