@@ -49,27 +49,16 @@ async fn connection(mut s: TcpStream, work: &RouteWork) -> Result<(), String> {
     let mut worker: Option<String> = None;
     loop {
         loop {
-            let frame = match dec.decode(&mut buf) {
-                Ok(Some(f)) => f,
+            // A frame, then its message: either failing ends the connection.
+            let next = dec
+                .decode(&mut buf)
+                .and_then(|f| f.map(|f| EventMsg::decode(&f)).transpose());
+            let msg = match next {
+                Ok(Some(m)) => m,
                 Ok(None) => break,
                 Err(e) => {
-                    return refuse(
-                        &mut s,
-                        e.error_code(&kvroute::codec::kind::WORKER_BOUND),
-                        e.to_string(),
-                    )
-                    .await
-                }
-            };
-            let msg = match EventMsg::decode(&frame) {
-                Ok(m) => m,
-                Err(e) => {
-                    return refuse(
-                        &mut s,
-                        e.error_code(&kvroute::codec::kind::WORKER_BOUND),
-                        e.to_string(),
-                    )
-                    .await
+                    let code = e.error_code(&kvroute::codec::kind::WORKER_BOUND);
+                    return refuse(&mut s, code, e.to_string()).await;
                 }
             };
             match (msg, &worker) {
