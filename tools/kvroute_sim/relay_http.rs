@@ -98,10 +98,9 @@ struct Upstreams {
 }
 
 impl Upstreams {
+    /// The connection to `to` (`host:port`; `None`: `--upstream`'s).
     async fn get(&self, to: Option<&str>) -> Option<Tx> {
         let addr = to.or(self.default.as_deref())?;
-        let addr = addr.strip_prefix("http://").unwrap_or(addr);
-        let addr = addr.trim_end_matches('/');
         if let Some((_, tx)) = self.conns.borrow().iter().find(|(a, _)| a == addr) {
             return Some(tx.clone());
         }
@@ -146,7 +145,7 @@ async fn pair(client: TcpStream, upstream: Option<String>, work: Option<Rc<Route
             let routed = w.route(parts.uri.path(), &raw);
             let to = match &routed {
                 Some(r) => r.to.clone(),
-                None => w.fallback().flatten(),
+                None => w.fallback(),
             };
             let tx = ups.get(to.as_deref()).await.ok_or("upstream unreachable")?;
             let req = Request::from_parts(parts, Either::Right(Full::new(raw)));

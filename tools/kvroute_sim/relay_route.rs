@@ -30,6 +30,7 @@
 use bytes::Bytes;
 use kvroute::engine::{Engine, EngineLimits, KvEvent};
 use kvroute::proxy::request::{self, Endpoint};
+use kvroute::proxy::url::UpstreamUrl;
 use kvroute::proxy::{prompt, route_request};
 use kvroute::tokenize::Tokenizers;
 use kvroute::types::WorkerSpec;
@@ -49,7 +50,7 @@ pub struct RouteWork {
     tok: Tokenizers,
     model: String,
     engine: RefCell<Engine>,
-    /// The workers routed among, in registration order, with the address each is
+    /// The workers routed among, in registration order, with the `host:port` each is
     /// forwarded to (`None`: the relay's `--upstream`).
     workers: RefCell<Vec<(String, Option<String>)>>,
     /// Wall time of each decision (`Engine::route`), seconds.
@@ -58,8 +59,8 @@ pub struct RouteWork {
     next: Cell<u64>,
 }
 
-/// A routed request: its decision's id and where it goes (`None`: the relay's
-/// `--upstream`).
+/// A routed request: its decision's id and where it goes (`host:port`; `None`: the
+/// relay's `--upstream`).
 pub struct Routed {
     pub rid: String,
     pub to: Option<String>,
@@ -99,8 +100,10 @@ impl RouteWork {
         Ok(w)
     }
 
-    /// Adds (or replaces) worker `spec`, forwarded to its `url`. A worker of another
-    /// model is refused: the relay routes one model.
+    /// Adds (or replaces) worker `spec`, forwarded to its `url` (parsed as the proxy
+    /// parses a worker's, `proxy::url`). A worker of another model is refused (the
+    /// relay routes one model), and so is a URL with a base path (the relay forwards
+    /// paths as they came).
     pub fn register(&self, spec: WorkerSpec) -> Result<(), String> {
         if spec.model != self.model {
             return Err(format!(
@@ -108,7 +111,11 @@ impl RouteWork {
                 spec.id, spec.model, self.model
             ));
         }
-        let (id, url) = (spec.id.clone(), spec.url.clone());
+        let url = spec.url.as_deref().map(UpstreamUrl::parse).transpose()?;
+        if let Some(u) = url.as_ref().filter(|u| !u.base.is_empty()) {
+            return Err(format!("worker {:?}: base path {:?}", spec.id, u.base));
+        }
+        let (id, url) = (spec.id.clone(), url.map(|u| u.authority));
         self.engine
             .borrow_mut()
             .register(spec)
@@ -124,9 +131,13 @@ impl RouteWork {
         let _ = self.engine.borrow_mut().apply(id, ev);
     }
 
-    /// Where a request without a decision goes: the first worker registered.
-    pub fn fallback(&self) -> Option<Option<String>> {
-        self.workers.borrow().first().map(|(_, url)| url.clone())
+    /// Where a request without a decision goes: the first worker registered (`None`:
+    /// the relay's `--upstream`, or no worker yet).
+    pub fn fallback(&self) -> Option<String> {
+        self.workers
+            .borrow()
+            .first()
+            .and_then(|(_, url)| url.clone())
     }
 
     /// The work on one request body sent to `path`: the decision's id, to finish when
@@ -266,7 +277,11 @@ mod tests {
         assert!(w
             .register(spec("c", "other", "http://127.0.0.1:3"))
             .is_err());
-        assert_eq!(w.fallback(), Some(Some("http://127.0.0.1:1".into())));
+        assert!(w
+            .register(spec("d", "m", "http://127.0.0.1:4/base"))
+            .is_err());
+        assert!(w.register(spec("e", "m", "https://127.0.0.1:5")).is_err());
+        assert_eq!(w.fallback().as_deref(), Some("127.0.0.1:1"));
         // The blocks of a 256-word prompt, as the engine hashes them, stored on `b`.
         let body = chat(256);
         let creq = request::parse(body.clone()).unwrap();
@@ -286,7 +301,7 @@ mod tests {
                 },
             );
             let r = w.route("/v1/chat/completions", &body).unwrap();
-            assert_eq!(r.to.as_deref(), Some("http://127.0.0.1:2"));
+            assert_eq!(r.to.as_deref(), Some("127.0.0.1:2"));
             w.finish(&r.rid);
         }
     }
