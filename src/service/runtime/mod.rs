@@ -4,11 +4,12 @@
 //! (`run_loop`, applying index batches preemptibly with `ingest_slice`; batches cut
 //! by `index_batch`), a core's snapshot dump (`dump`), the start checks (`preflight`,
 //! `pinning`, `core_start`) and settings (`huge_pages`: THP off), the blocking threads
-//! (`blocking`), the answer spin (`answer_spin`), the replicated request-id register
-//! (`claims`), the routed-traffic recorder (`recorder`), the schedule-lag probe
-//! (`schedule_lag`), the cores' scheduler slice (`sched_slice`), and the cores' side
-//! of router replication: the link (`cluster_link`), the hooks that publish into it
-//! (`cluster_hooks`) and its metric families (`cluster_metrics`). The status page's state is the library's
+//! (`blocking`), the answer spin (`answer_spin`), an idle core's spin before parking
+//! (`idle_spin`), the replicated request-id register (`claims`), the routed-traffic
+//! recorder (`recorder`), the schedule-lag probe (`schedule_lag`), the cores'
+//! scheduler slice (`sched_slice`), and the cores' side of router replication: the
+//! link (`cluster_link`), the hooks that publish into it (`cluster_hooks`) and its
+//! metric families (`cluster_metrics`). The status page's state is the library's
 //! `crate::status`.
 //!
 //! May import: `net`, `metrics`, the pure library.
