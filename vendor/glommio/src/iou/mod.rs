@@ -92,6 +92,11 @@ bitflags::bitflags! {
         const CQSIZE    = 1 << 3;
         const CLAMP     = 1 << 4;
         const ATTACH_WQ = 1 << 5;
+        // kvroute patch: completions found by other CPUs wait for the ring's task to
+        // enter the kernel instead of interrupting it (Linux 5.19), and the kernel
+        // says so in the SQ ring's flags.
+        const COOP_TASKRUN = 1 << 8;
+        const TASKRUN_FLAG = 1 << 9;
     }
 }
 

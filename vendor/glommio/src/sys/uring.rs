@@ -903,14 +903,24 @@ struct SleepableRing {
     task_queue_stats: AHashMap<TaskQueueHandle, RingIoStats>,
     source_map: Rc<RefCell<SourceMap>>,
     in_kernel: usize,
+    /// kvroute patch: set up with `COOP_TASKRUN | TASKRUN_FLAG` (see `new`).
+    coop: bool,
 }
 
 impl SleepableRing {
+    /// kvroute patch: `coop` sets the ring up with `COOP_TASKRUN | TASKRUN_FLAG` where
+    /// the kernel has them (5.19 and later; older ones refuse the flags and get the
+    /// upstream ring). Without it, every completion another CPU finds (a socket a
+    /// peer wrote to) interrupts the running executor with an IPI to post its CQE;
+    /// with it the CQE waits for the executor's next system call, which a busy
+    /// executor makes every few microseconds, and an idle one sees the pending work in
+    /// the SQ ring's flags (`task_work_pending`) and enters the kernel for it.
     fn new(
         size: usize,
         name: &'static str,
         allocator: Rc<UringBufferAllocator>,
         source_map: Rc<RefCell<SourceMap>>,
+        coop: bool,
     ) -> io::Result<Self> {
         // kvroute patch: an error, not an assertion (see `check_supported_operations`).
         if !*IO_URING_RECENT_ENOUGH {
@@ -919,8 +929,21 @@ impl SleepableRing {
                  io_uring blocked by seccomp, or a kernel older than 5.8)",
             ));
         }
+        let coop_flags = iou::SetupFlags::COOP_TASKRUN | iou::SetupFlags::TASKRUN_FLAG;
+        let (ring, coop) = if coop {
+            match iou::IoUring::new_with_flags(size as _, coop_flags, iou::SetupFeatures::empty()) {
+                Ok(ring) => (ring, true),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    (iou::IoUring::new(size as _)?, false)
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            (iou::IoUring::new(size as _)?, false)
+        };
         Ok(SleepableRing {
-            ring: iou::IoUring::new(size as _)?,
+            ring,
+            coop,
             size,
             submission_queue: UringQueueState::with_capacity(size * 4),
             name,
@@ -930,6 +953,21 @@ impl SleepableRing {
             source_map,
             in_kernel: 0,
         })
+    }
+
+    /// kvroute patch: completions wait in the kernel for this task to run them
+    /// (`coop` rings only).
+    fn task_work_pending(&self) -> bool {
+        if !self.coop {
+            return false;
+        }
+        // SAFETY: `kflags` points into the SQ ring mapped for the ring's lifetime; the
+        // kernel updates it concurrently, hence the atomic load.
+        let flags = unsafe {
+            (*(self.ring.raw().sq.kflags as *const std::sync::atomic::AtomicU32))
+                .load(std::sync::atomic::Ordering::Acquire)
+        };
+        flags & uring_sys::IORING_SQ_TASKRUN != 0
     }
 
     fn ring_fd(&self) -> RawFd {
@@ -1147,13 +1185,15 @@ impl UringCommon for SleepableRing {
     fn needs_kernel_enter(&self) -> bool {
         // We only need to enter the kernel to submit SQEs, not to collect CQEs (the
         // kernel posts the CQEs asynchronously for us)
-        self.waiting_kernel_submission() > 0
+        // kvroute patch: ... except on a `coop` ring, whose CQEs wait for us.
+        self.waiting_kernel_submission() > 0 || self.task_work_pending()
     }
 
     fn can_sleep(&self) -> bool {
         self.submission_queue.borrow().is_empty()
             && self.waiting_kernel_submission() == 0
             && self.waiting_kernel_collection() == 0
+            && !self.task_work_pending()
     }
 
     fn waiting_kernel_submission(&self) -> usize {
@@ -1175,6 +1215,23 @@ impl UringCommon for SleepableRing {
     fn submit_sqes(&mut self) -> io::Result<usize> {
         let x = self.ring.submit_sqes()? as usize;
         self.in_kernel += x;
+        // kvroute patch: nothing to submit, but completions waiting for us to run
+        // them (`task_work_pending`): enter only to run them.
+        if x == 0 && self.task_work_pending() {
+            // SAFETY: the ring's own descriptor; no SQEs, no wait, no signal mask.
+            let r = unsafe {
+                uring_sys::syscalls::io_uring_enter(
+                    self.ring.raw().ring_fd,
+                    0,
+                    0,
+                    uring_sys::IORING_ENTER_GETEVENTS,
+                    std::ptr::null(),
+                )
+            };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
         Ok(x)
     }
 
@@ -1321,11 +1378,24 @@ impl Reactor {
         let allocator = Rc::new(UringBufferAllocator::new(io_memory));
         let registry = vec![allocator.as_bytes()];
 
-        let main_ring =
-            SleepableRing::new(ring_depth, "main", allocator.clone(), source_map.clone())?;
+        // kvroute patch: the main ring (sockets) is cooperative; the latency ring
+        // (timers, the preemption timer) keeps interrupting, so preemption stays
+        // prompt.
+        let main_ring = SleepableRing::new(
+            ring_depth,
+            "main",
+            allocator.clone(),
+            source_map.clone(),
+            true,
+        )?;
         let poll_ring = PollRing::new(ring_depth, allocator.clone(), source_map.clone())?;
-        let mut latency_ring =
-            SleepableRing::new(ring_depth, "latency", allocator.clone(), source_map.clone())?;
+        let mut latency_ring = SleepableRing::new(
+            ring_depth,
+            "latency",
+            allocator.clone(),
+            source_map.clone(),
+            false,
+        )?;
 
         match main_ring.registrar().register_buffers_by_ref(&registry) {
             Err(x) => warn!("Error: registering buffers in the main ring. Skipping{x:#?}"),
@@ -2183,7 +2253,7 @@ mod tests {
     fn sqe_link_chain() {
         let allocator = Rc::new(UringBufferAllocator::new(65536));
         let source_map = Rc::new(RefCell::new(SourceMap::default()));
-        let mut ring = SleepableRing::new(4, "main", allocator, source_map).unwrap();
+        let mut ring = SleepableRing::new(4, "main", allocator, source_map, true).unwrap();
         let q = ring.submission_queue();
         let mut queue = q.borrow_mut();
 
@@ -2217,7 +2287,7 @@ mod tests {
     fn unterminated_sqe_link_chain() {
         let allocator = Rc::new(UringBufferAllocator::new(65536));
         let source_map = Rc::new(RefCell::new(SourceMap::default()));
-        let mut ring = SleepableRing::new(2, "main", allocator, source_map).unwrap();
+        let mut ring = SleepableRing::new(2, "main", allocator, source_map, true).unwrap();
         let q = ring.submission_queue();
         let mut queue = q.borrow_mut();
 
@@ -2237,7 +2307,7 @@ mod tests {
     fn sqe_link_chain_overflow() {
         let allocator = Rc::new(UringBufferAllocator::new(65536));
         let source_map = Rc::new(RefCell::new(SourceMap::default()));
-        let mut ring = SleepableRing::new(2, "main", allocator, source_map).unwrap();
+        let mut ring = SleepableRing::new(2, "main", allocator, source_map, true).unwrap();
         let q = ring.submission_queue();
         let mut queue = q.borrow_mut();
 
