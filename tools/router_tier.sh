@@ -42,7 +42,7 @@
 #         gateway, kvroute (with its phases: read, tokenize, decision, upstream head, TTFT);
 #         LOW_CONNS="keep-alive" or "new" measures one kind of connection only;
 # - tput: wrk, $TPUT_CONNS connections, non-streamed completions, $TPUT_SECS s each:
-#         direct, hrelay, gateway, kvroute.
+#         direct, hrelay, hroute, gateway, kvroute.
 # In low and tput kvroute runs with index layout $HOP_LAYOUT (default replicated, as
 # deploy/kubernetes configures it).
 # Each row: TTFT p50/p99 (ms), the router's CPU per request (its process tree, µs),
@@ -400,6 +400,7 @@ if [[ " $PARTS " == *" low "* || " $PARTS " == *" tput "* ]]; then
     for round in $(seq "$ROUNDS"); do
       tput "direct  tput r$round" 0 "$STAND"
       tput "hrelay  tput r$round" "$HRELAY_PID" "$HRELAY_URL"
+      tput "hroute  tput r$round" "$HROUTE_PID" "$HROUTE_URL"
       [ "$HAVE_GW" = 1 ] && tput "gateway tput r$round" "$GW_PID" "$GW_URL"
       tput "kvroute tput r$round" "$KV_PID" "$KV_URL"
     done
