@@ -1527,10 +1527,12 @@ impl LocalExecutor {
                                 break;
                             }
                         }
-                        // kvroute patch: adapt the next spin to this idle time.
-                        spin = next_spin(spin, spin_before_park, pre_time.elapsed());
+                        // kvroute patch: adapt the next spin to this idle time (one
+                        // clock read for both).
+                        let now = Instant::now();
+                        spin = next_spin(spin, spin_before_park, now - pre_time);
                         // reset the timer for deduct spin loop time
-                        pre_time = Instant::now();
+                        pre_time = now;
                     }
                 }
             }
