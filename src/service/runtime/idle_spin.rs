@@ -98,7 +98,8 @@ mod tests {
             let _ = s.read(&mut [0u8; 1]);
         });
         let spin = Duration::from_secs(30);
-        let b = configure(LocalExecutorBuilder::new(Placement::Unbound), 30_000_000);
+        let spin_us = u64::try_from(spin.as_micros()).unwrap();
+        let b = configure(LocalExecutorBuilder::new(Placement::Unbound), spin_us);
         let waited = b.make().unwrap().run(async move {
             let mut s = glommio::net::TcpStream::connect(addr).await.unwrap();
             let t = Instant::now();

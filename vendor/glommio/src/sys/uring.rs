@@ -1223,7 +1223,7 @@ impl UringCommon for SleepableRing {
             // SAFETY: the ring's own descriptor; no SQEs, no wait, no signal mask.
             unsafe {
                 uring_sys::syscalls::io_uring_enter(
-                    self.ring.raw().ring_fd,
+                    self.ring_fd(),
                     0,
                     0,
                     uring_sys::IORING_ENTER_GETEVENTS,
