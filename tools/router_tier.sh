@@ -91,6 +91,10 @@ KV_FLAGS=${KV_FLAGS:-}
 VARIANTS=${VARIANTS:-"sharded/zmq replicated/zmq replicated/binary control/binary"}
 # The low and tput parts: the layout deploy/kubernetes ships for a proxy tier.
 HOP_LAYOUT=${HOP_LAYOUT:-replicated}
+# Another build's bin directory: in the low and tput parts its kvroute runs beside
+# BIN's, same flags, same stand-in worker, measured next to it in every round (rows
+# "alt"; the two take turns going first), so that two builds compare within one run.
+ALT=${ALT:-}
 LOW_N=${LOW_N:-300}
 LOW_RATE=${LOW_RATE:-20}
 # Which connections the low part measures: "keep-alive new" or either one.
@@ -117,23 +121,13 @@ EOF
 # kvroute hashes them); binary: they send kvroute's binary events with the block hashes
 # computed on the worker's side, as Dynamo's mockers send theirs.
 start_kv() {
-  local pp hp ep ap args=() n
+  local n
   # In ZMQ mode the fleet binds its event ports first: a port picked here and not yet
   # bound could otherwise be handed to the fleet too.
-  if [ "${KV_EVENTS:-zmq}" = zmq ]; then
-    start_fleet "kv" "$@"
-    while read -r e; do [ -n "$e" ] && args+=(--engine "$e"); done <<<"$ENGINES"
-  fi
-  pp=$(free_port); hp=$(free_port); ep=$(free_port); ap=$(free_port)
-  # shellcheck disable=SC2086
-  "$BIN/kvroute" serve --cores "$KV_CORES" --block-size 16 --index-layout "${KV_LAYOUT:-sharded}" $KV_FLAGS --tokenizer "sim-model=$TOK" \
-    --proxy-addr "127.0.0.1:$pp" --http-addr "127.0.0.1:$hp" --events-addr "127.0.0.1:$ep" \
-    --api-addr "127.0.0.1:$ap" "${args[@]}" >>"$OUT/kvroute.log" 2>&1 &
-  KV_PID=$!; PIDS+=("$KV_PID")
-  for _ in $(seq 200); do curl -sf "127.0.0.1:$pp/health" >/dev/null 2>&1 && break; sleep 0.05; done
-  KV_URL="http://127.0.0.1:$pp"; KV_HTTP="127.0.0.1:$hp"
+  [ "${KV_EVENTS:-zmq}" = zmq ] && start_fleet "kv" "$@"
+  serve_kv "$BIN"
   if [ "${KV_EVENTS:-zmq}" = binary ]; then
-    start_fleet "kv" "$@" --events binary --router-events "127.0.0.1:$ep"
+    start_fleet "kv" "$@" --events binary --router-events "$KV_EVENTS_ADDR"
     # Registered by their binary handshake.
     n=$(grep -c '^worker ' "$OUT/kv.fleet")
     for _ in $(seq 200); do
@@ -141,6 +135,23 @@ start_kv() {
     done
   fi
   sleep 0.5 # ZMQ subscriptions
+}
+
+# serve_kv DIR: DIR/kvroute serve, subscribed to the ZMQ fleet started last (ENGINES);
+# sets KV_PID, KV_URL, KV_HTTP, KV_EVENTS_ADDR.
+serve_kv() {
+  local pp hp ep ap args=()
+  if [ "${KV_EVENTS:-zmq}" = zmq ]; then
+    while read -r e; do [ -n "$e" ] && args+=(--engine "$e"); done <<<"$ENGINES"
+  fi
+  pp=$(free_port); hp=$(free_port); ep=$(free_port); ap=$(free_port)
+  # shellcheck disable=SC2086
+  "$1/kvroute" serve --cores "$KV_CORES" --block-size 16 --index-layout "${KV_LAYOUT:-sharded}" $KV_FLAGS --tokenizer "sim-model=$TOK" \
+    --proxy-addr "127.0.0.1:$pp" --http-addr "127.0.0.1:$hp" --events-addr "127.0.0.1:$ep" \
+    --api-addr "127.0.0.1:$ap" "${args[@]}" >>"$OUT/kvroute.log" 2>&1 &
+  KV_PID=$!; PIDS+=("$KV_PID")
+  for _ in $(seq 200); do curl -sf "127.0.0.1:$pp/health" >/dev/null 2>&1 && break; sleep 0.05; done
+  KV_URL="http://127.0.0.1:$pp"; KV_HTTP="127.0.0.1:$hp"; KV_EVENTS_ADDR="127.0.0.1:$ep"
 }
 
 # start_control FLEET_ARGS...: the routing control (`kvroute-sim relay --http
@@ -376,6 +387,12 @@ done
 if [[ " $PARTS " == *" low "* || " $PARTS " == *" tput "* ]]; then
   KV_LAYOUT=$HOP_LAYOUT start_kv --workers 1 --timing "$FAST" --max-active 4096 --time-scale 10
   STAND=$URLS; STAND_FLEET=$FLEET_PID
+  if [ -n "$ALT" ]; then
+    main_kv=("$KV_PID" "$KV_URL" "$KV_HTTP")
+    KV_LAYOUT=$HOP_LAYOUT serve_kv "$ALT"; ALT_PID=$KV_PID ALT_URL=$KV_URL ALT_HTTP=$KV_HTTP
+    KV_PID=${main_kv[0]} KV_URL=${main_kv[1]} KV_HTTP=${main_kv[2]}
+    sleep 0.5 # ZMQ subscriptions
+  fi
   start_relay relay; RELAY_PID=$REL_PID RELAY_URL=$REL_URL
   start_relay hrelay --http; HRELAY_PID=$REL_PID HRELAY_URL=$REL_URL
   start_relay hroute --http --route-tokenizer "sim-model=$TOK" --block-size 16; HROUTE_PID=$REL_PID HROUTE_URL=$REL_URL
@@ -391,7 +408,10 @@ if [[ " $PARTS " == *" low "* || " $PARTS " == *" tput "* ]]; then
         measure "hrelay  low $conn r$round" "$HRELAY_PID" "$HRELAY_URL" - "${low[@]}"
         measure "hroute  low $conn r$round" "$HROUTE_PID" "$HROUTE_URL" - "${low[@]}"
         [ "$HAVE_GW" = 1 ] && measure "gateway low $conn r$round" "$GW_PID" "$GW_URL" - "${low[@]}"
+        # With ALT, the two builds take turns going first.
+        [ -n "$ALT" ] && [ $((round % 2)) = 0 ] && measure "alt     low $conn r$round" "$ALT_PID" "$ALT_URL" "$ALT_HTTP" "${low[@]}"
         measure "kvroute low $conn r$round" "$KV_PID" "$KV_URL" "$KV_HTTP" "${low[@]}"
+        [ -n "$ALT" ] && [ $((round % 2)) = 1 ] && measure "alt     low $conn r$round" "$ALT_PID" "$ALT_URL" "$ALT_HTTP" "${low[@]}"
       done
     done
   fi
@@ -402,9 +422,11 @@ if [[ " $PARTS " == *" low "* || " $PARTS " == *" tput "* ]]; then
       tput "hrelay  tput r$round" "$HRELAY_PID" "$HRELAY_URL"
       tput "hroute  tput r$round" "$HROUTE_PID" "$HROUTE_URL"
       [ "$HAVE_GW" = 1 ] && tput "gateway tput r$round" "$GW_PID" "$GW_URL"
+      [ -n "$ALT" ] && [ $((round % 2)) = 0 ] && tput "alt     tput r$round" "$ALT_PID" "$ALT_URL"
       tput "kvroute tput r$round" "$KV_PID" "$KV_URL"
+      [ -n "$ALT" ] && [ $((round % 2)) = 1 ] && tput "alt     tput r$round" "$ALT_PID" "$ALT_URL"
     done
   fi
-  stop_pid "$KV_PID"; stop_pid "$RELAY_PID"; stop_pid "$HRELAY_PID"; stop_pid "$HROUTE_PID"; [ "$HAVE_GW" = 1 ] && stop_pid "$GW_PID"; stop_pid "$STAND_FLEET"
+  stop_pid "$KV_PID"; [ -n "$ALT" ] && stop_pid "$ALT_PID"; stop_pid "$RELAY_PID"; stop_pid "$HRELAY_PID"; stop_pid "$HROUTE_PID"; [ "$HAVE_GW" = 1 ] && stop_pid "$GW_PID"; stop_pid "$STAND_FLEET"
 fi
 echo "table: $OUT/table.txt"
