@@ -5,11 +5,12 @@
 //! by `index_batch`), a core's snapshot dump (`dump`), the start checks (`preflight`,
 //! `pinning`, `core_start`) and settings (`huge_pages`: THP off), the blocking threads
 //! (`blocking`), the answer spin (`answer_spin`), an idle core's spin before parking
-//! (`idle_spin`), the replicated request-id register (`claims`), the routed-traffic
-//! recorder (`recorder`), the schedule-lag probe (`schedule_lag`), the cores'
-//! scheduler slice (`sched_slice`), and the cores' side of router replication: the
-//! link (`cluster_link`), the hooks that publish into it (`cluster_hooks`) and its
-//! metric families (`cluster_metrics`). The status page's state is the library's
+//! (`idle_spin`), the tests of the executors' latency-ring timer (`latency_timer`),
+//! the replicated request-id register (`claims`), the routed-traffic recorder
+//! (`recorder`), the schedule-lag probe (`schedule_lag`), the cores' scheduler slice
+//! (`sched_slice`), and the cores' side of router replication: the link
+//! (`cluster_link`), the hooks that publish into it (`cluster_hooks`) and its metric
+//! families (`cluster_metrics`). The status page's state is the library's
 //! `crate::status`.
 //!
 //! May import: `net`, `metrics`, the pure library.
@@ -28,6 +29,7 @@ pub mod huge_pages;
 pub mod idle_spin;
 pub mod index_batch;
 pub mod ingest_slice;
+pub mod latency_timer;
 pub mod msg;
 pub mod pinning;
 pub mod preflight;

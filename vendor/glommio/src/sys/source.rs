@@ -224,6 +224,12 @@ impl Source {
         })
     }
 
+    /// kvroute patch: whether the operation has completed, without `result`'s side
+    /// effects (its latency statistics).
+    pub(crate) fn has_result(&self) -> bool {
+        self.inner.borrow().wakers.result.is_some()
+    }
+
     pub(crate) fn result(&self) -> Option<io::Result<usize>> {
         let mut inner = self.inner.borrow_mut();
         let ret = inner

@@ -1293,6 +1293,8 @@ pub(crate) struct Reactor {
     poll_ring: RefCell<PollRing>,
 
     latency_preemption_timeout_src: Cell<Option<Source>>,
+    /// kvroute patch: when the latency ring's timer in flight fires (None: none armed).
+    latency_timer_deadline: Cell<Option<Instant>>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
 
     link_fd: RawFd,
@@ -1336,6 +1338,12 @@ macro_rules! flush_cancellations {
         )*
     }}
 }
+
+/// kvroute patch: how much sooner than the next user timer a latency-ring timer
+/// already in flight may fire and still be kept for a park (see
+/// `Reactor::latency_timer_fits`): waking that much early costs one turn that finds
+/// no timer due and parks again.
+const LATENCY_TIMER_SLACK: Duration = Duration::from_micros(200);
 
 macro_rules! flush_rings {
     ($( $ring:expr ),+ ) => {{
@@ -1437,6 +1445,7 @@ impl Reactor {
             latency_ring: RefCell::new(latency_ring),
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
+            latency_timer_deadline: Cell::new(None),
             throughput_preemption_timeout_src: Cell::new(None),
             blocking_thread,
             link_fd,
@@ -1904,7 +1913,21 @@ impl Reactor {
         //
         // But if we will sleep, there might be a timer registered that needs
         // to be removed otherwise we'll wake up when it expires.
-        drop(self.latency_preemption_timeout_src.take());
+        //
+        // kvroute patch (KVROUTE_PATCH.md, "The latency ring's timer stays armed
+        // while it fires in time"): unless the timer in flight already fires when
+        // the one this turn would arm should, no later (and, before a park, not
+        // much sooner). Cancelling and re-arming it cost a kernel timer start and
+        // cancel, and a submission each, on every turn and twice per park.
+        let now = Instant::now();
+        let keep = match preempt_timer() {
+            Some(preempt) => self.latency_timer_fits(now + preempt, true),
+            None => user_timer.is_some_and(|dur| self.latency_timer_fits(now + dur, false)),
+        };
+        if !keep {
+            drop(self.latency_preemption_timeout_src.take());
+            self.latency_timer_deadline.set(None);
+        }
 
         // Schedule the throughput-based timeout immediately: it won't matter if we end
         // up sleeping.
@@ -1938,9 +1961,13 @@ impl Reactor {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
             if let Some(dur) = user_timer {
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                assert!(flush_rings!(lat_ring)? > 0);
+                let now = Instant::now();
+                if !self.latency_timer_fits(now + dur, false) {
+                    self.latency_preemption_timeout_src
+                        .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
+                    self.latency_timer_deadline.set(Some(now + dur));
+                    assert!(flush_rings!(lat_ring)? > 0);
+                }
             }
             // From this moment on the remote executors are aware that we are sleeping
             // We have to sweep the remote channels function once more because since
@@ -1972,8 +1999,12 @@ impl Reactor {
         }
 
         if let Some(preempt) = preempt_timer() {
-            self.latency_preemption_timeout_src
-                .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
+            let now = Instant::now();
+            if !self.latency_timer_fits(now + preempt, true) {
+                self.latency_preemption_timeout_src
+                    .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
+                self.latency_timer_deadline.set(Some(now + preempt));
+            }
             flush_rings!(lat_ring, main_ring)?;
         }
 
@@ -1985,6 +2016,23 @@ impl Reactor {
         // need_preempt() should be false at this point. As soon as the next event
         // in the preempt ring completes, though, then it will be true.
         Ok(should_sleep)
+    }
+
+    /// kvroute patch: whether the latency ring's timer in flight can stand for one
+    /// due at `want`: it has not fired yet, it fires no later than `want`, and, unless
+    /// `sooner_ok`, no more than [`LATENCY_TIMER_SLACK`] sooner (a park is not cut
+    /// short for nothing). A preemption timer takes any sooner one: all it does is
+    /// make `need_preempt` true, which any completion on the latency ring does.
+    fn latency_timer_fits(&self, want: Instant, sooner_ok: bool) -> bool {
+        let Some(deadline) = self.latency_timer_deadline.get() else {
+            return false;
+        };
+        let src = self.latency_preemption_timeout_src.take();
+        let pending = src.as_ref().is_some_and(|s| !s.has_result());
+        self.latency_preemption_timeout_src.set(src);
+        pending
+            && deadline <= want
+            && (sooner_ok || want.duration_since(deadline) <= LATENCY_TIMER_SLACK)
     }
 
     pub(crate) fn flush_syscall_thread(&self) -> usize {
