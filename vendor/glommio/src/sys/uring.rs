@@ -1921,8 +1921,9 @@ impl Reactor {
         // cancel, and a submission each, on every turn and twice per park.
         let now = Instant::now();
         let keep = match preempt_timer() {
-            Some(preempt) => self.latency_timer_fits(now + preempt, true),
-            None => user_timer.is_some_and(|dur| self.latency_timer_fits(now + dur, false)),
+            Some(preempt) => self.latency_timer_fits(now.checked_add(preempt), true),
+            None => user_timer
+                .is_some_and(|dur| self.latency_timer_fits(now.checked_add(dur), false)),
         };
         if !keep {
             drop(self.latency_preemption_timeout_src.take());
@@ -1962,10 +1963,10 @@ impl Reactor {
             // is a timer set, we need to make sure we wake up to handle it.
             if let Some(dur) = user_timer {
                 let now = Instant::now();
-                if !self.latency_timer_fits(now + dur, false) {
+                if !self.latency_timer_fits(now.checked_add(dur), false) {
                     self.latency_preemption_timeout_src
                         .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                    self.latency_timer_deadline.set(Some(now + dur));
+                    self.latency_timer_deadline.set(now.checked_add(dur));
                     assert!(flush_rings!(lat_ring)? > 0);
                 }
             }
@@ -2000,10 +2001,10 @@ impl Reactor {
 
         if let Some(preempt) = preempt_timer() {
             let now = Instant::now();
-            if !self.latency_timer_fits(now + preempt, true) {
+            if !self.latency_timer_fits(now.checked_add(preempt), true) {
                 self.latency_preemption_timeout_src
                     .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
-                self.latency_timer_deadline.set(Some(now + preempt));
+                self.latency_timer_deadline.set(now.checked_add(preempt));
             }
             flush_rings!(lat_ring, main_ring)?;
         }
@@ -2022,9 +2023,11 @@ impl Reactor {
     /// due at `want`: it has not fired yet, it fires no later than `want`, and, unless
     /// `sooner_ok`, no more than [`LATENCY_TIMER_SLACK`] sooner (a park is not cut
     /// short for nothing). A preemption timer takes any sooner one: all it does is
-    /// make `need_preempt` true, which any completion on the latency ring does.
-    fn latency_timer_fits(&self, want: Instant, sooner_ok: bool) -> bool {
-        let Some(deadline) = self.latency_timer_deadline.get() else {
+    /// make `need_preempt` true, which any completion on the latency ring does. A
+    /// deadline past `Instant`'s range (`None`) never fits: such timers are re-armed
+    /// as upstream does.
+    fn latency_timer_fits(&self, want: Option<Instant>, sooner_ok: bool) -> bool {
+        let (Some(deadline), Some(want)) = (self.latency_timer_deadline.get(), want) else {
             return false;
         };
         let src = self.latency_preemption_timeout_src.take();
