@@ -1962,11 +1962,7 @@ impl Reactor {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
             if let Some(dur) = user_timer {
-                let now = Instant::now();
-                if !self.latency_timer_fits(now.checked_add(dur), false) {
-                    self.latency_preemption_timeout_src
-                        .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                    self.latency_timer_deadline.set(now.checked_add(dur));
+                if self.arm_latency_timer(&mut lat_ring, dur, false) {
                     assert!(flush_rings!(lat_ring)? > 0);
                 }
             }
@@ -2000,12 +1996,7 @@ impl Reactor {
         }
 
         if let Some(preempt) = preempt_timer() {
-            let now = Instant::now();
-            if !self.latency_timer_fits(now.checked_add(preempt), true) {
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
-                self.latency_timer_deadline.set(now.checked_add(preempt));
-            }
+            self.arm_latency_timer(&mut lat_ring, preempt, true);
             flush_rings!(lat_ring, main_ring)?;
         }
 
@@ -2017,6 +2008,26 @@ impl Reactor {
         // need_preempt() should be false at this point. As soon as the next event
         // in the preempt ring completes, though, then it will be true.
         Ok(should_sleep)
+    }
+
+    /// kvroute patch: makes the latency ring's timer one due `dur` from now, unless the
+    /// one in flight can stand for it (`latency_timer_fits`); returns whether it armed
+    /// a new one. The timer and its deadline are set together here and only cleared
+    /// together (in `wait`).
+    fn arm_latency_timer(
+        &self,
+        lat_ring: &mut SleepableRing,
+        dur: Duration,
+        sooner_ok: bool,
+    ) -> bool {
+        let deadline = Instant::now().checked_add(dur);
+        if self.latency_timer_fits(deadline, sooner_ok) {
+            return false;
+        }
+        self.latency_preemption_timeout_src
+            .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
+        self.latency_timer_deadline.set(deadline);
+        true
     }
 
     /// kvroute patch: whether the latency ring's timer in flight can stand for one
