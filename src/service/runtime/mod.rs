@@ -5,7 +5,8 @@
 //! by `index_batch`), a core's snapshot dump (`dump`), the start checks (`preflight`,
 //! `pinning`, `core_start`) and settings (`huge_pages`: THP off), the blocking threads
 //! (`blocking`), the answer spin (`answer_spin`), an idle core's spin before parking
-//! (`idle_spin`), the tests of the executors' latency-ring timer (`latency_timer`),
+//! (`idle_spin`), the tests of the executors' latency-ring timer (`latency_timer`)
+//! and of their timer map (`timer_map`),
 //! the replicated request-id register (`claims`), the routed-traffic recorder
 //! (`recorder`), the schedule-lag probe (`schedule_lag`), the cores' scheduler slice
 //! (`sched_slice`), and the cores' side of router replication: the link
@@ -38,3 +39,4 @@ pub mod run_loop;
 pub mod sched_slice;
 pub mod schedule_lag;
 pub mod shared;
+pub mod timer_map;

@@ -112,10 +112,25 @@ impl Timers {
     }
 
     fn insert(&mut self, id: u64, when: Instant, waker: Waker) {
-        if let Some(when) = self.timers_by_id.get_mut(&id) {
-            self.timers.remove(&(*when, id));
+        // kvroute patch (KVROUTE_PATCH.md, "Due timers are taken from the front"): a
+        // timer polled again with its deadline unchanged, and still registered, keeps
+        // its place in the map; only its waker is replaced, if it would wake another
+        // task. Upstream removed and re-inserted it on every poll.
+        if let Some(old) = self.timers_by_id.get_mut(&id) {
+            if *old == when {
+                if let Some(w) = self.timers.get_mut(&(when, id)) {
+                    if !w.will_wake(&waker) {
+                        *w = waker;
+                    }
+                    return;
+                }
+            } else {
+                self.timers.remove(&(*old, id));
+                *old = when;
+            }
+        } else {
+            self.timers_by_id.insert(id, when);
         }
-        self.timers_by_id.insert(id, when);
         self.timers.insert((when, id), waker);
     }
 
@@ -124,11 +139,19 @@ impl Timers {
     fn process_timers(&mut self) -> (Option<Duration>, usize) {
         let now = Instant::now();
 
-        // Split timers into ready and pending timers.
-        let pending = self.timers.split_off(&(now, 0));
-        let ready = mem::replace(&mut self.timers, pending);
-        let woke = ready.len();
-        for (_, waker) in ready {
+        // kvroute patch (KVROUTE_PATCH.md, "Due timers are taken from the front"):
+        // the timers due (those before `now`, as upstream's `split_off(&(now, 0))`
+        // took them) are popped from the front of the map. Upstream split the map
+        // on every call, which allocates and frees nodes along the split path even
+        // when no timer is due, and this runs on every pass of the loop and of its
+        // idle spin.
+        let mut woke = 0;
+        while let Some(entry) = self.timers.first_entry() {
+            if entry.key().0 >= now {
+                break;
+            }
+            let waker = entry.remove();
+            woke += 1;
             wake!(waker);
         }
 
