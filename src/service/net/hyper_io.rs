@@ -156,8 +156,8 @@ pub fn read_via_scratch<T: AsyncRead + Unpin>(
 pub struct HyperIo<T> {
     io: T,
     conn: Rc<HttpConn>,
-    read_timer: Option<glommio::timer::Timer>,
-    write_timer: Option<glommio::timer::Timer>,
+    read_timer: Armed,
+    write_timer: Armed,
 }
 
 impl<T> HyperIo<T> {
@@ -171,20 +171,28 @@ impl<T> HyperIo<T> {
     }
 }
 
+/// A deadline's timer: the glommio timer and the deadline (ms) it was set for.
+type Armed = Option<(glommio::timer::Timer, u64)>;
+
 /// Arms `timer` for `deadline_ms` (registering the task's waker); true if it has
-/// already passed.
-fn arm(
-    timer: &mut Option<glommio::timer::Timer>,
-    cx: &mut Context<'_>,
-    now_ms: u64,
-    deadline_ms: u64,
-) -> bool {
+/// already passed. A timer already set for a deadline no later than this one and
+/// still ahead is kept as it is: a keep-alive connection's deadline moves on with
+/// every request, and resetting the timer each time costs a clock read and two
+/// updates of the executor's timer map. When such a timer fires before the deadline
+/// the task is polled, finds the deadline still ahead, and arms again from there.
+fn arm(timer: &mut Armed, cx: &mut Context<'_>, now_ms: u64, deadline_ms: u64) -> bool {
     if now_ms >= deadline_ms {
         return true;
     }
+    if let Some((t, at)) = timer.as_mut() {
+        if *at > now_ms && *at <= deadline_ms && Pin::new(t).poll(cx).is_pending() {
+            return false;
+        }
+    }
     let dur = Duration::from_millis(deadline_ms - now_ms);
-    let t = timer.get_or_insert_with(|| glommio::timer::Timer::new(dur));
+    let (t, at) = timer.get_or_insert_with(|| (glommio::timer::Timer::new(dur), deadline_ms));
     t.reset(dur);
+    *at = deadline_ms;
     Pin::new(t).poll(cx).is_ready()
 }
 
