@@ -198,24 +198,31 @@ impl Scan {
 
     /// Whether the bytes so far already break the grammar (nothing more is read).
     pub fn failed(&self) -> bool {
-        self.lex == Lex::Failed
+        matches!(self.lex, Lex::Failed)
     }
 
     /// The next bytes of the document.
     pub fn feed(&mut self, chunk: &[u8]) {
         let mut i = 0;
         while i < chunk.len() {
-            if self.lex == Lex::Failed {
-                return;
-            }
-            // The bulk of an answer is string content: skip plain ASCII fast.
-            if self.lex == Lex::Str && !self.in_key {
-                let start = i;
-                i = skip_plain(chunk, i);
-                self.str_any |= i > start;
-                if i == chunk.len() {
-                    return;
+            match self.lex {
+                Lex::Failed => return,
+                // Strings, keys and values, are most of an answer: a run of plain
+                // ASCII is taken whole, as `string_byte` would take it byte by byte.
+                Lex::Str => {
+                    let start = i;
+                    i = skip_plain(chunk, i);
+                    if i > start {
+                        self.str_any = true;
+                        if self.in_key {
+                            self.key_run(&chunk[start..i]);
+                        }
+                    }
+                    if i == chunk.len() {
+                        return;
+                    }
                 }
+                _ => {}
             }
             self.byte(chunk[i]);
             i += 1;
@@ -229,7 +236,7 @@ impl Scan {
                 self.end_number();
             }
         }
-        (self.lex == Lex::Done).then_some(self.info)
+        matches!(self.lex, Lex::Done).then_some(self.info)
     }
 
     fn fail(&mut self) {
@@ -240,7 +247,7 @@ impl Scan {
         match self.lex {
             Lex::Value | Lex::ValueOrClose => {
                 if is_ws(b) {
-                } else if b == b']' && self.lex == Lex::ValueOrClose {
+                } else if b == b']' && matches!(self.lex, Lex::ValueOrClose) {
                     self.close(false, false);
                 } else {
                     self.start_value(b);
@@ -250,7 +257,7 @@ impl Scan {
                 if is_ws(b) {
                 } else if b == b'"' {
                     self.start_string(true);
-                } else if b == b'}' && self.lex == Lex::KeyOrClose {
+                } else if b == b'}' && matches!(self.lex, Lex::KeyOrClose) {
                     self.close(true, false);
                 } else {
                     self.fail();

@@ -26,6 +26,22 @@ impl Scan {
         }
     }
 
+    /// A run of plain ASCII characters of a key (`plain::skip_plain`): as many calls
+    /// of [`Scan::key_char`].
+    pub(super) fn key_run(&mut self, run: &[u8]) {
+        if self.key_len == u8::MAX {
+            return;
+        }
+        let n = usize::from(self.key_len);
+        match self.key.get_mut(n..n + run.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(run);
+                self.key_len += run.len() as u8;
+            }
+            None => self.key_len = u8::MAX,
+        }
+    }
+
     pub(super) fn string_byte(&mut self, b: u8) {
         match b {
             b'"' => self.end_string(),
