@@ -14,6 +14,16 @@ SHORT="--max-input-tokens 256 --max-output-tokens 8"
 TOK="$OUT/tok"
 "$BIN/kvroute-sim" tokenizer --out "$TOK" >/dev/null
 
+# completion_lua FILE: the wrk script of the throughput measures (tools/router_tier.sh's
+# tput part, tools/proxy_instructions.sh): a non-streamed completion of 256 tokens.
+completion_lua() {
+  cat >"$1" <<EOF
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model":"sim-model","prompt":"$(seq 1 256 | sed 's/^/t/' | paste -sd' ')","max_tokens":8}'
+EOF
+}
+
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT

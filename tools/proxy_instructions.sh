@@ -32,11 +32,7 @@ done
 source tools/proxy_fleet.sh
 start_fleet stand --workers 1 --timing "$FAST" --max-active 4096 --time-scale 10
 ENGINE=$(grep -o 'engine=[^ ]*' "$OUT/stand.fleet" | cut -d= -f2-)
-cat >"$OUT/post.lua" <<EOF
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"model":"sim-model","prompt":"$(seq 1 256 | sed 's/^/t/' | paste -sd' ')","max_tokens":8}'
-EOF
+completion_lua "$OUT/post.lua"
 
 # count LABEL DIR: one round of DIR/kvroute under callgrind.
 count() {

@@ -305,11 +305,6 @@ EOF
 # tput LABEL PID URL: wrk, non-streamed completions; req/s and CPU per request.
 tput() {
   local label=$1 pid=$2 url=$3 before after
-  cat >"$OUT/post.lua" <<EOF
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"model":"sim-model","prompt":"$(seq 1 256 | sed 's/^/t/' | paste -sd' ')","max_tokens":8}'
-EOF
   before=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
   wrk -t 2 -c "$TPUT_CONNS" -d "${TPUT_SECS}s" -s "$OUT/post.lua" "$url/v1/completions" >"$OUT/wrk.txt" 2>&1 || true
   after=$([ "$pid" = 0 ] && echo "0 0" || cpu_ns "$pid")
@@ -417,6 +412,7 @@ if [[ " $PARTS " == *" low "* || " $PARTS " == *" tput "* ]]; then
   fi
   if [[ " $PARTS " == *" tput "* ]]; then
     echo "-- tput: wrk -c $TPUT_CONNS, ${TPUT_SECS}s, non-streamed" | tee -a "$OUT/table.txt"
+    completion_lua "$OUT/post.lua"
     for round in $(seq "$ROUNDS"); do
       tput "direct  tput r$round" 0 "$STAND"
       tput "hrelay  tput r$round" "$HRELAY_PID" "$HRELAY_URL"
